@@ -1,0 +1,89 @@
+"""`dsportal check`: is everything portal.yaml describes really there? A readable report."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from dataclasses import dataclass
+
+from . import settings as settings_module
+from .slurm import Slurm, SlurmError
+
+USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, batchspawner, jupyter_server_proxy"
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"  [{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+
+
+def check_slurm(settings) -> list[Result]:
+    slurm = Slurm.from_settings(settings)
+    try:
+        found = asyncio.run(slurm.partitions())
+    except SlurmError as error:
+        return [Result("Slurm controller", False, f"not reachable: {error}")]
+    results = [Result("Slurm controller", True, f"answers; partitions {', '.join(found) or 'none'}")]
+    for profile in settings.profiles:
+        ok = profile.partition in found
+        detail = "exists" if ok else f"partition {profile.partition!r} not in sinfo ({', '.join(found)})"
+        results.append(Result(f"profile {profile.name}", ok, detail))
+    return results
+
+
+def check_ldap(settings) -> Result:
+    import ldap3
+
+    ldap = settings.ldap
+    where = f"{ldap.server_address}:{ldap.server_port}"
+    try:
+        server = ldap3.Server(ldap.server_address, port=ldap.server_port,
+                              use_ssl=ldap.tls_strategy == "on_connect", connect_timeout=5)
+        conn = ldap3.Connection(server, auto_bind=False, receive_timeout=5)
+        if ldap.tls_strategy == "before_bind":
+            conn.open()
+            conn.start_tls()
+        if not conn.bind():
+            return Result("LDAP", False, f"bind to {where} refused: {conn.result.get('description')}")
+        missing = [g for g in ldap.allowed_groups if not conn.search(g, "(objectClass=*)", search_scope=ldap3.BASE)]
+        conn.unbind()
+    except Exception as error:  # noqa: BLE001 - any failure is the report's content
+        return Result("LDAP", False, f"{where}: {error}")
+    if missing:
+        return Result("LDAP", False, f"bind ok, but allowed group(s) not found: {', '.join(missing)}")
+    return Result("LDAP", True, f"bind to {where} works; {len(ldap.allowed_groups)} allowed group(s) found")
+
+
+def check_user_environment(settings) -> Result:
+    prefix = settings.session.environment
+    python = prefix / "bin" / "python"
+    for tool in ("python", "jupyterhub-singleuser", "batchspawner-singleuser"):
+        if not (prefix / "bin" / tool).exists():
+            return Result("user environment", False, f"{prefix}/bin/{tool} is missing")
+    # Users, not root, run it: prove an unprivileged account can import the session stack.
+    probe = subprocess.run(
+        ["runuser", "-u", "nobody", "--", str(python), "-c", f"import {USER_SIDE_MODULES}"],
+        capture_output=True, text=True,
+    )
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return Result("user environment", False, f"{prefix} is not usable by other accounts: {why}")
+    return Result("user environment", True, f"{prefix} imports {USER_SIDE_MODULES} as an ordinary user")
+
+
+def run_checks(config_path=None) -> tuple[bool, str]:
+    try:
+        settings = settings_module.load(config_path)
+    except settings_module.SettingsError as error:
+        return False, f"  [FAIL] configuration: {error}"
+    results = [Result("configuration", True, f"{settings.source} is valid ({len(settings.profiles)} profiles)")]
+    results += check_slurm(settings)
+    results.append(check_ldap(settings))
+    results.append(check_user_environment(settings))
+    ok = all(r.ok for r in results)
+    return ok, "\n".join(r.line() for r in results)

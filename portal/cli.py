@@ -1,0 +1,78 @@
+"""The `dsportal` command: demo up|down|status, hub, check."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+from . import settings as settings_module
+
+
+def _hub_config_file() -> str:
+    checkout = Path(__file__).resolve().parent.parent / "config" / "jupyterhub_config.py"
+    if checkout.exists():
+        return str(checkout)
+    return str(resources.files("dsportal_config") / "jupyterhub_config.py")
+
+
+def cmd_hub(args) -> int:
+    settings = settings_module.load(args.config)  # fail here, naming the key, not deep in JupyterHub
+    os.environ[settings_module.CONFIG_ENV] = str(settings.source)
+    data_dir = Path(settings.hub.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chdir(data_dir)
+    from jupyterhub.app import main as jupyterhub_main
+
+    return jupyterhub_main(["-f", _hub_config_file()]) or 0
+
+
+def cmd_check(args) -> int:
+    from .check import run_checks
+
+    ok, report = run_checks(args.config)
+    print("dsportal check")
+    print(report)
+    print("all checks passed" if ok else "some checks FAILED")
+    return 0 if ok else 1
+
+
+def cmd_demo(args) -> int:
+    from . import demo
+
+    try:
+        if args.action == "up":
+            demo.up(args.config)
+            print(demo.banner(settings_module.load(args.config)))
+        elif args.action == "down":
+            demo.down()
+        else:
+            for name, running in demo.status().items():
+                print(f"  {name:<14} {'running' if running else 'stopped'}")
+    except demo.DemoError as error:
+        print(f"dsportal demo {args.action}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
+    parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo_parser = sub.add_parser("demo", help="the embedded one-machine cluster")
+    demo_parser.add_argument("action", choices=["up", "down", "status"])
+    demo_parser.set_defaults(func=cmd_demo)
+    sub.add_parser("hub", help="run JupyterHub configured from portal.yaml").set_defaults(func=cmd_hub)
+    sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except settings_module.SettingsError as error:
+        print(f"dsportal: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

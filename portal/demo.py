@@ -1,0 +1,402 @@
+"""The embedded one-machine cluster: munge, slurmctld, slurmd per node, slapd, demo users, hub.
+
+Every daemon is real and started by this module; all of their state lives under one
+directory (``$DSPORTAL_DEMO_DIR``, default /var/lib/dsportal-demo). ``up`` is idempotent:
+what already runs is left alone. Outside that directory it touches only /etc/hosts (node
+names) and the demo users' Unix accounts, which must match LDAP for jobs to run as them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from . import settings as settings_module
+
+STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
+NODES = 2
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
+MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room; memory is not enforced on the demo
+CTLD_PORT, SLURMD_PORT, FIRST_NODE_PORT = 6817, 6818, 17001
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _demo_file(name: str) -> Path:
+    checkout = Path(__file__).resolve().parent.parent / "config" / "demo" / name
+    return checkout if checkout.exists() else Path(str(resources.files("dsportal_config.demo") / name))
+
+
+def _render(name: str, **context) -> str:
+    return jinja2.Template(_demo_file(name).read_text(), undefined=jinja2.StrictUndefined).render(**context)
+
+
+def directory() -> dict:
+    return yaml.safe_load(_demo_file("users.yaml").read_text())
+
+
+def ssha(password: str) -> str:
+    salt = os.urandom(8)
+    return "{SSHA}" + base64.b64encode(hashlib.sha1(password.encode() + salt).digest() + salt).decode()
+
+
+def _say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise DemoError(f"{' '.join(argv)} failed ({result.returncode}): {(result.stderr or result.stdout).strip()}")
+    return result
+
+
+def _alive(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    # A recycled pid of some other program is not our daemon.
+    try:
+        if Path(f"/proc/{pid}/status").read_text().startswith("Name:\tzombie"):
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+def _stop_pid(pidfile: Path, name: str, wait: float = 10.0) -> None:
+    pid = _alive(pidfile)
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and _alive(pidfile):
+        time.sleep(0.2)
+    if _alive(pidfile):
+        os.kill(pid, signal.SIGKILL)
+    _say(f"stopped {name}")
+    pidfile.unlink(missing_ok=True)
+
+
+def _wait_for(check, what: str, timeout: float = 30.0, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as error:  # noqa: BLE001 - any failure means "not yet"
+            last_error = error
+        time.sleep(interval)
+    raise DemoError(f"{what} did not come up within {timeout:.0f} s" + (f": {last_error}" if last_error else ""))
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    def __getattr__(self, name):  # state.munge, state.slurm, state.ldap, state.log, state.run, state.gpus
+        return self.root / name
+
+
+def paths() -> Paths:
+    return Paths(STATE)
+
+
+# ----------------------------------------------------------------------------- pieces
+def ensure_hosts() -> None:
+    names = [f"node{i}" for i in range(1, NODES + 1)]
+    text = Path("/etc/hosts").read_text()
+    known = {word for line in text.splitlines() if not line.lstrip().startswith("#") for word in line.split()[1:]}
+    missing = [n for n in names if n not in known]
+    if missing:
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write(f"127.0.0.1 {' '.join(missing)}  # dsportal demo nodes\n")
+        _say(f"/etc/hosts: {' '.join(missing)} -> 127.0.0.1")
+
+
+def ensure_munge() -> None:
+    p = paths()
+    key_dir, run_dir = p.munge / "key", p.munge / "run"
+    if _alive(run_dir / "munged.pid"):
+        return
+    for folder, mode in ((p.munge, 0o755), (key_dir, 0o700), (run_dir, 0o755)):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, mode)
+    key = key_dir / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+    shutil.chown(p.munge, "munge", "munge")
+    for path in (key_dir, run_dir, key):
+        shutil.chown(path, "munge", "munge")
+    os.chmod(key, 0o400)
+    _run([
+        "runuser", "-u", "munge", "--", "/usr/sbin/munged",
+        f"--key-file={key}", f"--socket={run_dir}/munge.socket", f"--pid-file={run_dir}/munged.pid",
+        f"--log-file={key_dir}/munged.log", f"--seed-file={key_dir}/munged.seed",
+    ])
+    _wait_for(lambda: (run_dir / "munge.socket").exists(), "munged")
+    _say("munged started")
+
+
+def ensure_gpus() -> None:
+    gpus = paths().gpus
+    gpus.mkdir(parents=True, exist_ok=True)
+    for node in range(1, NODES + 1):
+        for index in range(GPUS_PER_NODE):
+            device = gpus / f"node{node}-gpu{index}"
+            if not device.exists():
+                # A character device like /dev/null: real enough for Slurm's GRES bookkeeping.
+                os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))
+            os.chmod(device, 0o666)
+
+
+def slurm_conf_path() -> Path:
+    return paths().slurm / "slurm.conf"
+
+
+def write_slurm_conf() -> None:
+    p = paths()
+    for folder in (p.slurm / "state", p.slurm / "spool", p.log, p.run):
+        folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(p.root, 0o755)
+    os.chmod(p.slurm, 0o755)
+    nodes = [{"name": f"node{i}", "port": FIRST_NODE_PORT + i - 1} for i in range(1, NODES + 1)]
+    conf = _render(
+        "slurm.conf.j2",
+        hostname=socket.gethostname(),
+        state=p.root,
+        ctld_port=CTLD_PORT,
+        slurmd_port=SLURMD_PORT,
+        nodes=nodes,
+        node_list=f"node[1-{NODES}]",
+        cpus_per_node=CPUS_PER_NODE,
+        mem_mb_per_node=MEM_MB_PER_NODE,
+        gpus_per_node=GPUS_PER_NODE,
+    )
+    gres = "".join(
+        f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
+    )
+    for name, text in (("slurm.conf", conf), ("gres.conf", gres)):
+        target = p.slurm / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            os.chmod(target, 0o644)
+
+
+def slurm_env() -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(slurm_conf_path())}
+
+
+def ensure_slurm() -> None:
+    p = paths()
+    ensure_gpus()
+    write_slurm_conf()
+    env = slurm_env()
+    if not _alive(p.run / "slurmctld.pid"):
+        _run(["/usr/sbin/slurmctld"], env=env)
+        _say("slurmctld started")
+    _wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
+              "slurmctld", timeout=30)
+    for i in range(1, NODES + 1):
+        if not _alive(p.run / f"slurmd-node{i}.pid"):
+            _run(["/usr/sbin/slurmd", "-N", f"node{i}"], env=env)
+            _say(f"slurmd node{i} started")
+
+    def nodes_ready():
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        bad = {n: s for n, s in states.items() if s.rstrip("*~#") not in ("idle", "mix", "alloc", "comp")}
+        if bad:
+            for node in bad:  # a node left down by an earlier run comes back
+                subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env, capture_output=True)
+            return False
+        return len(states) == NODES
+
+    _wait_for(nodes_ready, "the slurmd nodes", timeout=60, interval=1)
+
+
+def ensure_accounts() -> None:
+    """Unix accounts matching the LDAP entries: jobs must run as the user who logged in."""
+    data = directory()
+    for user in data["users"]:
+        name, uid = user["name"], int(user["uid"])
+        try:
+            import pwd
+
+            existing = pwd.getpwnam(name)
+            if existing.pw_uid != uid:
+                raise DemoError(f"Unix account {name} exists with uid {existing.pw_uid}, LDAP says {uid}")
+            continue
+        except KeyError:
+            pass
+        if subprocess.run(["getent", "group", name], capture_output=True).returncode != 0:
+            _run(["groupadd", "-g", str(uid), name])
+        _run(["useradd", "-m", "-u", str(uid), "-g", str(uid), "-s", "/bin/bash", "-c", user["full_name"], name])
+        _say(f"Unix account {name} (uid {uid})")
+    for group in data["groups"]:
+        if subprocess.run(["getent", "group", group["name"]], capture_output=True).returncode != 0:
+            _run(["groupadd", "-g", str(group["gid"]), group["name"]])
+        for member in group["members"]:
+            _run(["usermod", "-a", "-G", group["name"], member])
+
+
+def ensure_ldap() -> None:
+    p = paths()
+    data = directory()
+    ldap = p.ldap
+    config_dir, data_dir = ldap / "slapd.d", ldap / "data"
+    if not (config_dir / "cn=config.ldif").exists():
+        shutil.rmtree(ldap, ignore_errors=True)
+        for folder in (config_dir, data_dir, p.run):
+            folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(ldap, 0o700)
+        users = [{**u, "password_hash": ssha(u["password"])} for u in data["users"]]
+        (ldap / "config.ldif").write_text(
+            _render("slapd-config.ldif.j2", state=p.root, base_dn=data["base_dn"],
+                    root_password_hash=ssha(os.urandom(16).hex()))
+        )
+        (ldap / "directory.ldif").write_text(
+            _render("directory.ldif.j2", base_dn=data["base_dn"], users=users, groups=data["groups"])
+        )
+        _run(["slapadd", "-n", "0", "-F", str(config_dir), "-l", str(ldap / "config.ldif")])
+        _run(["slapadd", "-n", "1", "-F", str(config_dir), "-l", str(ldap / "directory.ldif")])
+        _say("LDAP directory created")
+    if not _alive(p.run / "slapd.pid"):
+        url = f"ldap://127.0.0.1:{data['ldap_port']}/"
+        _run(["/usr/sbin/slapd", "-h", url, "-F", str(config_dir)])
+        _wait_for(lambda: socket.create_connection(("127.0.0.1", data["ldap_port"]), timeout=1).close() or True,
+                  "slapd")
+        _say(f"slapd started on {url}")
+
+
+def hub_running(settings) -> bool:
+    try:
+        with urllib.request.urlopen(f"{settings.hub.bind_url.rstrip('/')}/hub/api", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def hub_pidfile() -> Path:
+    return paths().run / "dsportal-hub.pid"
+
+
+def ensure_hub(config_path: Path | None = None) -> None:
+    settings = settings_module.load(config_path)
+    if _alive(hub_pidfile()) and hub_running(settings):
+        return
+    log_path = paths().log / "hub.log"
+    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dsportal"), "hub"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+    hub_pidfile().write_text(str(process.pid))
+
+    def up():
+        if process.poll() is not None:
+            raise DemoError(f"the hub exited ({process.returncode}); see {log_path}")
+        return hub_running(settings)
+
+    try:
+        _wait_for(up, "JupyterHub", timeout=60)
+    except DemoError as error:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise DemoError(f"{error}\n{tail}") from None
+    _say(f"JupyterHub started (log {log_path})")
+
+
+# ------------------------------------------------------------------------- commands
+def up(config_path: Path | None = None, with_hub: bool = True) -> None:
+    if os.geteuid() != 0:
+        raise DemoError("the demo cluster runs its daemons as root: run it as root (sudo make demo)")
+    STATE.mkdir(parents=True, exist_ok=True)
+    os.chmod(STATE, 0o755)
+    (STATE / "run").mkdir(exist_ok=True)
+    (STATE / "log").mkdir(exist_ok=True)
+    ensure_hosts()
+    ensure_munge()
+    ensure_slurm()
+    ensure_accounts()
+    ensure_ldap()
+    if with_hub:
+        ensure_hub(config_path)
+
+
+def stop_hub() -> None:
+    _stop_pid(hub_pidfile(), "JupyterHub")
+    settings = None
+    try:
+        settings = settings_module.load()
+    except settings_module.SettingsError:
+        pass
+    if settings:
+        _stop_pid(Path(settings.hub.data_dir) / "proxy.pid", "configurable-http-proxy")
+
+
+def down() -> None:
+    p = paths()
+    stop_hub()
+    env = slurm_env()
+    if _alive(p.run / "slurmctld.pid"):
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=env, capture_output=True)
+            _say(f"cancelled {len(jobs)} job(s)")
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and subprocess.run(
+                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
+            ).stdout.strip():
+                time.sleep(0.5)
+    for i in range(1, NODES + 1):
+        _stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
+    _stop_pid(p.run / "slurmctld.pid", "slurmctld")
+    _stop_pid(p.run / "slapd.pid", "slapd")
+    _stop_pid(p.munge / "run" / "munged.pid", "munged")
+
+
+def status() -> dict[str, bool]:
+    p = paths()
+    result = {"munged": bool(_alive(p.munge / "run" / "munged.pid")),
+              "slurmctld": bool(_alive(p.run / "slurmctld.pid"))}
+    for i in range(1, NODES + 1):
+        result[f"slurmd node{i}"] = bool(_alive(p.run / f"slurmd-node{i}.pid"))
+    result["slapd"] = bool(_alive(p.run / "slapd.pid"))
+    result["hub"] = bool(_alive(hub_pidfile()))
+    return result
+
+
+def banner(settings) -> str:
+    data = directory()
+    lines = [
+        "",
+        f"dsportal is up: open {settings.hub.bind_url}",
+        "",
+        "Demo accounts (LDAP):",
+    ]
+    for user in data["users"]:
+        lines.append(f"  {user['name']:<8} password {user['password']:<14} {user['role']}")
+    lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""JupyterHub configuration built from portal.yaml; jupyterhub_config.py only calls :func:`configure`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from jupyterhub.apihandlers import APIHandler, default_handlers
+from tornado import web
+
+from . import settings as settings_module
+from .auth import configure_ldap
+
+
+class SessionPortHandler(APIHandler):
+    """POST /hub/api/batchspawner from a session job: accepts its port and nothing else.
+
+    Replaces batchspawner's handler, which sets *any* attribute the job sends on the spawner
+    (a user holding the session token could rewrite the spawner's commands).
+    """
+
+    @web.authenticated
+    def post(self):
+        user = self.current_user
+        token = self.get_auth_token()
+        spawner = next((s for s in getattr(user, "spawners", {}).values() if s.api_token == token), None)
+        if spawner is None:
+            raise web.HTTPError(403, "this token belongs to no session of yours")
+        body = self.get_json_body() or {}
+        port = body.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise web.HTTPError(400, "expected {'port': <1-65535>}")
+        spawner.port = port
+        self.set_status(201)
+        self.finish(json.dumps({"message": "port registered"}))
+
+
+def install_port_handler() -> None:
+    import batchspawner.api  # noqa: F401  (registers its own handler on import; we take its place)
+
+    default_handlers[:] = [h for h in default_handlers if h[0] != r"/api/batchspawner"]
+    default_handlers.append((r"/api/batchspawner", SessionPortHandler))
+
+
+def _proxy_command(command: list[str]) -> list[str]:
+    found = shutil.which(command[0]) or command[0]
+    return [found, *command[1:]]
+
+
+def configure(c, settings=None) -> None:
+    """Fill the traitlets config ``c`` from portal.yaml."""
+    settings = settings or settings_module.load()
+    hub = settings.hub
+    data_dir = Path(hub.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    c.JupyterHub.bind_url = hub.bind_url
+    c.JupyterHub.hub_bind_url = hub.hub_bind_url
+    if hub.hub_connect_url:
+        c.JupyterHub.hub_connect_url = hub.hub_connect_url
+    c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(data_dir / "cookie_secret")
+    c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
+    c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
+    c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
+    c.JupyterHub.log_level = hub.log_level
+    # Batch sessions outlive the hub: a hub restart must not cancel anybody's job.
+    c.JupyterHub.cleanup_servers = False
+    c.JupyterHub.allow_named_servers = False
+    c.JupyterHub.shutdown_on_logout = False
+    c.JupyterHub.template_vars = {"portal_name": "dsportal"}
+
+    configure_ldap(c, settings)
+    c.Authenticator.admin_users = set(hub.admin_users)
+
+    install_port_handler()
+    from spawner import SlurmGPUSpawner
+
+    c.JupyterHub.spawner_class = SlurmGPUSpawner
+    c.Spawner.start_timeout = hub.start_timeout
+    c.Spawner.http_timeout = hub.http_timeout
+    c.Spawner.default_url = "/lab"
+    c.SlurmGPUSpawner.python_prefix = str(settings.session.environment)
+    c.SlurmGPUSpawner.log_dir = settings.session.log_dir
+    c.SlurmGPUSpawner.workdir = settings.session.workdir
+    c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
+    c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
+    c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
+    c.SlurmGPUSpawner.poll_interval = settings.slurm.poll_interval
+    c.SlurmGPUSpawner.profile = settings.profile().model_dump()
+    # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the
+    # user-side PATH from the batch script.
+    os.environ.update(settings.slurm_env())
+    c.Spawner.env_keep = ["LANG", "LC_ALL", "SLURM_CONF"]

@@ -1,0 +1,231 @@
+"""Load and validate ``portal.yaml``: the one file an admin edits.
+
+Everything else (hub configuration, batch scripts, the demo cluster) is derived from the
+typed model below. A bad file fails loudly, naming the key and why, at hub start and in
+``dsportal check``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+def _default_config() -> Path:
+    """The repo's config/portal.yaml when run from a checkout, else the packaged copy."""
+    checkout = Path(__file__).resolve().parent.parent / "config" / "portal.yaml"
+    if checkout.exists():
+        return checkout
+    return Path(str(resources.files("dsportal_config") / "portal.yaml"))
+
+
+CONFIG_ENV = "DSPORTAL_CONFIG"
+
+_WALLTIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$")
+_MEMORY = re.compile(r"^(\d+)\s*([KMGT]?)B?$", re.IGNORECASE)
+# A value that may appear on an #SBATCH line or in a Slurm name: no blanks, quotes or shell syntax.
+SLURM_TOKEN = re.compile(r"^[A-Za-z0-9_.:@%+=,/-]+$")
+
+
+class SettingsError(ValueError):
+    """portal.yaml is missing, unreadable or invalid; the message names each bad key."""
+
+
+def parse_walltime(text: str) -> int:
+    """'D-HH:MM:SS' or 'HH:MM:SS' -> seconds."""
+    match = _WALLTIME.match(str(text).strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a walltime like 08:00:00 or 1-12:00:00")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    if minutes > 59 or seconds > 59:
+        raise ValueError(f"{text!r}: minutes and seconds must be below 60")
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_walltime(seconds: int) -> str:
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def parse_memory_mb(text: str | int) -> int:
+    """'48G', '512M', '1T' or a bare number of megabytes -> megabytes."""
+    match = _MEMORY.match(str(text).strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a memory size like 48G or 4096M")
+    number, unit = int(match.group(1)), match.group(2).upper()
+    factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return int(number * factor)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HubSettings(_Model):
+    bind_url: str = Field("http://127.0.0.1:8000", description="Public URL users open.")
+    hub_bind_url: str = Field(
+        "http://127.0.0.1:8081", description="Where the hub's own API listens (jobs report to it)."
+    )
+    hub_connect_url: str | None = Field(
+        None, description="How compute nodes reach the hub API, if not hub_bind_url."
+    )
+    data_dir: Path = Field(Path("/var/lib/dsportal/hub"), description="Hub database and secrets.")
+    admin_users: list[str] = []
+    start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")
+    http_timeout: int = Field(60, gt=0)
+    proxy_command: list[str] = ["configurable-http-proxy"]
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class SlurmSettings(_Model):
+    conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF).")
+    bin_dir: Path = Path("/usr/bin")
+    submit_as: Literal["runuser", "sudo"] = Field(
+        "runuser", description="How the hub (root) runs sbatch/scancel as the user."
+    )
+    poll_interval: float = Field(
+        1.0, gt=0, description="Seconds between the shared squeue calls while sessions start."
+    )
+
+
+class LdapSettings(_Model):
+    server_address: str = "127.0.0.1"
+    server_port: int = Field(389, gt=0, lt=65536)
+    tls_strategy: Literal["before_bind", "on_connect", "insecure"] = "before_bind"
+    bind_dn_template: list[str] = Field(min_length=1)
+    allowed_groups: list[str] = Field(
+        default_factory=list, description="Group DNs whose members may log in (empty: any account)."
+    )
+
+
+class Profile(_Model):
+    """A partition as offered to users: what a session there may ask for."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    partition: str = Field(pattern=SLURM_TOKEN.pattern)
+    display_name: str
+    description: str = ""
+    gpu_choices: list[int] = [0, 1, 2, 4]
+    default_gpus: int = 1
+    cpus_per_gpu: int = Field(8, gt=0)
+    mem_per_gpu: str = "48G"
+    cpus_without_gpu: int = Field(4, gt=0)
+    mem_without_gpu: str = "16G"
+    default_walltime: str = "08:00:00"
+    max_walltime: str = "12:00:00"
+    account: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
+    qos: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
+    reservation: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|\[\]*()!-]+$")
+    extra_sbatch: list[str] = Field(default_factory=list, description="Extra '#SBATCH' options.")
+    groups: list[str] = Field(default_factory=list, description="LDAP groups allowed (empty: all).")
+
+    @field_validator("gpu_choices")
+    @classmethod
+    def _choices(cls, value: list[int]) -> list[int]:
+        if not value or any(n < 0 for n in value):
+            raise ValueError("must list at least one GPU count, none negative")
+        return sorted(set(value))
+
+    @field_validator("mem_per_gpu", "mem_without_gpu")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        if parse_memory_mb(value) <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @field_validator("default_walltime", "max_walltime")
+    @classmethod
+    def _walltime(cls, value: str) -> str:
+        if parse_walltime(value) <= 0:
+            raise ValueError("must be positive")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _extra(cls, lines: list[str]) -> list[str]:
+        for line in lines:
+            if not re.fullmatch(r"--[a-z-]+(=[A-Za-z0-9_.:@+=,/-]+)?", line):
+                raise ValueError(f"{line!r} is not a single '--option=value' sbatch option")
+        return lines
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Profile":
+        if self.default_gpus not in self.gpu_choices:
+            raise ValueError(f"default_gpus {self.default_gpus} is not one of gpu_choices {self.gpu_choices}")
+        if parse_walltime(self.default_walltime) > parse_walltime(self.max_walltime):
+            raise ValueError("default_walltime is longer than max_walltime")
+        return self
+
+
+class SessionSettings(_Model):
+    environment: Path = Field(
+        Path("/opt/dsportal/env"),
+        description="World-readable Python prefix with jupyterhub-singleuser, JupyterLab, ipykernel.",
+    )
+    log_dir: str = Field("{home}/.dsportal/logs", description="Per-user job logs; {home}, {user}.")
+    workdir: str = "{home}"
+    default_profile: str | None = None
+
+
+class Settings(_Model):
+    hub: HubSettings = HubSettings()
+    slurm: SlurmSettings = SlurmSettings()
+    ldap: LdapSettings
+    session: SessionSettings = SessionSettings()
+    profiles: list[Profile] = Field(min_length=1)
+    source: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _profiles(self) -> "Settings":
+        names = [p.name for p in self.profiles]
+        if len(names) != len(set(names)):
+            raise ValueError(f"profile names must be unique, got {names}")
+        if self.session.default_profile and self.session.default_profile not in names:
+            raise ValueError(f"session.default_profile {self.session.default_profile!r} is not a profile name")
+        return self
+
+    def profile(self, name: str | None = None) -> Profile:
+        wanted = name or self.session.default_profile or self.profiles[0].name
+        for profile in self.profiles:
+            if profile.name == wanted:
+                return profile
+        raise KeyError(wanted)
+
+    def slurm_env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.slurm.conf)} if self.slurm.conf else {}
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load(path: str | os.PathLike | None = None) -> Settings:
+    """Read portal.yaml (argument, $DSPORTAL_CONFIG, or the repo's config/portal.yaml)."""
+    source = Path(path or os.environ.get(CONFIG_ENV) or _default_config())
+    try:
+        raw = yaml.safe_load(source.read_text()) or {}
+    except FileNotFoundError:
+        raise SettingsError(f"{source}: file not found") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise SettingsError(f"{source}: cannot read: {error}") from None
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{source}: expected a mapping of sections at the top level")
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as error:
+        raise SettingsError(f"{source} is invalid:\n{_describe(error)}") from None
+    settings.source = source
+    return settings

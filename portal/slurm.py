@@ -1,0 +1,223 @@
+"""The one place that talks to Slurm and parses what it says.
+
+Commands run with an argv list (never a shell). Job state comes from ``squeue --json``,
+which in Slurm 22.05 lists every job the controller still remembers (finished ones
+included, for MinJobAge), so a single call serves every session of the hub: callers
+share one cached snapshot instead of each running its own squeue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+log = logging.getLogger(__name__)
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "SUSPENDED"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message is Slurm's own words."""
+
+
+class SlurmUnavailable(SlurmError):
+    """slurmctld could not be reached (transient: callers keep their sessions)."""
+
+
+_UNREACHABLE_HINTS = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: int
+    user: str
+    name: str
+    state: str
+    reason: str
+    partition: str
+    batch_host: str
+    nodes: str
+    stdout: str
+    exit_code: int
+    start_time: int
+    submit_time: int
+
+    @property
+    def pending(self) -> bool:
+        return self.state in PENDING_STATES
+
+    @property
+    def running(self) -> bool:
+        return self.state in RUNNING_STATES
+
+    @property
+    def finished(self) -> bool:
+        return not (self.pending or self.running)
+
+    @classmethod
+    def from_json(cls, item: dict) -> "Job":
+        return cls(
+            job_id=int(item["job_id"]),
+            user=item.get("user_name") or str(item.get("user_id", "")),
+            name=item.get("name") or "",
+            state=item.get("job_state") or "UNKNOWN",
+            reason=item.get("state_reason") or "None",
+            partition=item.get("partition") or "",
+            batch_host=item.get("batch_host") or "",
+            nodes=item.get("nodes") or "",
+            stdout=item.get("standard_output") or "",
+            exit_code=_exit_status(item.get("exit_code")),
+            start_time=int(item.get("start_time") or 0),
+            submit_time=int(item.get("submit_time") or 0),
+        )
+
+
+def _exit_status(raw) -> int:
+    """22.05 reports the wait status as an int; later versions as an object."""
+    if isinstance(raw, dict):
+        value = raw.get("return_code", 0)
+        return int(value.get("number", 0) if isinstance(value, dict) else value or 0)
+    raw = int(raw or 0)
+    return raw >> 8 if raw > 255 else raw
+
+
+def parse_squeue_json(text: str) -> dict[int, Job]:
+    data = json.loads(text)
+    errors = [e for e in data.get("errors") or [] if e]
+    if errors and not data.get("jobs"):
+        raise SlurmError(f"squeue reported: {errors}")
+    return {job.job_id: job for job in (Job.from_json(item) for item in data.get("jobs") or [])}
+
+
+class Slurm:
+    """Typed wrapper over the Slurm client commands.
+
+    ``submit_as`` decides how root runs a command as the user: ``runuser`` (the hub runs as
+    root on a submit host) or ``sudo`` (the hub has a sudoers rule for sbatch/scancel).
+    """
+
+    def __init__(
+        self,
+        conf: Path | None = None,
+        bin_dir: Path = Path("/usr/bin"),
+        submit_as: str = "runuser",
+        cache_seconds: float = 1.0,
+        command_timeout: float = 30.0,
+    ):
+        self.conf = conf
+        self.bin_dir = Path(bin_dir)
+        self.submit_as = submit_as
+        self.cache_seconds = cache_seconds
+        self.command_timeout = command_timeout
+        self._snapshot: dict[int, Job] = {}
+        self._snapshot_time = 0.0
+        self._refresh_lock = asyncio.Lock()
+        self.squeue_calls = 0
+
+    @classmethod
+    def from_settings(cls, settings) -> "Slurm":
+        return cls(
+            conf=settings.slurm.conf,
+            bin_dir=settings.slurm.bin_dir,
+            submit_as=settings.slurm.submit_as,
+            cache_seconds=settings.slurm.poll_interval,
+        )
+
+    # -- running commands -------------------------------------------------------------
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(extra if extra is not None else os.environ)
+        env.setdefault("PATH", SAFE_PATH)
+        if self.conf:
+            env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def as_user(self, user: str, argv: Iterable[str]) -> list[str]:
+        if self.submit_as == "sudo":
+            return ["sudo", "-n", "-E", "-u", user, "--", *argv]
+        return ["runuser", "-u", user, "--", *argv]
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    async def run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env(env),
+            )
+        except FileNotFoundError as error:
+            raise SlurmError(f"cannot run {argv[0]}: {error.strerror}") from None
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), self.command_timeout
+            )
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
+        if proc.returncode != 0:
+            message = (err or out).decode(errors="replace").strip() or f"exit status {proc.returncode}"
+            kind = SlurmUnavailable if any(h in message for h in _UNREACHABLE_HINTS) else SlurmError
+            raise kind(message)
+        return out.decode(errors="replace")
+
+    # -- jobs -------------------------------------------------------------------------
+    async def submit(self, user: str, script: str, env: dict[str, str] | None = None) -> int:
+        """sbatch the script as ``user``; returns the job id."""
+        out = await self.run(self.as_user(user, [self.tool("sbatch"), "--parsable"]), input=script, env=env)
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        try:
+            return int(last.split(";")[0])
+        except ValueError:
+            raise SlurmError(f"sbatch gave no job id: {out.strip()!r}") from None
+
+    async def cancel(self, user: str, job_id: int) -> None:
+        await self.run(self.as_user(user, [self.tool("scancel"), str(int(job_id))]))
+
+    async def jobs(self, max_age: float | None = None) -> dict[int, Job]:
+        """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``."""
+        max_age = self.cache_seconds if max_age is None else max_age
+        if time.monotonic() - self._snapshot_time < max_age:
+            return self._snapshot
+        async with self._refresh_lock:
+            # Whoever waited on the lock finds the snapshot the first caller just took.
+            if time.monotonic() - self._snapshot_time < max_age:
+                return self._snapshot
+            out = await self.run([self.tool("squeue"), "--json"])
+            self.squeue_calls += 1
+            self._snapshot = parse_squeue_json(out)
+            self._snapshot_time = time.monotonic()
+            return self._snapshot
+
+    async def job(self, job_id: int, max_age: float | None = None) -> Job | None:
+        return (await self.jobs(max_age)).get(int(job_id))
+
+    async def read_as_user(self, user: str, path: str, lines: int = 30) -> str:
+        """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files)."""
+        try:
+            return await self.run(self.as_user(user, ["tail", "-n", str(int(lines)), "--", path]))
+        except SlurmError as error:
+            return f"(log {path} unreadable: {error})"
+
+    async def make_dir_as_user(self, user: str, path: str) -> None:
+        await self.run(self.as_user(user, ["mkdir", "-p", "--", path]))
+
+    async def partitions(self) -> list[str]:
+        out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])
+        return sorted({line.strip() for line in out.splitlines() if line.strip()})

@@ -1,0 +1,44 @@
+"""Rendering of templates/ with escaping: the only way scripts are made."""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from .settings import SLURM_TOKEN
+
+_CHECKOUT = Path(__file__).resolve().parent.parent / "templates"
+
+
+def sbatch_value(value) -> str:
+    """A value for an #SBATCH line: refuse anything sbatch or a shell could read as syntax."""
+    text = str(value)
+    option = text.split("=", 1)
+    candidate = option[1] if text.startswith("--") and len(option) == 2 else text
+    if text.startswith("--") and len(option) == 1:
+        candidate = text[2:]
+    if not SLURM_TOKEN.match(candidate):
+        raise ValueError(f"refusing {text!r} on an #SBATCH line: only letters, digits and _.:@+=,/- allowed")
+    return text
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    folder = _CHECKOUT if _CHECKOUT.is_dir() else Path(str(resources.files("dsportal_templates")))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["shell"] = lambda value: shlex.quote(str(value))
+    env.filters["sbatch"] = sbatch_value
+    return env
+
+
+def render(name: str, **context) -> str:
+    return environment().get_template(name).render(**context)

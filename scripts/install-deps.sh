@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what dsportal needs on Debian bookworm (as root): Debian packages, Node.js for
+# configurable-http-proxy, and one world-readable Python environment built from
+# /usr/bin/python3 (hub and sessions; users cannot read root's own Python).
+# Idempotent and quick when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=${DSPORTAL_PREFIX:-/opt/dsportal}
+ENV=$PREFIX/env
+say() { echo "[install] $*"; }
+
+[ "$(id -u)" = 0 ] || { echo "install-deps.sh must run as root" >&2; exit 1; }
+
+packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev procps util-linux sudo)
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+mkdir -p "$PREFIX"
+chmod 755 "$PREFIX"
+if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ]; then
+  say "configurable-http-proxy (npm)"
+  mkdir -p "$PREFIX/chp"
+  (cd "$PREFIX/chp" && npm install --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6)
+fi
+
+if [ ! -x "$ENV/bin/python" ]; then
+  say "Python environment $ENV from /usr/bin/python3"
+  /usr/bin/python3 -m venv "$ENV"
+  fi
+"$ENV/bin/python" -c "import wheel" 2>/dev/null || "$ENV/bin/pip" install -q --upgrade pip wheel "setuptools>=68"
+stamp="$ENV/.dsportal-deps"
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "Python packages (pyproject.toml changed)"
+  "$ENV/bin/pip" install -q --disable-pip-version-check ".[test]"
+  echo "$want" > "$stamp"
+fi
+# Our own code: always the checkout's current version (a copy, readable by every user).
+"$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
+chmod -R a+rX "$ENV" "$PREFIX/chp"
+say "ready: $ENV"

@@ -1,0 +1,233 @@
+"""SlurmGPUSpawner: a JupyterLab session as a Slurm job holding the user's GPU slice.
+
+Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
+which the job reports its port) but talking to Slurm through :mod:`portal.slurm`: argv
+lists instead of shell strings, one shared ``squeue --json`` for all sessions, and a start
+that fails fast with the job's own error text when the job dies before its server answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pwd
+import time
+
+import batchspawner
+from batchspawner import JobStatus
+from traitlets import Dict, Float, Integer, Unicode, default
+
+from portal.settings import Profile
+from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable
+from portal.templating import render
+
+from .form import RequestError, session_slice
+
+_clients: dict[tuple, Slurm] = {}
+
+
+def shared_slurm(conf: str, bin_dir: str, submit_as: str, poll_interval: float) -> Slurm:
+    """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
+    key = (conf, bin_dir, submit_as)
+    if key not in _clients:
+        _clients[key] = Slurm(conf or None, bin_dir, submit_as, cache_seconds=poll_interval)
+    return _clients[key]
+
+
+class SpawnFailed(RuntimeError):
+    """The session job ended or was refused before JupyterLab answered."""
+
+
+class SlurmGPUSpawner(batchspawner.SlurmSpawner):
+    python_prefix = Unicode(
+        "/opt/dsportal/env",
+        help="World-readable Python prefix holding jupyterhub-singleuser, JupyterLab and ipykernel; "
+        "the job runs <environment>/bin/jupyterhub-singleuser.",
+    ).tag(config=True)
+
+    log_dir = Unicode(
+        "{home}/.dsportal/logs",
+        help="Where the job writes its log, created as the user; {home} and {user} are expanded.",
+    ).tag(config=True)
+
+    workdir = Unicode("{home}", help="Working directory of the session job.").tag(config=True)
+
+    slurm_conf = Unicode("", help="slurm.conf for the client commands (exported as SLURM_CONF).").tag(
+        config=True
+    )
+    slurm_bin_dir = Unicode("/usr/bin", help="Folder holding sbatch, squeue, scancel.").tag(config=True)
+    submit_as = Unicode(
+        "runuser", help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
+    ).tag(config=True)
+    poll_interval = Float(
+        1.0, help="Seconds between looks at the shared squeue snapshot while a session starts."
+    ).tag(config=True)
+
+    profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
+        config=True
+    )
+
+    log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
+
+    # batchspawner's own startup loop polls every 0.5 s with one squeue each; ours reads the
+    # shared snapshot, so the interval only decides how soon a change is noticed.
+    @default("startup_poll_interval")
+    def _startup_poll_default(self):
+        return self.poll_interval
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def slurm(self) -> Slurm:
+        return shared_slurm(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.poll_interval)
+
+    @property
+    def home(self) -> str:
+        return pwd.getpwnam(self.user.name).pw_dir
+
+    def _expand(self, template: str) -> str:
+        return template.format(home=self.home, user=self.user.name)
+
+    def session_slice(self):
+        profile = Profile.model_validate(self.profile)
+        options = self.user_options or {}
+        return session_slice(profile, options.get("gpus"), options.get("walltime"))
+
+    def job_script(self) -> str:
+        chosen = self.session_slice()
+        env_prefix = self.python_prefix.rstrip("/")
+        command = [f"{env_prefix}/bin/batchspawner-singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
+        return render(
+            "session.sbatch.j2",
+            job_name=f"dsportal-{self.user.name}",
+            partition=chosen.profile.partition,
+            gpus=chosen.gpus,
+            cpus=chosen.cpus,
+            mem_mb=chosen.mem_mb,
+            walltime=chosen.walltime,
+            log_path=f"{self._expand(self.log_dir)}/session-%j.log",
+            workdir=self._expand(self.workdir),
+            profile=chosen.profile.model_dump(),
+            environment=env_prefix,
+            command=command + self.get_args(),
+        )
+
+    # ------------------------------------------------ batchspawner's job interface
+    async def submit_batch_script(self):
+        try:
+            script = self.job_script()
+        except (RequestError, ValueError) as error:
+            raise SpawnFailed(f"Your session request was refused: {error}") from None
+        try:
+            await self.slurm.make_dir_as_user(self.user.name, self._expand(self.log_dir))
+            job_id = await self.slurm.submit(self.user.name, script, env=self.get_env())
+        except SlurmUnavailable as error:
+            raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})") from None
+        except SlurmError as error:
+            raise SpawnFailed(f"Slurm refused the session job: {error}") from None
+        self.log.info("Submitted session job %s for %s", job_id, self.user.name)
+        self.job_id = str(job_id)
+        self._job = None
+        return self.job_id
+
+    async def query_job_status(self):
+        if not self.job_id:
+            self.job_status = ""
+            return JobStatus.NOTFOUND
+        try:
+            job = await self.slurm.job(int(self.job_id))
+        except SlurmError as error:
+            # One failed squeue must never drop a session: report UNKNOWN and look again later.
+            self.log.warning("Job %s: squeue failed, keeping the session: %s", self.job_id, error)
+            self.job_status = f"UNKNOWN {error}"
+            return JobStatus.UNKNOWN
+        self._job = job
+        if job is None:
+            self.job_status = ""
+            return JobStatus.NOTFOUND
+        self.job_status = f"{job.state} {job.batch_host}".strip()
+        if job.running:
+            return JobStatus.RUNNING
+        if job.pending:
+            return JobStatus.PENDING
+        return JobStatus.NOTFOUND
+
+    async def cancel_batch_job(self):
+        if not self.job_id:
+            return
+        try:
+            await self.slurm.cancel(self.user.name, int(self.job_id))
+        except SlurmError as error:
+            self.log.warning("scancel %s failed: %s", self.job_id, error)
+
+    def state_ispending(self):
+        return bool(self._current_job and self._current_job.pending)
+
+    def state_isrunning(self):
+        return bool(self._current_job and self._current_job.running)
+
+    def state_isunknown(self):
+        return self.job_status.startswith("UNKNOWN")
+
+    def state_gethost(self):
+        return self._current_job.batch_host if self._current_job else ""
+
+    @property
+    def _current_job(self) -> Job | None:
+        return getattr(self, "_job", None)
+
+    # ---------------------------------------------------------------- lifecycle
+    async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
+        """A message a person understands: what happened, Slurm's reason, the job's last words."""
+        job_id = self.job_id
+        log_path = job.stdout if job and job.stdout else f"{self._expand(self.log_dir)}/session-{job_id}.log"
+        tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines))).strip()
+        state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
+        message = f"Session job {job_id} {what} ({state})."
+        if tail:
+            message += f" Last lines of {log_path}:\n{tail}"
+        return SpawnFailed(message)
+
+    async def start(self):
+        self.ip = self.traits()["ip"].default_value
+        self.port = 0
+        if self.server:
+            self.server.port = self.port
+        await self.submit_batch_script()
+
+        # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails.
+        while True:
+            status = await self.query_job_status()
+            if status == JobStatus.RUNNING:
+                break
+            if status == JobStatus.NOTFOUND:
+                failure = await self._failure(self._current_job, "ended before it started")
+                self.clear_state()
+                raise failure
+            await asyncio.sleep(self.startup_poll_interval)
+
+        self.ip = self.state_gethost()
+        # Wait for the job's server to report its port; a job that dies meanwhile fails now.
+        while self.port == 0:
+            await asyncio.sleep(self.startup_poll_interval)
+            status = await self.query_job_status()
+            if status == JobStatus.NOTFOUND and self.port == 0:
+                failure = await self._failure(self._current_job, "ended before JupyterLab started")
+                self.clear_state()
+                raise failure
+
+        self.db.commit()
+        self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
+        return self.ip, self.port
+
+    async def progress(self):
+        started = time.monotonic()
+        while True:
+            job = self._current_job
+            waited = int(time.monotonic() - started)
+            if job is None:
+                yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
+            elif job.pending:
+                reason = "" if job.reason in ("None", "") else f": waiting for {job.reason}"
+                yield {"message": f"Job {job.job_id} queued on partition {job.partition}{reason} ({waited} s)"}
+            elif job.running:
+                yield {"message": f"Job {job.job_id} running on {job.batch_host}; starting JupyterLab ({waited} s)"}
+            await asyncio.sleep(1)

@@ -1,0 +1,1 @@
+"""Package data of dsportal (installed so sessions and the hub find it without a checkout)."""
