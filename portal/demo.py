@@ -302,10 +302,29 @@ def hub_pidfile() -> Path:
     return paths().run / "dsportal-hub.pid"
 
 
+def code_fingerprint() -> str:
+    """Hash of the installed portal code and the config: a change means the hub must restart."""
+    import spawner
+
+    digest = hashlib.sha256()
+    roots = [Path(__file__).parent, Path(spawner.__file__).parent]
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".j2", ".yaml") and path.is_file():
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def ensure_hub(config_path: Path | None = None) -> None:
     settings = settings_module.load(config_path)
+    fingerprint = f"{code_fingerprint()}-{hashlib.sha256(settings.source.read_bytes()).hexdigest()[:8]}"
+    stamp = paths().run / "dsportal-hub.code"
     if _alive(hub_pidfile()) and hub_running(settings):
-        return
+        if stamp.exists() and stamp.read_text() == fingerprint:
+            return
+        # New code or config: restart the hub. Sessions are Slurm jobs and survive it.
+        _say("portal code or config changed: restarting JupyterHub (running sessions are kept)")
+        stop_hub()
     log_path = paths().log / "hub.log"
     env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
     with open(log_path, "ab") as log:
@@ -314,6 +333,7 @@ def ensure_hub(config_path: Path | None = None) -> None:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
     hub_pidfile().write_text(str(process.pid))
+    stamp.write_text(fingerprint)
 
     def up():
         if process.poll() is not None:

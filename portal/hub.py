@@ -65,6 +65,7 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
     c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
+    c.ConfigurableHTTPProxy.api_url = hub.proxy_api_url
     c.JupyterHub.log_level = hub.log_level
     # Batch sessions outlive the hub: a hub restart must not cancel anybody's job.
     c.JupyterHub.cleanup_servers = False

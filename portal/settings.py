@@ -77,6 +77,9 @@ class HubSettings(_Model):
     hub_connect_url: str | None = Field(
         None, description="How compute nodes reach the hub API, if not hub_bind_url."
     )
+    proxy_api_url: str = Field(
+        "http://127.0.0.1:8001", description="configurable-http-proxy's REST API (local only)."
+    )
     data_dir: Path = Field(Path("/var/lib/dsportal/hub"), description="Hub database and secrets.")
     admin_users: list[str] = []
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")

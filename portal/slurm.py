@@ -190,23 +190,32 @@ class Slurm:
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, [self.tool("scancel"), str(int(job_id))]))
 
-    async def jobs(self, max_age: float | None = None) -> dict[int, Job]:
-        """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``."""
+    async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
+        """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.
+
+        ``fresh_after`` (a time.monotonic() value) demands a snapshot taken after that moment,
+        e.g. after one's own sbatch returned.
+        """
         max_age = self.cache_seconds if max_age is None else max_age
-        if time.monotonic() - self._snapshot_time < max_age:
+
+        def usable() -> bool:
+            return self._snapshot_time > fresh_after and time.monotonic() - self._snapshot_time < max_age
+
+        if usable():
             return self._snapshot
         async with self._refresh_lock:
             # Whoever waited on the lock finds the snapshot the first caller just took.
-            if time.monotonic() - self._snapshot_time < max_age:
+            if usable():
                 return self._snapshot
+            taken_at = time.monotonic()
             out = await self.run([self.tool("squeue"), "--json"])
             self.squeue_calls += 1
             self._snapshot = parse_squeue_json(out)
-            self._snapshot_time = time.monotonic()
+            self._snapshot_time = taken_at
             return self._snapshot
 
-    async def job(self, job_id: int, max_age: float | None = None) -> Job | None:
-        return (await self.jobs(max_age)).get(int(job_id))
+    async def job(self, job_id: int, max_age: float | None = None, fresh_after: float = 0.0) -> Job | None:
+        return (await self.jobs(max_age, fresh_after)).get(int(job_id))
 
     async def read_as_user(self, user: str, path: str, lines: int = 30) -> str:
         """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files)."""

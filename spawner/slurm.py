@@ -14,6 +14,7 @@ import time
 
 import batchspawner
 from batchspawner import JobStatus
+from jupyterhub.spawner import SpawnException
 from traitlets import Dict, Float, Integer, Unicode, default
 
 from portal.settings import Profile
@@ -33,8 +34,12 @@ def shared_slurm(conf: str, bin_dir: str, submit_as: str, poll_interval: float) 
     return _clients[key]
 
 
-class SpawnFailed(RuntimeError):
-    """The session job ended or was refused before JupyterLab answered."""
+class SpawnFailed(SpawnException):
+    """The session job was refused, or ended before JupyterLab answered; the message is for the user."""
+
+    def __init__(self, message: str, *, reason: str = "job-failed", status_code: int = 500):
+        super().__init__(message, reason=reason, status_code=status_code)
+        self.jupyterhub_message = message  # shown as is on the spawn page and in the progress stream
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
@@ -115,17 +120,22 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         try:
             script = self.job_script()
         except (RequestError, ValueError) as error:
-            raise SpawnFailed(f"Your session request was refused: {error}") from None
+            raise SpawnFailed(f"Your session request was refused: {error}", reason="invalid-request",
+                              status_code=400) from None
+        submitted_at = time.monotonic()
         try:
             await self.slurm.make_dir_as_user(self.user.name, self._expand(self.log_dir))
             job_id = await self.slurm.submit(self.user.name, script, env=self.get_env())
         except SlurmUnavailable as error:
-            raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})") from None
+            raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
+                              reason="scheduler-unavailable", status_code=503) from None
         except SlurmError as error:
-            raise SpawnFailed(f"Slurm refused the session job: {error}") from None
+            raise SpawnFailed(f"Slurm refused the session job: {error}", reason="submit-refused",
+                              status_code=400) from None
         self.log.info("Submitted session job %s for %s", job_id, self.user.name)
         self.job_id = str(job_id)
         self._job = None
+        self._submitted_at = submitted_at
         return self.job_id
 
     async def query_job_status(self):
@@ -133,7 +143,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.job_status = ""
             return JobStatus.NOTFOUND
         try:
-            job = await self.slurm.job(int(self.job_id))
+            # A snapshot older than our own sbatch cannot know the job yet.
+            job = await self.slurm.job(int(self.job_id), fresh_after=getattr(self, "_submitted_at", 0.0))
         except SlurmError as error:
             # One failed squeue must never drop a session: report UNKNOWN and look again later.
             self.log.warning("Job %s: squeue failed, keeping the session: %s", self.job_id, error)
@@ -178,7 +189,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
         job_id = self.job_id
-        log_path = job.stdout if job and job.stdout else f"{self._expand(self.log_dir)}/session-{job_id}.log"
+        log_path = f"{self._expand(self.log_dir)}/session-{job_id}.log"
         tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines))).strip()
         state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
         message = f"Session job {job_id} {what} ({state})."
@@ -199,9 +210,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if status == JobStatus.RUNNING:
                 break
             if status == JobStatus.NOTFOUND:
-                failure = await self._failure(self._current_job, "ended before it started")
-                self.clear_state()
-                raise failure
+                # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.
+                raise await self._failure(self._current_job, "ended before it started")
             await asyncio.sleep(self.startup_poll_interval)
 
         self.ip = self.state_gethost()
@@ -210,9 +220,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             await asyncio.sleep(self.startup_poll_interval)
             status = await self.query_job_status()
             if status == JobStatus.NOTFOUND and self.port == 0:
-                failure = await self._failure(self._current_job, "ended before JupyterLab started")
-                self.clear_state()
-                raise failure
+                raise await self._failure(self._current_job, "ended before JupyterLab started")
 
         self.db.commit()
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)

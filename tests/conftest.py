@@ -1,0 +1,95 @@
+"""Fixtures bringing up the real embedded cluster (munge, slurmctld, slurmd x2, slapd, hub)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from hubclient import HubUser, active_jobs
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "config" / "portal.yaml"
+DSPORTAL = str(Path(sys.executable).parent / "dsportal")
+PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/demo/users.yaml").read_text())["users"]}
+HUB = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="session")
+def portal():
+    """The demo portal, up (idempotently) for the whole run."""
+    result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "demo", "up"], capture_output=True, text=True)
+    assert result.returncode == 0, f"dsportal demo up failed:\n{result.stdout}\n{result.stderr}"
+    os.environ["SLURM_CONF"] = "/var/lib/dsportal-demo/slurm/slurm.conf"
+    yield HUB
+
+
+def login(base: str, name: str) -> HubUser:
+    return HubUser(base, name).must_login(PASSWORDS[name])
+
+
+@pytest.fixture
+def admin(portal) -> HubUser:
+    return login(portal, "dave")
+
+
+@pytest.fixture
+def alice(portal, admin):
+    user = login(portal, "alice")
+    yield user
+    admin.stop_server("alice")
+
+
+@pytest.fixture
+def bob(portal, admin):
+    user = login(portal, "bob")
+    yield user
+    admin.stop_server("bob")
+
+
+def wait_no_jobs(user: str, timeout: float = 30) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = active_jobs(user)
+        if not jobs:
+            return []
+        time.sleep(0.5)
+    return active_jobs(user)
+
+
+@pytest.fixture
+def second_hub(portal, tmp_path):
+    """Start another hub on the same cluster and LDAP with an edited portal.yaml; yields a starter."""
+    processes = []
+
+    def start(edit) -> str:
+        config = yaml.safe_load(CONFIG.read_text())
+        config["hub"].update(bind_url="http://127.0.0.1:8010", hub_bind_url="http://127.0.0.1:8091",
+                             proxy_api_url="http://127.0.0.1:8011", data_dir=str(tmp_path / "hub"))
+        edit(config)
+        path = tmp_path / "portal.yaml"
+        path.write_text(yaml.safe_dump(config))
+        log = open(tmp_path / "hub.log", "wb")
+        process = subprocess.Popen([DSPORTAL, "--config", str(path), "hub"], stdout=log, stderr=subprocess.STDOUT)
+        processes.append(process)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (tmp_path / "hub.log").read_text()
+            try:
+                if requests.get("http://127.0.0.1:8010/hub/api", timeout=2).status_code == 200:
+                    return "http://127.0.0.1:8010"
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("second hub did not start:\n" + (tmp_path / "hub.log").read_text())
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,158 @@
+"""A small client for driving the real hub the way a browser or script does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+
+import requests
+import websocket
+
+DEMO_SLURM_CONF = "/var/lib/dsportal-demo/slurm/slurm.conf"
+
+
+class LoginRefused(AssertionError):
+    pass
+
+
+class HubUser:
+    """One person's browser session on the hub (cookies + xsrf), plus an API token."""
+
+    def __init__(self, base_url: str, name: str):
+        self.base = base_url.rstrip("/")
+        self.name = name
+        self.web = requests.Session()
+        self._token: str | None = None
+
+    # -- login ----------------------------------------------------------------------
+    def login(self, password: str) -> requests.Response:
+        self.web.get(f"{self.base}/hub/login")
+        return self.web.post(
+            f"{self.base}/hub/login",
+            data={"username": self.name, "password": password, "_xsrf": self.web.cookies.get("_xsrf")},
+            allow_redirects=False,
+        )
+
+    def must_login(self, password: str) -> "HubUser":
+        response = self.login(password)
+        if response.status_code != 302:
+            raise LoginRefused(f"{self.name} could not log in: {response.status_code}")
+        return self
+
+    @property
+    def xsrf(self) -> dict:
+        return {"X-XSRFToken": self.web.cookies.get("_xsrf", "")}
+
+    @property
+    def token(self) -> str:
+        if self._token is None:
+            response = self.web.post(f"{self.base}/hub/api/users/{self.name}/tokens", headers=self.xsrf,
+                                     json={"note": "dsportal tests", "expires_in": 3600})
+            response.raise_for_status()
+            self._token = response.json()["token"]
+        return self._token
+
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}
+        return requests.request(method, f"{self.base}{path}", headers=headers, timeout=60, **kwargs)
+
+    # -- the server -----------------------------------------------------------------
+    def model(self, user: str | None = None) -> dict:
+        response = self.api("GET", f"/hub/api/users/{user or self.name}")
+        response.raise_for_status()
+        return response.json()
+
+    def start_server(self, options: dict | None = None) -> requests.Response:
+        return self.api("POST", f"/hub/api/users/{self.name}/server", json=options or {})
+
+    def progress_events(self, timeout: float = 120) -> list[dict]:
+        """The hub's progress stream for the spawn in flight, until ready or failed."""
+        events = []
+        with self.api("GET", f"/hub/api/users/{self.name}/server/progress", stream=True) as response:
+            response.raise_for_status()
+            deadline = time.monotonic() + timeout
+            for line in response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    events.append(event)
+                    if event.get("ready") or event.get("failed"):
+                        break
+                if time.monotonic() > deadline:
+                    break
+        return events
+
+    def wait_ready(self, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            server = self.model().get("servers", {}).get("")
+            if server and server.get("ready"):
+                return server
+            if not server:
+                raise AssertionError(f"{self.name}'s server is gone while starting: {self.model()}")
+            time.sleep(1)
+        raise AssertionError(f"{self.name}'s server not ready after {timeout} s")
+
+    def spawn(self, options: dict | None = None, timeout: float = 120) -> dict:
+        response = self.start_server(options)
+        assert response.status_code in (201, 202), response.text
+        return self.wait_ready(timeout)
+
+    def stop_server(self, user: str | None = None) -> None:
+        response = self.api("DELETE", f"/hub/api/users/{user or self.name}/server")
+        assert response.status_code in (202, 204, 400), response.text
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            model = self.model(user)
+            if not model.get("servers") and model.get("pending") is None:
+                return
+            time.sleep(0.5)
+        raise AssertionError("server did not stop")
+
+    # -- kernels ----------------------------------------------------------------------
+    def run_code(self, code: str, kernel: str = "python3", timeout: float = 60) -> str:
+        """Start a kernel in my server through the proxy, run code, return its stdout."""
+        prefix = f"/user/{self.name}/api/kernels"
+        created = self.api("POST", prefix, json={"name": kernel})
+        created.raise_for_status()
+        kernel_id = created.json()["id"]
+        url = f"{self.base.replace('http', 'ws', 1)}{prefix}/{kernel_id}/channels"
+        ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
+        try:
+            msg_id = uuid.uuid4().hex
+            ws.send(json.dumps({
+                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
+                           "session": uuid.uuid4().hex, "version": "5.3"},
+                "parent_header": {}, "metadata": {}, "channel": "shell",
+                "content": {"code": code, "silent": False, "store_history": False},
+            }))
+            output = []
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                message = json.loads(ws.recv())
+                if message.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind = message["msg_type"]
+                if kind == "stream":
+                    output.append(message["content"]["text"])
+                elif kind == "error":
+                    raise AssertionError("kernel error: " + "\n".join(message["content"]["traceback"]))
+                elif kind == "status" and message["content"]["execution_state"] == "idle":
+                    return "".join(output)
+            raise AssertionError("kernel did not finish in time")
+        finally:
+            ws.close()
+            self.api("DELETE", f"{prefix}/{kernel_id}")
+
+
+def squeue_jobs() -> dict[int, dict]:
+    """What Slurm itself says, independent of the portal's own parser."""
+    out = subprocess.run(["squeue", "--json"], env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    return {job["job_id"]: job for job in json.loads(out)["jobs"]}
+
+
+def active_jobs(user: str) -> list[dict]:
+    return [j for j in squeue_jobs().values()
+            if j["user_name"] == user and j["job_state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]

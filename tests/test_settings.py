@@ -1,0 +1,59 @@
+"""portal.yaml validation: a bad file is refused with the key and the reason."""
+
+import pytest
+import yaml
+
+from portal.settings import SettingsError, load, parse_memory_mb, parse_walltime
+from conftest import CONFIG
+
+
+def write(tmp_path, edit):
+    config = yaml.safe_load(CONFIG.read_text())
+    edit(config)
+    path = tmp_path / "portal.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_shipped_config_is_valid():
+    settings = load(CONFIG)
+    assert settings.profile().name == "gpu"
+    assert settings.profile("gpu").cpus_per_gpu == 8
+    assert parse_memory_mb(settings.profile("gpu").mem_per_gpu) == 48 * 1024
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda c: c["profiles"][0].update(cpus_per_gpu=0), "profiles.0.cpus_per_gpu"),
+        (lambda c: c["profiles"][0].update(mem_per_gpu="lots"), "profiles.0.mem_per_gpu"),
+        (lambda c: c["profiles"][0].update(max_walltime="8 hours"), "profiles.0.max_walltime"),
+        (lambda c: c["profiles"][0].update(partition="gpu; rm -rf /"), "profiles.0.partition"),
+        (lambda c: c["profiles"][0].update(extra_sbatch=["--comment=x\n#SBATCH --uid=0"]), "profiles.0.extra_sbatch"),
+        (lambda c: c["profiles"][0].update(default_gpus=3), "profiles.0"),
+        (lambda c: c["hub"].update(start_timeout="soon"), "hub.start_timeout"),
+        (lambda c: c["slurm"].update(submit_as="ssh"), "slurm.submit_as"),
+        (lambda c: c["session"].update(default_profile="nope"), "default_profile"),
+        (lambda c: c.update(partitions=[]), "partitions"),
+    ],
+    ids=["cpus", "memory", "walltime", "partition-injection", "sbatch-injection", "default-gpus", "timeout",
+         "submit-as", "default-profile", "unknown-key"],
+)
+def test_invalid_config_names_the_key(tmp_path, edit, key):
+    with pytest.raises(SettingsError) as error:
+        load(write(tmp_path, edit))
+    assert key in str(error.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(SettingsError, match="file not found"):
+        load(tmp_path / "absent.yaml")
+
+
+def test_walltime_and_memory_parsing():
+    assert parse_walltime("08:00:00") == 8 * 3600
+    assert parse_walltime("1-12:00:00") == 36 * 3600
+    assert parse_memory_mb("48G") == 49152
+    assert parse_memory_mb("512M") == 512
+    with pytest.raises(ValueError):
+        parse_walltime("08:61:00")

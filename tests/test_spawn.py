@@ -1,0 +1,96 @@
+"""LDAP login -> JupyterLab inside a Slurm job, as the user, reachable only by them."""
+
+import json
+import pwd
+import subprocess
+import time
+
+import requests
+
+from conftest import HUB, wait_no_jobs
+from hubclient import active_jobs, squeue_jobs
+
+
+def test_session_runs_as_the_user_inside_a_slurm_job(alice):
+    alice.spawn()
+
+    jobs = active_jobs("alice")
+    assert len(jobs) == 1, jobs
+    job = jobs[0]
+    assert job["job_state"] == "RUNNING"
+    assert job["name"] == "dsportal-alice"
+    assert job["partition"] == "gpu"
+
+    seen = json.loads(alice.run_code(
+        "import os, json; print(json.dumps({'uid': os.getuid(), 'job': os.environ.get('SLURM_JOB_ID'),"
+        " 'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), 'home': os.path.expanduser('~')}))"
+    ))
+    assert seen["uid"] == pwd.getpwnam("alice").pw_uid
+    assert seen["job"] == str(job["job_id"])
+    assert seen["gpus"] is not None and len(seen["gpus"].split(",")) == 1  # the default 1-GPU slice
+    assert seen["home"] == "/home/alice"
+
+    # The hub's proxy serves JupyterLab at /user/alice/ to alice's browser session.
+    lab = alice.web.get(f"{HUB}/user/alice/lab")
+    assert lab.status_code == 200
+    assert "JupyterLab" in lab.text
+
+
+def test_stopping_the_server_ends_the_job(alice):
+    alice.spawn()
+    assert len(active_jobs("alice")) == 1
+    alice.stop_server()
+    assert wait_no_jobs("alice") == []
+
+
+def test_other_users_and_anonymous_clients_cannot_reach_a_session(alice, bob):
+    alice.spawn()
+
+    # bob, logged in, is refused by alice's server (after the OAuth round trip through the hub).
+    response = bob.web.get(f"{HUB}/user/alice/lab")
+    assert response.status_code == 403, (response.status_code, response.url)
+    assert bob.api("GET", "/user/alice/api/status").status_code == 403
+    assert bob.api("POST", "/user/alice/api/kernels", json={"name": "python3"}).status_code == 403
+
+    # Nobody logged in: sent to the login page, API refused.
+    anonymous = requests.get(f"{HUB}/user/alice/lab")
+    assert anonymous.url.startswith(f"{HUB}/hub/login")
+    assert requests.get(f"{HUB}/user/alice/api/status").status_code == 403
+    assert requests.get(f"{HUB}/user/alice/api/kernels").status_code == 403
+
+
+def _session_token(user: str) -> str:
+    """The token the hub gave the user's session job (root may read the job's environment)."""
+    out = subprocess.run(["pgrep", "-u", user, "-f", "jupyterhub-singleuser"], capture_output=True, text=True)
+    for pid in out.stdout.split():
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"JUPYTERHUB_API_TOKEN="):
+                return entry.split(b"=", 1)[1].decode()
+    raise AssertionError(f"no session process of {user}")
+
+
+def test_session_token_can_report_a_port_but_not_rewrite_the_spawner(alice):
+    alice.spawn()
+    token = _session_token("alice")
+    headers = {"Authorization": f"token {token}"}
+    url = f"{HUB}/hub/api/batchspawner"
+    # batchspawner's stock handler would set these attributes on the spawner; ours refuses.
+    for body in ({"batch_submit_cmd": "touch /tmp/pwned; sbatch"}, {"port": "22; rm -rf /"}, {"port": 0},
+                 {"port": True}):
+        response = requests.post(url, headers=headers, json=body)
+        assert response.status_code == 400, (body, response.status_code)
+    # The session still works after the attempts.
+    assert alice.api("GET", "/user/alice/api/status").status_code == 200
+
+
+def test_hub_api_token_of_another_user_cannot_start_or_stop_alices_server(alice, bob):
+    # JupyterHub answers 404 for users one may not see, so as not to reveal who exists.
+    assert bob.api("POST", "/hub/api/users/alice/server").status_code in (403, 404)
+    alice.spawn()
+    assert bob.api("DELETE", "/hub/api/users/alice/server").status_code in (403, 404)
+    time.sleep(1)
+    assert [j["job_state"] for j in active_jobs("alice")] == ["RUNNING"]
