@@ -1,6 +1,8 @@
 # The two commands: `make demo` (whole portal on an embedded cluster) and `make test`.
 PY := /opt/dsportal/env/bin/python
 export PATH := /opt/dsportal/env/bin:$(PATH)
+# The checkout's config is the one admins edit (the installed package carries a copy).
+export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 
 .PHONY: deps demo stop clean test check bench
 

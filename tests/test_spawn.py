@@ -94,3 +94,17 @@ def test_hub_api_token_of_another_user_cannot_start_or_stop_alices_server(alice,
     assert bob.api("DELETE", "/hub/api/users/alice/server").status_code in (403, 404)
     time.sleep(1)
     assert [j["job_state"] for j in active_jobs("alice")] == ["RUNNING"]
+
+
+def test_hub_restart_keeps_running_sessions(alice, portal):
+    from portal import demo
+
+    alice.spawn()
+    before = active_jobs("alice")
+    demo.stop_hub()
+    demo.ensure_hub()
+    after = active_jobs("alice")
+    assert [j["job_id"] for j in after] == [j["job_id"] for j in before]
+    # The same session answers again through the restarted hub and proxy.
+    assert alice.api("GET", "/user/alice/api/status").status_code == 200
+    assert "uid" in alice.run_code("print('uid')")
