@@ -77,9 +77,12 @@ def configure(c, settings=None) -> None:
     c.Authenticator.admin_users = set(hub.admin_users)
 
     install_port_handler()
-    from spawner import SlurmGPUSpawner
+    from spawner import PartitionSpawner
 
-    c.JupyterHub.spawner_class = SlurmGPUSpawner
+    c.JupyterHub.spawner_class = PartitionSpawner
+    c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
+    c.PartitionSpawner.default_profile = settings.profile().name
+    c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
     c.Spawner.start_timeout = hub.start_timeout
     c.Spawner.http_timeout = hub.http_timeout
     c.Spawner.default_url = "/lab"
@@ -89,8 +92,8 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
     c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
-    c.SlurmGPUSpawner.poll_interval = settings.slurm.poll_interval
-    c.SlurmGPUSpawner.profile = settings.profile().model_dump()
+    c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
+    c.Spawner.poll_interval = settings.slurm.session_check_interval
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the
     # user-side PATH from the batch script.
     os.environ.update(settings.slurm_env())

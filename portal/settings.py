@@ -97,6 +97,12 @@ class SlurmSettings(_Model):
     poll_interval: float = Field(
         1.0, gt=0, description="Seconds between the shared squeue calls while sessions start."
     )
+    session_check_interval: int = Field(
+        30, gt=0, description="Seconds between the hub's checks that each running session's job still runs."
+    )
+    resources_interval: float = Field(
+        10.0, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."
+    )
 
 
 class LdapSettings(_Model):

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,82 @@ def _exit_status(raw) -> int:
     return raw >> 8 if raw > 255 else raw
 
 
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(\d+)")
+_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "maint", "reboot")
+
+
+def _gpu_count(gres: str) -> int:
+    return sum(int(n) for n in _GRES_GPU.findall(gres or ""))
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: str
+    partitions: tuple[str, ...]
+    cpus: int
+    alloc_cpus: int
+    mem_mb: int
+    alloc_mem_mb: int
+    gpus: int
+    alloc_gpus: int
+
+    @property
+    def usable(self) -> bool:
+        return not any(word in self.state.lower() for word in _UNUSABLE_NODE_STATES)
+
+    @classmethod
+    def from_json(cls, item: dict) -> "Node":
+        return cls(
+            name=item["name"],
+            state=str(item.get("state") or ""),
+            partitions=tuple(item.get("partitions") or ()),
+            cpus=int(item.get("cpus") or 0),
+            alloc_cpus=int(item.get("alloc_cpus") or 0),
+            mem_mb=int(item.get("real_memory") or 0),
+            alloc_mem_mb=int(item.get("alloc_memory") or 0),
+            gpus=_gpu_count(item.get("gres", "")),
+            alloc_gpus=_gpu_count(item.get("gres_used", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Free and total resources of a partition's usable nodes."""
+
+    nodes: int = 0
+    gpus: int = 0
+    free_gpus: int = 0
+    cpus: int = 0
+    free_cpus: int = 0
+    mem_mb: int = 0
+    free_mem_mb: int = 0
+    largest_free_gpus_on_a_node: int = 0
+
+
+def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
+    totals: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        if not node.usable:
+            continue
+        free_gpus = max(node.gpus - node.alloc_gpus, 0)
+        for partition in node.partitions:
+            t = totals.setdefault(partition, dict.fromkeys(Resources.__dataclass_fields__, 0))
+            t["nodes"] += 1
+            t["gpus"] += node.gpus
+            t["free_gpus"] += free_gpus
+            t["cpus"] += node.cpus
+            t["free_cpus"] += max(node.cpus - node.alloc_cpus, 0)
+            t["mem_mb"] += node.mem_mb
+            t["free_mem_mb"] += max(node.mem_mb - node.alloc_mem_mb, 0)
+            t["largest_free_gpus_on_a_node"] = max(t["largest_free_gpus_on_a_node"], free_gpus)
+    return {name: Resources(**values) for name, values in totals.items()}
+
+
+def parse_sinfo_json(text: str) -> list[Node]:
+    return [Node.from_json(item) for item in json.loads(text).get("nodes") or []]
+
+
 def parse_squeue_json(text: str) -> dict[int, Job]:
     data = json.loads(text)
     errors = [e for e in data.get("errors") or [] if e]
@@ -126,6 +203,10 @@ class Slurm:
         self._snapshot_time = 0.0
         self._refresh_lock = asyncio.Lock()
         self.squeue_calls = 0
+        self._nodes: list[Node] = []
+        self._nodes_time = 0.0
+        self._nodes_lock = asyncio.Lock()
+        self.sinfo_calls = 0
 
     @classmethod
     def from_settings(cls, settings) -> "Slurm":
@@ -216,6 +297,23 @@ class Slurm:
 
     async def job(self, job_id: int, max_age: float | None = None, fresh_after: float = 0.0) -> Job | None:
         return (await self.jobs(max_age, fresh_after)).get(int(job_id))
+
+    async def nodes(self, max_age: float = 10.0) -> list[Node]:
+        """Every node, from one shared ``sinfo --json`` taken at most every ``max_age`` seconds."""
+        if time.monotonic() - self._nodes_time < max_age:
+            return self._nodes
+        async with self._nodes_lock:
+            if time.monotonic() - self._nodes_time < max_age:
+                return self._nodes
+            taken_at = time.monotonic()
+            out = await self.run([self.tool("sinfo"), "--json"])
+            self.sinfo_calls += 1
+            self._nodes = parse_sinfo_json(out)
+            self._nodes_time = taken_at
+            return self._nodes
+
+    async def resources(self, max_age: float = 10.0) -> dict[str, Resources]:
+        return partition_resources(await self.nodes(max_age))
 
     async def read_as_user(self, user: str, path: str, lines: int = 30) -> str:
         """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files)."""

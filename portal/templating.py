@@ -33,7 +33,8 @@ def environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(str(folder)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,
+        # HTML templates are escaped; shell scripts use the explicit `shell`/`sbatch` filters.
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "html.j2"), default=False),
     )
     env.filters["shell"] = lambda value: shlex.quote(str(value))
     env.filters["sbatch"] = sbatch_value

@@ -58,3 +58,50 @@ def session_slice(profile: Profile, gpus=None, walltime=None) -> SessionSlice:
     else:
         cpus, mem_mb = profile.cpus_without_gpu, parse_memory_mb(profile.mem_without_gpu)
     return SessionSlice(profile=profile, gpus=gpus, cpus=cpus, mem_mb=mem_mb, walltime=format_walltime(seconds))
+
+
+OPTIONS = ("profile", "gpus", "walltime")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def may_use(profile: Profile, user_groups: set[str]) -> bool:
+    return not profile.groups or bool(user_groups & set(profile.groups))
+
+
+def parse_options(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str) -> SessionSlice:
+    """Validate a request (spawn form or hub API ``user_options``) into the slice to submit."""
+    if not isinstance(options, dict):
+        raise RequestError("options must be an object like {'profile': 'gpu', 'gpus': 1}")
+    unknown = sorted(str(k) for k in options if k not in OPTIONS)
+    if unknown:
+        raise RequestError(f"unknown option(s) {', '.join(map(_shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+    name = options.get("profile") or default_profile
+    by_name = {p.name: p for p in profiles}
+    if not isinstance(name, str) or name not in by_name:
+        offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
+        raise RequestError(f"unknown partition profile {_shown(name)}: choose one of {offered}")
+    profile = by_name[name]
+    if not may_use(profile, user_groups):
+        raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
+    gpus, walltime = options.get("gpus"), options.get("walltime")
+    if walltime is not None and not isinstance(walltime, str):
+        raise RequestError(f"walltime must be text like 08:00:00, not {_shown(walltime)}")
+    try:
+        return session_slice(profile, gpus, walltime)
+    except RequestError as error:
+        raise RequestError(str(error).replace(repr(gpus), _shown(gpus))) from None
+
+
+def options_from_form(formdata: dict[str, list[str]]) -> dict:
+    """The chosen profile's own fields (each profile has its own 'gpus.NAME' and 'walltime.NAME')."""
+    profile = (formdata.get("profile") or [""])[0]
+    options = {"profile": profile}
+    for key in ("gpus", "walltime"):
+        values = formdata.get(f"{key}.{profile}")
+        if values:
+            options[key] = values[0].strip()
+    return options

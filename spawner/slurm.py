@@ -26,11 +26,11 @@ from .form import RequestError, session_slice
 _clients: dict[tuple, Slurm] = {}
 
 
-def shared_slurm(conf: str, bin_dir: str, submit_as: str, poll_interval: float) -> Slurm:
+def shared_slurm(conf: str, bin_dir: str, submit_as: str, squeue_interval: float) -> Slurm:
     """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
     key = (conf, bin_dir, submit_as)
     if key not in _clients:
-        _clients[key] = Slurm(conf or None, bin_dir, submit_as, cache_seconds=poll_interval)
+        _clients[key] = Slurm(conf or None, bin_dir, submit_as, cache_seconds=squeue_interval)
     return _clients[key]
 
 
@@ -63,7 +63,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     submit_as = Unicode(
         "runuser", help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
     ).tag(config=True)
-    poll_interval = Float(
+    squeue_interval = Float(
         1.0, help="Seconds between looks at the shared squeue snapshot while a session starts."
     ).tag(config=True)
 
@@ -77,12 +77,23 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     # shared snapshot, so the interval only decides how soon a change is noticed.
     @default("startup_poll_interval")
     def _startup_poll_default(self):
-        return self.poll_interval
+        return self.squeue_interval
 
     # ---------------------------------------------------------------- helpers
+    @classmethod
+    def shared_client(cls, config) -> Slurm:
+        """The hub's shared Slurm client, from the hub's traitlets config of this class."""
+        section = config["SlurmGPUSpawner"] if "SlurmGPUSpawner" in config else {}
+        traits = cls.class_traits()
+
+        def value(name):
+            return section[name] if name in section else traits[name].default_value
+
+        return shared_slurm(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"))
+
     @property
     def slurm(self) -> Slurm:
-        return shared_slurm(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.poll_interval)
+        return shared_slurm(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval)
 
     @property
     def home(self) -> str:
