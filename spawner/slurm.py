@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import pwd
 import time
+from datetime import datetime
 
 import batchspawner
 from batchspawner import JobStatus
@@ -246,7 +247,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
             elif job.pending:
                 reason = "" if job.reason in ("None", "") else f": waiting for {job.reason}"
-                yield {"message": f"Job {job.job_id} queued on partition {job.partition}{reason} ({waited} s)"}
+                estimate = ""
+                if job.start_time > time.time():
+                    start = datetime.fromtimestamp(job.start_time)
+                    minutes = max(1, int((job.start_time - time.time()) // 60))
+                    estimate = f"; Slurm estimates it starts at {start:%H:%M} (in about {minutes} min)"
+                yield {"message": f"Job {job.job_id} queued on partition {job.partition}{reason}{estimate} ({waited} s)"}
             elif job.running:
                 yield {"message": f"Job {job.job_id} running on {job.batch_host}; starting JupyterLab ({waited} s)"}
             await asyncio.sleep(1)

@@ -105,7 +105,18 @@ def test_full_nodes_then_a_third_request_waits_with_slurms_reason(alice, bob, ca
     assert any(re.search(r"Job \d+ queued on partition gpu: waiting for Resources", m) for m in messages), messages
     assert only_job("carol")["job_state"] == "PENDING"
 
-    # Stopping the pending spawn withdraws the job.
+    # Cancelled while pending (by an operator here): the spawn fails at once, saying so.
+    subprocess.run(["scancel", str(only_job("carol")["job_id"])], check=True)
+    final = _read_progress_until(carol, lambda e: False)[-1]
+    assert final.get("failed"), final
+    assert "CANCELLED" in final["message"], final["message"]
+    assert carol.model()["servers"] == {}
+
+    # Asked again, then withdrawn by the user: stopping the pending spawn cancels the job.
+    # (JupyterHub 6 answers 201 to a re-spawn after a failed one; the model says what it is.)
+    assert carol.start_server({"profile": "gpu", "gpus": 4}).status_code in (201, 202)
+    assert carol.model()["pending"] == "spawn"
+    _read_progress_until(carol, lambda e: "Resources" in e.get("message", ""))
     carol.stop_server()
     assert wait_no_jobs("carol") == []
 
