@@ -131,7 +131,15 @@ class PartitionSpawner(WrapSpawner):
 
     def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
-        chosen = self.validated_slice(self.user_options)
+        try:
+            chosen = self.validated_slice(self.user_options)
+        except RequestRefused:
+            # JupyterHub already saved these options as the defaults of the next start;
+            # a refused request must not stick to the user's later plain starts.
+            if self.orm_spawner is not None:
+                self.orm_spawner.user_options = {}
+                self.db.commit()
+            raise
         if self.child_spawner is not None and self.child_profile != chosen.profile.name:
             self.child_spawner = None
         self.select_profile(chosen.profile.name)

@@ -21,7 +21,7 @@ def test_check_passes_on_the_demo_cluster(portal):
 
 def test_check_names_each_broken_part(portal, tmp_path):
     config = yaml.safe_load(CONFIG.read_text())
-    config["profiles"][1]["partition"] = "nosuchpartition"
+    next(p for p in config["profiles"] if p["name"] == "cpu")["partition"] = "nosuchpartition"
     config["ldap"]["server_port"] = 1  # nothing listens there
     config["session"]["environment"] = "/root"  # exists, unusable
     path = tmp_path / "portal.yaml"

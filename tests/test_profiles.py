@@ -166,6 +166,12 @@ def test_bad_requests_are_refused_and_submit_nothing(alice):
     assert active_jobs("alice") == []
     assert not __import__("os").path.exists("/tmp/dsportal-pwned")
 
+    # A refused request does not become the default of the next start (JupyterHub keeps the
+    # last options for a start without any): a plain start gets the profile's default slice.
+    alice.spawn()
+    job = scontrol(only_job("alice")["job_id"])
+    assert (job["Partition"], job["TresPerNode"], job["NumCPUs"]) == ("gpu", "gres:gpu:1", "8")
+
 
 def test_one_squeue_serves_every_session():
     from portal.slurm import Slurm
