@@ -57,6 +57,12 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_images(args) -> int:
+    from . import images
+
+    return images.main(settings_module.load(args.config), args.action, args.name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
     parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
@@ -66,6 +72,10 @@ def main(argv=None) -> int:
     demo_parser.set_defaults(func=cmd_demo)
     sub.add_parser("hub", help="run JupyterHub configured from portal.yaml").set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
+    images_parser = sub.add_parser("images", help="the container image catalog")
+    images_parser.add_argument("action", choices=["list", "build", "build-demo"])
+    images_parser.add_argument("name", nargs="?", help="image to build")
+    images_parser.set_defaults(func=cmd_images)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -290,6 +290,22 @@ def ensure_ldap() -> None:
         _say(f"slapd started on {url}")
 
 
+def ensure_images(config_path: Path | None = None) -> None:
+    """The demo's container image(s) and the shared dataset folder bound into kernels."""
+    from . import images
+
+    settings = settings_module.load(config_path)
+    for mount in settings.data_mounts:
+        folder = Path(mount.source)
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
+            os.chmod(folder, 0o755)
+    for image in settings.images:
+        if image.source.startswith("debootstrap:") and images.image_status(image)[0] != "built":
+            images.build(image, [m.target for m in settings.data_mounts])
+
+
 def hub_running(settings) -> bool:
     try:
         with urllib.request.urlopen(f"{settings.hub.bind_url.rstrip('/')}/hub/api", timeout=2) as response:
@@ -361,6 +377,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_slurm()
     ensure_accounts()
     ensure_ldap()
+    ensure_images(config_path)
     if with_hub:
         ensure_hub(config_path)
 

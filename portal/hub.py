@@ -92,6 +92,8 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
     c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
+    c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
+    c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
     c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
     c.Spawner.poll_interval = settings.slurm.session_check_interval
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the

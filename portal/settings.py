@@ -175,6 +175,26 @@ class Profile(_Model):
         return self
 
 
+class Image(_Model):
+    """A container image users may pick for their kernels (and, later, multi-node jobs)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    display_name: str
+    source: str = Field(description="Where it is built from: docker://nvcr.io/nvidia/pytorch:24.05-py3, debootstrap:bookworm")
+    path: Path = Field(description="The built image: a .sif file (Apptainer/Singularity) or a directory (Charliecloud).")
+    runtime: Literal["apptainer", "singularity", "charliecloud"] = "apptainer"
+    runtime_binary: str | None = Field(None, description="Full path of the runtime, if not on PATH.")
+    python: str = Field("python3", description="The image's Python that runs ipykernel.")
+    profiles: list[str] = Field(default_factory=list, description="Profiles that may use it (empty: all).")
+    packages: list[str] = Field(default_factory=list, description="Debian packages of a debootstrap: image.")
+
+
+class DataMount(_Model):
+    source: Path
+    target: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
+    read_only: bool = True
+
+
 class SessionSettings(_Model):
     environment: Path = Field(
         Path("/opt/dsportal/env"),
@@ -191,6 +211,8 @@ class Settings(_Model):
     ldap: LdapSettings
     session: SessionSettings = SessionSettings()
     profiles: list[Profile] = Field(min_length=1)
+    images: list[Image] = Field(default_factory=list)
+    data_mounts: list[DataMount] = Field(default_factory=list, description="Bound into every container kernel.")
     source: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
@@ -200,7 +222,17 @@ class Settings(_Model):
             raise ValueError(f"profile names must be unique, got {names}")
         if self.session.default_profile and self.session.default_profile not in names:
             raise ValueError(f"session.default_profile {self.session.default_profile!r} is not a profile name")
+        image_names = [i.name for i in self.images]
+        if len(image_names) != len(set(image_names)):
+            raise ValueError(f"image names must be unique, got {image_names}")
+        for image in self.images:
+            unknown = sorted(set(image.profiles) - set(names))
+            if unknown:
+                raise ValueError(f"image {image.name!r} names unknown profile(s) {unknown}")
         return self
+
+    def images_for(self, profile: str) -> list[Image]:
+        return [i for i in self.images if not i.profiles or profile in i.profiles]
 
     def profile(self, name: str | None = None) -> Profile:
         wanted = name or self.session.default_profile or self.profiles[0].name

@@ -9,6 +9,7 @@ that fails fast with the job's own error text when the job dies before its serve
 from __future__ import annotations
 
 import asyncio
+import json
 import pwd
 import time
 from datetime import datetime
@@ -16,7 +17,7 @@ from datetime import datetime
 import batchspawner
 from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, Float, Integer, Unicode, default
+from traitlets import Dict, Float, Integer, List, Unicode, default
 
 from portal.settings import Profile
 from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable
@@ -69,6 +70,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     ).tag(config=True)
 
     profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
+        config=True
+    )
+
+    images = List(help="Image catalog (portal.settings.Image fields); each profile's share become kernels.").tag(
+        config=True
+    )
+    data_mounts = List(help="Folders bound into every container kernel (portal.settings.DataMount).").tag(
         config=True
     )
 
@@ -125,7 +133,15 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             profile=chosen.profile.model_dump(),
             environment=env_prefix,
             command=command + self.get_args(),
+            catalog=self.kernel_catalog(chosen.profile.name),
         )
+
+    def kernel_catalog(self, profile: str) -> str:
+        """JSON for `python -m portal.kernels` in the job: this profile's images, the data mounts."""
+        images = [i for i in self.images if not i.get("profiles") or profile in i["profiles"]]
+        if not images:
+            return ""
+        return json.dumps({"images": images, "data_mounts": self.data_mounts}, separators=(",", ":"))
 
     # ------------------------------------------------ batchspawner's job interface
     async def submit_batch_script(self):

@@ -14,7 +14,8 @@ def script(**overrides):
     context = dict(job_name="dsportal-alice", partition=profile.partition, gpus=chosen.gpus, cpus=chosen.cpus,
                    mem_mb=chosen.mem_mb, walltime=chosen.walltime, log_path="/home/alice/.dsportal/logs/session-%j.log",
                    workdir="/home/alice", profile=profile.model_dump(), environment="/opt/dsportal/env",
-                   command=["/opt/dsportal/env/bin/batchspawner-singleuser", "/opt/dsportal/env/bin/jupyterhub-singleuser"])
+                   command=["/opt/dsportal/env/bin/batchspawner-singleuser", "/opt/dsportal/env/bin/jupyterhub-singleuser"],
+                   catalog="")
     context.update(overrides)
     return render("session.sbatch.j2", **context)
 

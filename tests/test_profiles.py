@@ -44,7 +44,7 @@ def test_spawn_form_lists_the_users_profiles_with_live_resources(alice, carol):
     assert 'name="profile" id="profile-gpu" value="gpu"' in page.text
     assert 'value="cpu"' in page.text
     assert 'value="staff"' not in page.text  # alice is not in instructors/portaladmins
-    assert re.search(r"Free now: <b>\d+ of 8 GPUs</b>", page.text)
+    assert re.search(r"Free now:\s*<b>\d+ of 8 GPUs</b>", page.text)
     assert 'name="gpus.gpu"' in page.text and 'data-cpus-per-gpu="8"' in page.text
     # carol (instructors) sees the staff profile too
     assert 'value="staff"' in carol.web.get(f"{HUB}/hub/spawn").text

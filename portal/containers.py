@@ -1,0 +1,99 @@
+"""Container runtime backends: an image + binds + environment + command -> the argv that runs it.
+
+Production runs Apptainer or Singularity (``exec --nv``); the embedded cluster runs the same
+launch path through Charliecloud, the runtime these machines really have. Each backend is a
+few lines: adding one means adding a class here and a name in ``RUNTIMES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    image: str
+    command: list[str]
+    binds: list[Bind] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: bool = True
+
+
+class ApptainerRuntime:
+    """``apptainer exec --nv``: GPUs of the job (CUDA_VISIBLE_DEVICES) only, env via APPTAINERENV_."""
+
+    binary = "apptainer"
+    env_prefix = "APPTAINERENV_"
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary or self.binary
+
+    def argv(self, launch: Launch) -> list[str]:
+        argv = [self.binary, "exec"]
+        if launch.gpus:
+            argv.append("--nv")
+        for bind in launch.binds:
+            argv += ["--bind", f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "")]
+        return argv + [launch.image, *launch.command]
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """Variables for the runtime's own process that set ``env`` inside the container."""
+        return {f"{self.env_prefix}{key}": value for key, value in env.items()}
+
+
+class SingularityRuntime(ApptainerRuntime):
+    binary = "singularity"
+    env_prefix = "SINGULARITYENV_"
+
+
+class CharliecloudRuntime:
+    """``ch-run``: unprivileged, shares the host's network and passes the environment through."""
+
+    binary = "ch-run"
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary or self.binary
+
+    def argv(self, launch: Launch) -> list[str]:
+        # --no-passwd: the image keeps its own /etc/passwd; the uid is still the user's.
+        argv = [self.binary, "--no-passwd"]
+        seen = set()
+        for bind in launch.binds:
+            source, target = self._existing(launch.image, bind)
+            if (source, target) not in seen:
+                seen.add((source, target))
+                argv.append(f"--bind={source}:{target}")
+        return argv + [launch.image, "--", *launch.command]
+
+    @staticmethod
+    def _existing(image: str, bind: Bind) -> tuple[str, str]:
+        """ch-run binds onto folders the (read-only) image has. A same-path bind whose target is
+        missing (/home/alice, /tmp/dsportal-...) binds its nearest existing ancestor instead
+        (/home, /tmp): the host folders Apptainer binds by default too."""
+        if bind.source != bind.target:
+            return bind.source, bind.target
+        path = PurePosixPath(bind.target)
+        while path != path.parent and not (Path(image) / str(path).lstrip("/")).is_dir():
+            path = path.parent
+        return str(path), str(path)
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        return dict(env)
+
+
+RUNTIMES = {"apptainer": ApptainerRuntime, "singularity": SingularityRuntime, "charliecloud": CharliecloudRuntime}
+
+
+def runtime(name: str, binary: str | None = None):
+    try:
+        return RUNTIMES[name](binary)
+    except KeyError:
+        raise ValueError(f"unknown container runtime {name!r}: one of {', '.join(RUNTIMES)}") from None

@@ -1,0 +1,120 @@
+"""`dsportal images`: the image catalog of portal.yaml: list, build (Apptainer/Singularity), build-demo."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .kernels import image_status
+from .settings import Image
+
+DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if not p.is_symlink())
+
+
+def describe(images: list[Image]) -> list[str]:
+    lines = []
+    for image in images:
+        status, detail = image_status(image)
+        size = f"{size_of(Path(image.path)) / 2**20:,.0f} MiB" if status == "built" else "-"
+        lines.append(f"  {image.name:<16} {status:<10} {size:>10}  {image.runtime:<12} {image.source}  ({detail})")
+    return lines
+
+
+def build(image: Image, data_mount_targets: list[str]) -> None:
+    """Build an image from its source. Credentials come from the environment and stay there."""
+    target = Path(image.path)
+    if image.source.startswith("debootstrap:"):
+        build_debootstrap(image, data_mount_targets)
+        return
+    if image.runtime not in ("apptainer", "singularity"):
+        raise ImageError(f"{image.name}: {image.runtime} images are built with `dsportal images build-demo` "
+                         "(debootstrap:) or by hand; `build` runs Apptainer/Singularity")
+    binary = image.runtime_binary or image.runtime
+    if not shutil.which(binary):
+        raise ImageError(f"{binary} is not installed on this machine")
+    env = dict(os.environ)
+    prefix = "APPTAINER" if image.runtime == "apptainer" else "SINGULARITY"
+    if image.source.startswith("docker://nvcr.io/") and env.get("NGC_API_KEY"):
+        # NGC's registry login: user '$oauthtoken', password the API key. Passed in the
+        # environment only (never argv: process lists are world-readable), never printed.
+        env[f"{prefix}_DOCKER_USERNAME"] = "$oauthtoken"
+        env[f"{prefix}_DOCKER_PASSWORD"] = env["NGC_API_KEY"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    result = subprocess.run([binary, "build", "--force", str(partial), image.source], env=env)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise ImageError(f"{binary} build of {image.name} failed (exit {result.returncode})")
+    os.chmod(partial, 0o644)
+    partial.replace(target)
+
+
+def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
+    """A real small Debian image for Charliecloud: minbase + python3-ipykernel (+ the listed packages)."""
+    suite = image.source.split(":", 1)[1] or "bookworm"
+    target = Path(image.path)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    packages = ["python3-ipykernel", *image.packages]
+    print(f"[images] debootstrap {suite} + {' '.join(packages)} -> {target} (about a minute)", flush=True)
+    # minbase + python3 first, then apt inside: debootstrap's own resolver trips on virtual packages.
+    steps = [
+        ["debootstrap", "--variant=minbase", "--include=python3", suite, str(partial), DEBIAN_MIRROR],
+        ["cp", "/etc/resolv.conf", str(partial / "etc/resolv.conf")],
+        ["chroot", str(partial), "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        ["chroot", str(partial), "apt-get", "clean"],
+    ]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True,
+                                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if result.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ImageError(f"{' '.join(step[:3])} failed: {(result.stderr or result.stdout)[-2000:]}")
+    shutil.rmtree(partial / "var/lib/apt/lists", ignore_errors=True)
+    (partial / MARKER).write_text(f"{image.name}\n")
+    for mount in data_mount_targets:  # Charliecloud binds onto existing folders only
+        (partial / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
+
+
+def main(settings, action: str, name: str | None) -> int:
+    images = settings.images
+    if action == "list":
+        print(f"  {'name':<16} {'status':<10} {'size':>10}  {'runtime':<12} source")
+        print("\n".join(describe(images)) or "  (no images in portal.yaml)")
+        return 0
+    targets = [m.target for m in settings.data_mounts]
+    if action == "build-demo":
+        chosen = [i for i in images if i.source.startswith("debootstrap:")]
+        chosen = [i for i in chosen if image_status(i)[0] != "built"]
+    else:
+        chosen = [i for i in images if i.name == name]
+        if not chosen:
+            print(f"dsportal images: no image named {name!r} (have: {', '.join(i.name for i in images)})",
+                  file=sys.stderr)
+            return 1
+    for image in chosen:
+        try:
+            build(image, targets)
+        except ImageError as error:
+            print(f"dsportal images: {error}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,97 @@
+"""Kernelspecs for the container images a session may use, written at session start in the job.
+
+The hub puts the catalog (the profile's images and the data mounts) into the batch script;
+inside the job ``python -m portal.kernels`` writes one kernelspec per image into a folder only
+this session reads (``JUPYTER_PATH``), with the job's own CUDA_VISIBLE_DEVICES passed in. An
+image that is missing or unreadable still gets a kernelspec that says why, so the launcher
+shows it as unavailable and starting it fails with that reason; the session keeps working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .containers import Bind, Launch, runtime
+from .settings import DataMount, Image
+
+
+def image_status(image: Image) -> tuple[str, str]:
+    """('built' | 'missing' | 'unreadable', detail) as the calling user sees it."""
+    path = Path(image.path)
+    if not path.exists():
+        return "missing", f"no image at {path}"
+    if image.runtime == "charliecloud":
+        python = path / image.python.lstrip("/") if image.python.startswith("/") else path / "usr/bin" / image.python
+        if not path.is_dir() or not (path / "etc/os-release").exists():
+            return "unreadable", f"{path} is not an image directory (no etc/os-release)"
+        if not os.access(path, os.R_OK | os.X_OK) or not os.access(python, os.X_OK):
+            return "unreadable", f"{path} has no usable {image.python}"
+    else:
+        if not os.access(path, os.R_OK):
+            return "unreadable", f"{path} is not readable"
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+        if b"singularity" not in head.lower() and not head.startswith(b"#!"):
+            return "unreadable", f"{path} is not a SIF image"
+    return "built", str(path)
+
+
+def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None) -> dict:
+    status, detail = image_status(image)
+    if status != "built":
+        reason = f"{image.display_name} is unavailable: image {status} ({detail}). Ask your admin to build it."
+        return {
+            "display_name": f"{image.display_name} (unavailable: image {status})",
+            "language": "python",
+            "argv": [sys.executable, "-c", f"import sys; sys.exit({reason!r})", "{connection_file}"],
+            "metadata": {"dsportal": {"image": image.name, "status": status, "reason": reason}},
+        }
+    backend = runtime(image.runtime, image.runtime_binary)
+    binds = [Bind(home, home), Bind(runtime_dir, runtime_dir)]
+    binds += [Bind(str(m.source), m.target, m.read_only) for m in mounts]
+    launch = Launch(image=str(image.path), binds=binds,
+                    command=[image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    env = {"CUDA_VISIBLE_DEVICES": cuda} if cuda is not None else {}
+    return {
+        "display_name": image.display_name,
+        "language": "python",
+        "argv": backend.argv(launch),
+        "env": backend.environment(env),
+        "metadata": {"dsportal": {"image": image.name, "status": status, "runtime": image.runtime}},
+    }
+
+
+def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], home: str, runtime_dir: str,
+                      cuda: str | None) -> list[str]:
+    written = []
+    for image in images:
+        folder = dest / "kernels" / f"dsportal-{image.name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = kernel_spec(image, mounts, home, runtime_dir, cuda)
+        (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+        written.append(f"{image.name}: {spec['display_name']}")
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write this session's container kernelspecs.")
+    parser.add_argument("--dest", required=True, help="folder to put on JUPYTER_PATH")
+    parser.add_argument("--catalog", required=True, help='JSON: {"images": [...], "data_mounts": [...]}')
+    parser.add_argument("--runtime-dir", required=True)
+    args = parser.parse_args(argv)
+    catalog = json.loads(args.catalog)
+    images = [Image.model_validate(i) for i in catalog.get("images", [])]
+    mounts = [DataMount.model_validate(m) for m in catalog.get("data_mounts", [])]
+    home = os.path.expanduser("~")
+    for line in write_kernelspecs(Path(args.dest), images, mounts, home, args.runtime_dir,
+                                  os.environ.get("CUDA_VISIBLE_DEVICES")):
+        print(f"dsportal: kernel {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Kernels inside container images, limited to the session's GPU slice (Charliecloud, real image)."""
+
+import json
+import pwd
+
+from portal.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
+from hubclient import active_jobs
+
+PROBE = """
+import json, os
+seen = {
+    "os": open("/etc/os-release").read(),
+    "marker": open("/dsportal-image").read().strip(),
+    "uid": os.getuid(),
+    "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "job": os.environ.get("SLURM_JOB_ID"),
+    "datasets": sorted(os.listdir("/datasets")),
+}
+home = os.path.expanduser("~alice") if os.getuid() else "/root"
+path = os.path.join("/home/alice", "written-in-container.txt")
+with open(path, "w") as f:
+    f.write("from the container")
+seen["home_rw"] = open(path).read()
+import numpy
+seen["numpy"] = numpy.__version__
+print(json.dumps(seen))
+"""
+
+
+def test_container_kernel_runs_in_the_image_as_the_user_with_the_slice(alice):
+    alice.spawn({"profile": "gpu", "gpus": 2})
+    specs = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]
+    assert "python3" in specs, "the host Python 3 kernel stays available"
+    assert specs["dsportal-debian-python"]["spec"]["display_name"] == "Python 3 in a container (Debian bookworm + NumPy)"
+    assert specs["dsportal-debian-python"]["spec"]["argv"][:2] == ["ch-run", "--no-passwd"]
+
+    host_gpus = alice.run_code("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
+    seen = json.loads(alice.run_code(PROBE, kernel="dsportal-debian-python"))
+    assert 'VERSION_CODENAME=bookworm' in seen["os"]
+    assert seen["marker"] == "debian-python"
+    assert seen["uid"] == pwd.getpwnam("alice").pw_uid
+    assert seen["cuda"] == host_gpus and len(seen["cuda"].split(",")) == 2
+    assert seen["job"] == str(active_jobs("alice")[0]["job_id"])
+    assert "README.txt" in seen["datasets"]
+    assert seen["home_rw"] == "from the container"
+    with open("/home/alice/written-in-container.txt") as written:  # the real home, seen from the host
+        assert written.read() == "from the container"
+
+
+def test_missing_image_is_shown_unavailable_and_the_session_keeps_working(alice):
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    spec = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]["dsportal-pytorch"]["spec"]
+    assert spec["display_name"] == "PyTorch 24.05 (NGC) (unavailable: image missing)"
+    reason = spec["metadata"]["dsportal"]["reason"]
+    assert "no image at /var/lib/dsportal-demo/images/pytorch-24.05.sif" in reason
+    # Its argv only states the reason and exits; the other kernels still run.
+    assert "unavailable" in " ".join(spec["argv"])
+    assert alice.run_code("print('still here')").strip() == "still here"
+    assert alice.run_code("print('ok')", kernel="dsportal-debian-python").strip() == "ok"
+
+
+def test_cpu_profile_gets_only_the_images_it_may_use(alice):
+    alice.spawn({"profile": "cpu"})
+    specs = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]
+    assert "dsportal-debian-python" in specs
+    assert "dsportal-pytorch" not in specs  # the pytorch image is for the GPU profiles only
+
+
+# The Apptainer/Singularity command lines, pinned to their documented CLI:
+# `apptainer exec [--nv] [--bind src:dest[:ro]] IMAGE COMMAND`, APPTAINERENV_VAR sets VAR inside.
+LAUNCH = Launch(image="/images/pytorch.sif", command=["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                binds=[Bind("/home/alice", "/home/alice"), Bind("/data", "/datasets", read_only=True)])
+
+
+def test_apptainer_command_line():
+    assert ApptainerRuntime().argv(LAUNCH) == [
+        "apptainer", "exec", "--nv", "--bind", "/home/alice:/home/alice", "--bind", "/data:/datasets:ro",
+        "/images/pytorch.sif", "python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert ApptainerRuntime().environment({"CUDA_VISIBLE_DEVICES": "0,1"}) == {
+        "APPTAINERENV_CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_singularity_command_line():
+    argv = SingularityRuntime("/usr/local/bin/singularity").argv(LAUNCH)
+    assert argv[:3] == ["/usr/local/bin/singularity", "exec", "--nv"]
+    assert SingularityRuntime().environment({"CUDA_VISIBLE_DEVICES": "2"}) == {"SINGULARITYENV_CUDA_VISIBLE_DEVICES": "2"}
+
+
+def test_charliecloud_binds_onto_folders_the_image_has():
+    argv = CharliecloudRuntime().argv(Launch(
+        image="/var/lib/dsportal-demo/images/debian-python", command=["python3"],
+        binds=[Bind("/home/alice", "/home/alice"), Bind("/tmp/dsportal-alice-7/runtime", "/tmp/dsportal-alice-7/runtime"),
+               Bind("/srv/data", "/datasets")]))
+    assert argv == ["ch-run", "--no-passwd", "--bind=/home:/home", "--bind=/tmp:/tmp", "--bind=/srv/data:/datasets",
+                    "/var/lib/dsportal-demo/images/debian-python", "--", "python3"]
