@@ -93,3 +93,20 @@ def test_charliecloud_binds_onto_folders_the_image_has():
                Bind("/srv/data", "/datasets")]))
     assert argv == ["ch-run", "--no-passwd", "--bind=/home:/home", "--bind=/tmp:/tmp", "--bind=/srv/data:/datasets",
                     "/var/lib/dsportal-demo/images/debian-python", "--", "python3"]
+
+
+def test_corrupt_images_are_reported_unreadable(tmp_path):
+    from portal.kernels import image_status, kernel_spec
+    from portal.settings import Image
+
+    not_an_image = tmp_path / "half-built"
+    not_an_image.mkdir()
+    broken_sif = tmp_path / "broken.sif"
+    broken_sif.write_bytes(b"\x00" * 64)
+    for image in (Image(name="a", display_name="A", source="debootstrap:bookworm", path=not_an_image,
+                        runtime="charliecloud"),
+                  Image(name="b", display_name="B", source="docker://x", path=broken_sif, runtime="apptainer")):
+        status, detail = image_status(image)
+        assert status == "unreadable", detail
+        spec = kernel_spec(image, [], "/home/alice", "/tmp/rt", "0")
+        assert spec["display_name"].endswith("(unavailable: image unreadable)")
