@@ -179,6 +179,33 @@ def parse_squeue_json(text: str) -> dict[int, Job]:
     return {job.job_id: job for job in (Job.from_json(item) for item in data.get("jobs") or [])}
 
 
+class _Snapshot:
+    """One shared, briefly cached result of a Slurm query: concurrent callers wait for a single call."""
+
+    def __init__(self, fetch, empty):
+        self._fetch = fetch
+        self.value = empty
+        self.taken_at = 0.0
+        self.calls = 0
+        self._lock = asyncio.Lock()
+
+    def _usable(self, max_age: float, fresh_after: float) -> bool:
+        return self.taken_at > fresh_after and time.monotonic() - self.taken_at < max_age
+
+    async def get(self, max_age: float, fresh_after: float = 0.0):
+        if self._usable(max_age, fresh_after):
+            return self.value
+        async with self._lock:
+            # Whoever waited on the lock finds the snapshot the first caller just took.
+            if self._usable(max_age, fresh_after):
+                return self.value
+            started = time.monotonic()
+            value = await self._fetch()
+            self.calls += 1
+            self.value, self.taken_at = value, started
+            return value
+
+
 class Slurm:
     """Typed wrapper over the Slurm client commands.
 
@@ -199,14 +226,8 @@ class Slurm:
         self.submit_as = submit_as
         self.cache_seconds = cache_seconds
         self.command_timeout = command_timeout
-        self._snapshot: dict[int, Job] = {}
-        self._snapshot_time = 0.0
-        self._refresh_lock = asyncio.Lock()
-        self.squeue_calls = 0
-        self._nodes: list[Node] = []
-        self._nodes_time = 0.0
-        self._nodes_lock = asyncio.Lock()
-        self.sinfo_calls = 0
+        self._squeue = _Snapshot(self._fetch_jobs, empty={})
+        self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
 
     @classmethod
     def from_settings(cls, settings) -> "Slurm":
@@ -278,39 +299,28 @@ class Slurm:
         e.g. after one's own sbatch returned.
         """
         max_age = self.cache_seconds if max_age is None else max_age
-
-        def usable() -> bool:
-            return self._snapshot_time > fresh_after and time.monotonic() - self._snapshot_time < max_age
-
-        if usable():
-            return self._snapshot
-        async with self._refresh_lock:
-            # Whoever waited on the lock finds the snapshot the first caller just took.
-            if usable():
-                return self._snapshot
-            taken_at = time.monotonic()
-            out = await self.run([self.tool("squeue"), "--json"])
-            self.squeue_calls += 1
-            self._snapshot = parse_squeue_json(out)
-            self._snapshot_time = taken_at
-            return self._snapshot
+        return await self._squeue.get(max_age, fresh_after)
 
     async def job(self, job_id: int, max_age: float | None = None, fresh_after: float = 0.0) -> Job | None:
         return (await self.jobs(max_age, fresh_after)).get(int(job_id))
 
     async def nodes(self, max_age: float = 10.0) -> list[Node]:
         """Every node, from one shared ``sinfo --json`` taken at most every ``max_age`` seconds."""
-        if time.monotonic() - self._nodes_time < max_age:
-            return self._nodes
-        async with self._nodes_lock:
-            if time.monotonic() - self._nodes_time < max_age:
-                return self._nodes
-            taken_at = time.monotonic()
-            out = await self.run([self.tool("sinfo"), "--json"])
-            self.sinfo_calls += 1
-            self._nodes = parse_sinfo_json(out)
-            self._nodes_time = taken_at
-            return self._nodes
+        return await self._sinfo.get(max_age)
+
+    @property
+    def squeue_calls(self) -> int:
+        return self._squeue.calls
+
+    @property
+    def sinfo_calls(self) -> int:
+        return self._sinfo.calls
+
+    async def _fetch_jobs(self) -> dict[int, Job]:
+        return parse_squeue_json(await self.run([self.tool("squeue"), "--json"]))
+
+    async def _fetch_nodes(self) -> list[Node]:
+        return parse_sinfo_json(await self.run([self.tool("sinfo"), "--json"]))
 
     async def resources(self, max_age: float = 10.0) -> dict[str, Resources]:
         return partition_resources(await self.nodes(max_age))
