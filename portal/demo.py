@@ -301,9 +301,8 @@ def ensure_images(config_path: Path | None = None) -> None:
             folder.mkdir(parents=True)
             (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
             os.chmod(folder, 0o755)
-    for image in settings.images:
-        if image.source.startswith("debootstrap:") and images.image_status(image)[0] != "built":
-            images.build(image, [m.target for m in settings.data_mounts])
+    for image in images.unbuilt_demo_images(settings):
+        images.build(image, [m.target for m in settings.data_mounts])
 
 
 def hub_running(settings) -> bool:

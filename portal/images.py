@@ -95,6 +95,11 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
     print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
 
 
+def unbuilt_demo_images(settings) -> list[Image]:
+    """The debootstrap: images of the catalog that are not built yet."""
+    return [i for i in settings.images if i.source.startswith("debootstrap:") and image_status(i)[0] != "built"]
+
+
 def main(settings, action: str, name: str | None) -> int:
     images = settings.images
     if action == "list":
@@ -103,8 +108,7 @@ def main(settings, action: str, name: str | None) -> int:
         return 0
     targets = [m.target for m in settings.data_mounts]
     if action == "build-demo":
-        chosen = [i for i in images if i.source.startswith("debootstrap:")]
-        chosen = [i for i in chosen if image_status(i)[0] != "built"]
+        chosen = unbuilt_demo_images(settings)
     else:
         chosen = [i for i in images if i.name == name]
         if not chosen:

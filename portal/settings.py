@@ -231,9 +231,6 @@ class Settings(_Model):
                 raise ValueError(f"image {image.name!r} names unknown profile(s) {unknown}")
         return self
 
-    def images_for(self, profile: str) -> list[Image]:
-        return [i for i in self.images if not i.profiles or profile in i.profiles]
-
     def profile(self, name: str | None = None) -> Profile:
         wanted = name or self.session.default_profile or self.profiles[0].name
         for profile in self.profiles:

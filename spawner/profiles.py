@@ -16,7 +16,6 @@ import grp
 import os
 import pwd
 
-from jupyterhub.spawner import SpawnException
 from traitlets import Float, List, Unicode, default
 from wrapspawner import WrapSpawner
 
@@ -25,7 +24,7 @@ from portal.slurm import SlurmError
 from portal.templating import render
 
 from .form import RequestError, may_use, options_from_form, parse_options
-from .slurm import SlurmGPUSpawner
+from .slurm import RequestRefused, SlurmGPUSpawner
 
 
 def unix_groups(username: str) -> set[str]:
@@ -41,12 +40,6 @@ def unix_groups(username: str) -> set[str]:
         except KeyError:
             continue
     return names
-
-
-class RequestRefused(SpawnException):
-    def __init__(self, message: str):
-        super().__init__(message, reason="invalid-request", status_code=400)
-        self.jupyterhub_message = message
 
 
 class PartitionSpawner(WrapSpawner):

@@ -44,6 +44,13 @@ class SpawnFailed(SpawnException):
         self.jupyterhub_message = message  # shown as is on the spawn page and in the progress stream
 
 
+class RequestRefused(SpawnFailed):
+    """A request the profile does not allow: HTTP 400, nothing submitted."""
+
+    def __init__(self, message: str):
+        super().__init__(message, reason="invalid-request", status_code=400)
+
+
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     python_prefix = Unicode(
         "/opt/dsportal/env",
@@ -148,8 +155,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         try:
             script = self.job_script()
         except (RequestError, ValueError) as error:
-            raise SpawnFailed(f"Your session request was refused: {error}", reason="invalid-request",
-                              status_code=400) from None
+            raise RequestRefused(f"Your session request was refused: {error}") from None
         submitted_at = time.monotonic()
         try:
             await self.slurm.make_dir_as_user(self.user.name, self._expand(self.log_dir))
