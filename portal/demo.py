@@ -302,7 +302,7 @@ def ensure_images(config_path: Path | None = None) -> None:
             (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
             os.chmod(folder, 0o755)
     for image in images.unbuilt_demo_images(settings):
-        images.build(image, [m.target for m in settings.data_mounts])
+        images.build(image, [m.target for m in settings.data_mounts], force=False)
 
 
 def hub_running(settings) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -34,12 +35,23 @@ def describe(images: list[Image]) -> list[str]:
     return lines
 
 
-def build(image: Image, data_mount_targets: list[str]) -> None:
-    """Build an image from its source. Credentials come from the environment and stay there."""
+def build(image: Image, data_mount_targets: list[str], force: bool = True) -> None:
+    """Build an image from its source (one build of an image at a time: a second waits, and
+    without ``force`` finds it built)."""
     target = Path(image.path)
-    if image.source.startswith("debootstrap:"):
-        build_debootstrap(image, data_mount_targets)
-        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if image.source.startswith("debootstrap:"):
+            if force or image_status(image)[0] != "built":
+                build_debootstrap(image, data_mount_targets)
+            return
+        _build_sif(image)
+
+
+def _build_sif(image: Image) -> None:
+    """apptainer/singularity build. Credentials come from the environment and stay there."""
+    target = Path(image.path)
     if image.runtime not in ("apptainer", "singularity"):
         raise ImageError(f"{image.name}: {image.runtime} images are built with `dsportal images build-demo` "
                          "(debootstrap:) or by hand; `build` runs Apptainer/Singularity")
@@ -68,9 +80,13 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
     suite = image.source.split(":", 1)[1] or "bookworm"
     target = Path(image.path)
     partial = target.with_name(target.name + ".partial")
+    _unmount_under(partial)  # an interrupted debootstrap leaves its /proc mounted
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     packages = ["python3-ipykernel", *image.packages]
+    wheels = _wheels(image)
+    if wheels and "python3-pip" not in packages:
+        packages.append("python3-pip")
     print(f"[images] debootstrap {suite} + {' '.join(packages)} -> {target} (about a minute)", flush=True)
     # minbase + python3 first, then apt inside: debootstrap's own resolver trips on virtual packages.
     steps = [
@@ -79,10 +95,27 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
         ["chroot", str(partial), "apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
         ["chroot", str(partial), "apt-get", "clean"],
     ]
+    if wheels:
+        print(f"[images] pip install {' '.join(w.name for w in wheels)} (and what they need)", flush=True)
+        # The host's pip fetches what the wheels need (with the host's index, proxy and CA
+        # settings); pip inside the image then installs offline from that folder.
+        steps += [
+            ["mkdir", "-p", str(partial / "tmp/wheels")],
+            ["cp", *map(str, wheels), str(partial / "tmp/wheels")],
+            [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d",
+             str(partial / "tmp/wheels"), *[str(partial / "tmp/wheels" / w.name) for w in wheels]],
+            ["chroot", str(partial), "python3", "-m", "pip", "install", "-q", "--no-cache-dir", "--no-index",
+             "--find-links=/tmp/wheels", "--break-system-packages", "--root-user-action=ignore",
+             *[f"/tmp/wheels/{w.name}" for w in wheels]],
+            ["rm", "-rf", str(partial / "tmp/wheels")],
+        ]
     for step in steps:
-        result = subprocess.run(step, capture_output=True, text=True,
-                                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        if step[0] == "chroot":  # the host's pip settings (find-links, CA path) mean nothing inside
+            env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+        result = subprocess.run(step, capture_output=True, text=True, env=env)
         if result.returncode != 0:
+            _unmount_under(partial)
             shutil.rmtree(partial, ignore_errors=True)
             raise ImageError(f"{' '.join(step[:3])} failed: {(result.stderr or result.stdout)[-2000:]}")
     shutil.rmtree(partial / "var/lib/apt/lists", ignore_errors=True)
@@ -93,6 +126,28 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
+
+
+def _unmount_under(folder: Path) -> None:
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for mount in sorted((m for m in mounts if m == str(folder) or m.startswith(f"{folder}/")), reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+def _wheels(image: Image) -> list[Path]:
+    """The wheel files an image lists (paths or globs); each must match something."""
+    found = []
+    for pattern in image.wheels:
+        matches = sorted(Path("/").glob(pattern.lstrip("/"))) if any(c in pattern for c in "*?[") else [
+            Path(pattern)] if Path(pattern).is_file() else []
+        if not matches:
+            raise ImageError(f"{image.name}: no wheel matches {pattern} (multi-node images need "
+                             "scripts/build-horovod.sh, which `make deps` runs)")
+        found.append(matches[-1])
+    return found
 
 
 def unbuilt_demo_images(settings) -> list[Image]:

@@ -115,6 +115,38 @@ class LdapSettings(_Model):
     )
 
 
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class JobSettings(_Model):
+    """Multi-node jobs launched from sessions on this profile ("launch Horovod job")."""
+
+    launcher: Literal["srun", "mpirun"] = Field(
+        "srun", description="srun --mpi=<mpi_plugin> (Slurm starts the ranks) or mpirun inside the allocation.")
+    mpi_plugin: str = Field("pmix", pattern=r"^[a-z0-9_]+$", description="srun --mpi= value: pmix, pmi2, ...")
+    max_nodes: int | None = Field(None, gt=0, description="Most nodes one job may ask for (default: the partition's).")
+    default_walltime: str = "01:00:00"
+    env: dict[str, str] = Field(
+        default_factory=lambda: {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "^lo,docker0",
+                                 "HOROVOD_LOG_LEVEL": "warning"},
+        description="NCCL/Horovod environment of every rank; a job may override each.")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not re.fullmatch(_ENV_NAME, key) or "\n" in str(value) or "\0" in str(value):
+                raise ValueError(f"{key!r}: names are letters, digits and _; values are one line")
+        return env
+
+    @field_validator("default_walltime")
+    @classmethod
+    def _walltime(cls, value: str) -> str:
+        if parse_walltime(value) <= 0:
+            raise ValueError("must be positive")
+        return value
+
+
 class Profile(_Model):
     """A partition as offered to users: what a session there may ask for."""
 
@@ -136,6 +168,7 @@ class Profile(_Model):
     constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|\[\]*()!-]+$")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra '#SBATCH' options.")
     groups: list[str] = Field(default_factory=list, description="LDAP groups allowed (empty: all).")
+    jobs: JobSettings = Field(default_factory=JobSettings, description="Multi-node jobs launched from sessions.")
 
     @field_validator("gpu_choices")
     @classmethod
@@ -172,6 +205,8 @@ class Profile(_Model):
             raise ValueError(f"default_gpus {self.default_gpus} is not one of gpu_choices {self.gpu_choices}")
         if parse_walltime(self.default_walltime) > parse_walltime(self.max_walltime):
             raise ValueError("default_walltime is longer than max_walltime")
+        if parse_walltime(self.jobs.default_walltime) > parse_walltime(self.max_walltime):
+            raise ValueError("jobs.default_walltime is longer than max_walltime")
         return self
 
 
@@ -187,6 +222,9 @@ class Image(_Model):
     python: str = Field("python3", description="The image's Python that runs ipykernel.")
     profiles: list[str] = Field(default_factory=list, description="Profiles that may use it (empty: all).")
     packages: list[str] = Field(default_factory=list, description="Debian packages of a debootstrap: image.")
+    wheels: list[str] = Field(
+        default_factory=list,
+        description="Python wheels (paths or globs) pip installs into a debootstrap: image, with their dependencies.")
 
 
 class DataMount(_Model):

@@ -11,7 +11,8 @@ say() { echo "[install] $*"; }
 
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh must run as root" >&2; exit 1; }
 
-packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev procps util-linux sudo charliecloud debootstrap)
+packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev procps util-linux sudo charliecloud debootstrap
+          openmpi-bin libopenmpi-dev cmake g++)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
@@ -45,6 +46,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$ENV/bin/pip" install -q --disable-pip-version-check ".[test]"
   echo "$want" > "$stamp"
 fi
+# PyTorch (CPU) and Horovod for multi-node jobs: the wheel is built once and cached.
+bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 chmod -R a+rX "$ENV" "$PREFIX/chp"

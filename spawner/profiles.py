@@ -104,7 +104,9 @@ class PartitionSpawner(WrapSpawner):
             raise RequestRefused(f"unknown partition profile {name!r}")
         self.child_profile = name
         self.child_class = SlurmGPUSpawner
-        self.child_config = {"profile": profile.model_dump()}
+        # The job launcher of the session may use every profile this user may (same rules).
+        self.child_config = {"profile": profile.model_dump(),
+                             "launch_profiles": [p.model_dump() for p in self.user_profiles()]}
 
     def load_child_class(self, state):
         # After a hub restart: rebuild the child the session was started with, without

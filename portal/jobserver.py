@@ -1,0 +1,199 @@
+"""Jupyter server extension of every session: launch, list, cancel and follow multi-node jobs.
+
+REST (under the session's base URL, e.g. /user/alice/):
+  GET    dsportal/api/jobs               my jobs, newest first, with their state
+  POST   dsportal/api/jobs               submit {script|code, nodes, gpus_per_node, image, ...}
+  GET    dsportal/api/jobs/<id>          one job
+  DELETE dsportal/api/jobs/<id>          cancel it
+  GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
+                                         live, then {"type": "state", ...} once the job ended
+  GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
+  GET    dsportal/jobs                   the Jobs panel (launch, list, live log, cancel)
+
+The session's server answers its owner only (JupyterHub's token/cookie check), so another
+user's token is refused before any of this runs; jobs are the ones in the owner's own
+~/.dsportal/jobs, submitted as the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.utils import url_path_join
+from tornado import web, websocket
+
+from . import jobs
+from .templating import render
+
+POLL_SECONDS = 0.25  # how often rank files are read while a job runs
+STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming
+
+
+def _policy() -> jobs.LaunchPolicy:
+    return jobs.LaunchPolicy.from_env()
+
+
+class _JobsAPI(APIHandler):
+    def write_error(self, status_code, **kwargs):
+        self.set_header("Content-Type", "application/json")
+        reason = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(reason, "log_message", None) or self._reason
+        self.finish(json.dumps({"message": message}))
+
+    def _fail(self, error: Exception):
+        if isinstance(error, jobs.JobNotFound):
+            raise web.HTTPError(404, str(error))
+        if isinstance(error, jobs.SchedulerUnavailable):
+            raise web.HTTPError(503, f"The cluster scheduler is not answering right now, please retry: {error}")
+        if isinstance(error, jobs.SlurmRefused):
+            raise web.HTTPError(400, f"Slurm refused the job: {error}")
+        if isinstance(error, jobs.JobRequestError):
+            raise web.HTTPError(400, f"Your job request was refused: {error}")
+        raise error
+
+
+class JobsHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self):
+        try:
+            found = await asyncio.to_thread(jobs.list_jobs)
+        except Exception as error:  # noqa: BLE001 - mapped to an HTTP error or re-raised
+            self._fail(error)
+        self.finish(json.dumps({"jobs": [j.as_dict() for j in found]}))
+
+    @web.authenticated
+    async def post(self):
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise web.HTTPError(400, "Your job request was refused: the body is not JSON") from None
+        try:
+            policy = _policy()
+            plan = jobs.plan_job(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
+            info = await asyncio.to_thread(jobs.submit, plan, policy)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.log.info("dsportal: submitted job %s (%s)", info.job_id, info.description)
+        self.set_status(201)
+        self.finish(json.dumps({"job": info.as_dict()}))
+
+
+class JobHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self, job_id):
+        try:
+            info = await asyncio.to_thread(jobs.load, int(job_id))
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.finish(json.dumps({"job": info.as_dict()}))
+
+    @web.authenticated
+    async def delete(self, job_id):
+        try:
+            info = await asyncio.to_thread(jobs.cancel, int(job_id))
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.set_status(202)
+        self.finish(json.dumps({"job": info.as_dict()}))
+
+
+class PolicyHandler(_JobsAPI):
+    @web.authenticated
+    def get(self):
+        try:
+            policy = _policy()
+        except jobs.JobRequestError as error:
+            self._fail(error)
+        self.finish(policy.to_env())
+
+
+class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
+    """Each message is JSON: {"type": "line", "rank", "stream", "line"} or, last,
+    {"type": "state", "state", "exit_code", "reason"}. A new connection replays the log so far."""
+
+    job_id: int
+    _task: asyncio.Task | None = None
+
+    @ws_authenticated
+    async def get(self, job_id):
+        try:
+            self.job_id = int(job_id)
+            await asyncio.to_thread(jobs.load, self.job_id)
+        except jobs.JobNotFound as error:
+            raise web.HTTPError(404, str(error)) from None
+        await super().get(job_id)
+
+    def check_origin(self, origin):
+        return JupyterHandler.check_origin(self, origin)
+
+    def open(self, job_id):
+        self._task = asyncio.ensure_future(self._pump())
+
+    def on_close(self):
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _send(self, message: dict) -> bool:
+        try:
+            await self.write_message(json.dumps(message))
+            return True
+        except websocket.WebSocketClosedError:
+            return False
+
+    async def _pump(self):
+        info = await asyncio.to_thread(jobs.load, self.job_id)
+        follower = jobs.LogFollower(folder=Path(info.folder))
+        await self._send({"type": "job", "job": info.as_dict()})
+        checked = 0.0
+        try:
+            while True:
+                if time.monotonic() - checked >= STATE_SECONDS:
+                    checked = time.monotonic()
+                    try:
+                        info = await asyncio.to_thread(jobs.load, self.job_id)
+                    except jobs.SchedulerUnavailable:
+                        pass  # keep streaming; ask again next second
+                ended = info.finished
+                for event in follower.poll(final=ended):
+                    if not await self._send({"type": "line", **event}):
+                        return
+                if ended:
+                    await self._send({"type": "state", "state": info.state, "exit_code": info.exit_code,
+                                      "reason": info.reason})
+                    self.close()
+                    return
+                await asyncio.sleep(POLL_SECONDS)
+        except asyncio.CancelledError:
+            return
+
+
+class PanelHandler(JupyterHandler):
+    @web.authenticated
+    def get(self):
+        base = self.base_url
+        self.finish(render("jobs_panel.html.j2", api=url_path_join(base, "dsportal/api"),
+                           xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token))
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "portal.jobserver"}]
+
+
+def _load_jupyter_server_extension(server_app):
+    web_app = server_app.web_app
+    base = web_app.settings["base_url"]
+    api = url_path_join(base, "dsportal/api")
+    web_app.add_handlers(".*$", [
+        (url_path_join(api, "jobs"), JobsHandler),
+        (url_path_join(api, r"jobs/(\d+)"), JobHandler),
+        (url_path_join(api, r"jobs/(\d+)/stream"), JobStreamHandler),
+        (url_path_join(api, "policy"), PolicyHandler),
+        (url_path_join(base, "dsportal/jobs"), PanelHandler),
+    ])
+    server_app.log.info("dsportal: job launcher at %s", api)

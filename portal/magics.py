@@ -1,0 +1,148 @@
+"""Launch multi-node jobs from a notebook: a Python API and the ``%%horovod`` cell magic.
+
+    %%horovod --nodes 2 --gpus-per-node 4 --image horovod
+    import horovod.torch as hvd
+    hvd.init()
+    print(hvd.rank(), hvd.size())
+
+submits the cell as a job and shows every rank's output live below it, each line prefixed by
+its rank; the job handle is the cell's result (``_``). From Python::
+
+    from portal.magics import launch
+    job = launch(script="train.py", nodes=2, gpus_per_node=2, image="horovod")
+    job.follow()      # print the log so far and then live, until the job ends
+    job.status()      # 'RUNNING', 'COMPLETED', ...
+    job.cancel()
+
+Loaded in every session's Python kernel (``ipython_kernel_config.py`` of the environment).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from . import jobs
+
+
+class Job:
+    """A handle to a launched job: state, live log, wait, cancel."""
+
+    def __init__(self, job_id: int):
+        self.id = int(job_id)
+        self._follower: jobs.LogFollower | None = None
+
+    def info(self) -> jobs.JobInfo:
+        return jobs.load(self.id)
+
+    def status(self) -> str:
+        return self.info().state
+
+    def cancel(self) -> str:
+        jobs.cancel(self.id)
+        return f"job {self.id}: cancel requested"
+
+    def wait(self, poll: float = 1.0) -> jobs.JobInfo:
+        while True:
+            info = self.info()
+            if info.finished:
+                return info
+            time.sleep(poll)
+
+    def follow(self, poll: float = 0.25, out=None, err=None) -> jobs.JobInfo:
+        """Print each rank's lines as they are written until the job ends; interrupting only stops
+        the printing (the job goes on: ``cancel()`` stops it)."""
+        out, err = out or sys.stdout, err or sys.stderr
+        if self._follower is None:
+            self._follower = jobs.LogFollower(folder=Path(self.info().folder))
+        checked, info = 0.0, self.info()
+        try:
+            while True:
+                if time.monotonic() - checked >= 1.0:
+                    checked, info = time.monotonic(), self.info()
+                for event in self._follower.poll(final=info.finished):
+                    print(jobs.format_event(event), file=err if event["stream"] == "stderr" else out, flush=True)
+                if info.finished:
+                    print(f"job {self.id}: {info.state} (exit code {info.exit_code or '-'})", file=out, flush=True)
+                    return info
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            print(f"job {self.id} keeps running; job.follow() resumes, job.cancel() stops it", file=out)
+            return self.info()
+
+    def __repr__(self) -> str:
+        try:
+            info = self.info()
+            return f"<dsportal job {self.id} {info.state}: {info.description}>"
+        except Exception:  # noqa: BLE001 - a repr must not raise
+            return f"<dsportal job {self.id}>"
+
+
+def launch(**request) -> Job:
+    """Submit a job (same fields as the REST API: script or code, nodes, gpus_per_node, image, ...)."""
+    policy = jobs.LaunchPolicy.from_env()
+    plan = jobs.plan_job(request, policy, os.getcwd())
+    info = jobs.submit(plan, policy)
+    print(f"Submitted job {info.job_id}: {info.description}\nLogs: {info.folder}", flush=True)
+    return Job(info.job_id)
+
+
+def my_jobs() -> list[jobs.JobInfo]:
+    return jobs.list_jobs()
+
+
+def _parse(line: str) -> tuple[dict, bool]:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="%%horovod", add_help=False, exit_on_error=False)
+    parser.add_argument("--nodes", type=int)
+    parser.add_argument("--gpus-per-node", type=int)
+    parser.add_argument("--tasks-per-node", type=int)
+    parser.add_argument("--image")
+    parser.add_argument("--walltime")
+    parser.add_argument("--profile")
+    parser.add_argument("--name")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--no-wait", action="store_true")
+    try:
+        args, rest = parser.parse_known_args(shlex.split(line))
+    except (argparse.ArgumentError, ValueError) as error:
+        raise jobs.JobRequestError(f"%%horovod: {error}") from None
+    if rest:
+        raise jobs.JobRequestError(f"%%horovod: unknown option(s) {' '.join(rest)}")
+    env = {}
+    for item in args.env:
+        if "=" not in item:
+            raise jobs.JobRequestError(f"%%horovod: --env takes NAME=VALUE, not {item!r}")
+        key, value = item.split("=", 1)
+        env[key] = value
+    request = {k: v for k, v in {
+        "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "tasks_per_node": args.tasks_per_node,
+        "image": args.image, "walltime": args.walltime, "profile": args.profile, "name": args.name,
+        "env": env or None}.items() if v is not None}
+    return request, not args.no_wait
+
+
+def horovod(line: str, cell: str):
+    """%%horovod [--nodes N] [--gpus-per-node G] [--image NAME] [--walltime HH:MM:SS] [--profile P]
+    [--env NAME=VALUE ...] [--no-wait]: run this cell as a multi-node job, its output live below."""
+    try:
+        request, wait = _parse(line)
+        job = launch(code=cell, **request)
+    except jobs.JobRequestError as error:
+        print(f"Job refused: {error}", file=sys.stderr)
+        return None
+    except jobs.SchedulerUnavailable as error:
+        print(f"The cluster scheduler is not answering right now, please retry: {error}", file=sys.stderr)
+        return None
+    if wait:
+        job.follow()
+    return job
+
+
+def load_ipython_extension(ipython):
+    ipython.register_magic_function(horovod, magic_kind="cell", magic_name="horovod")
+    ipython.push({"launch_job": launch}, interactive=True)

@@ -1,0 +1,232 @@
+"""Issue 7: multi-node MPI jobs launched from a session, every rank's log streamed back live.
+
+Real parts only: alice's JupyterLab runs in a Slurm job; its job launcher (server extension)
+sbatches a 2-node job as alice; srun --mpi=pmi2 (gpu profile) or mpirun (cpu profile) starts
+the ranks on node1 and node2, each inside the Charliecloud image with real PyTorch + Horovod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import requests
+import websocket
+
+from hubclient import DEMO_SLURM_CONF, active_jobs, squeue_jobs
+
+ALLREDUCE = """
+import os, time
+import torch
+import horovod.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} of {hvd.size()} on {os.environ.get('SLURMD_NODENAME')} "
+      f"local_rank {hvd.local_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+time.sleep(6)  # the job is still running while the test sees these first lines
+total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
+print(f"rank {hvd.rank()} allreduce sum {total.item():.0f}", flush=True)
+"""
+
+DIGITS = """
+import torch, horovod.torch as hvd
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+X, y = load_digits(return_X_y=True)
+Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.25, random_state=0)
+Xtr, Xte = torch.tensor(Xtr, dtype=torch.float32), torch.tensor(Xte, dtype=torch.float32)
+ytr, yte = torch.tensor(ytr), torch.tensor(yte)
+Xtr, ytr = Xtr[hvd.rank()::hvd.size()], ytr[hvd.rank()::hvd.size()]  # this rank's shard
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.003 * hvd.size()),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for epoch in range(1, 6):
+    for i in range(0, len(Xtr), 32):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(Xtr[i:i + 32]), ytr[i:i + 32]).backward()
+        opt.step()
+    with torch.no_grad():
+        acc = hvd.allreduce((model(Xte).argmax(1) == yte).float().mean(), name="acc")
+    print(f"epoch {epoch}: {len(Xtr)} samples on this rank, test accuracy {acc.item():.3f}", flush=True)
+"""
+
+
+def jobs_api(user, method: str, path: str = "", owner: str | None = None, **kwargs) -> requests.Response:
+    return user.api(method, f"/user/{owner or user.name}/dsportal/api/jobs{path}", **kwargs)
+
+
+def stream(user, job_id: int, timeout: float = 240, on_line=None, owner: str | None = None) -> list[dict]:
+    """Every message of the job's websocket until it closes, each with its arrival time."""
+    base = user.base.replace("http", "ws", 1)
+    ws = websocket.create_connection(f"{base}/user/{owner or user.name}/dsportal/api/jobs/{job_id}/stream",
+                                     header=[f"Authorization: token {user.token}"], timeout=timeout)
+    messages = []
+    try:
+        while True:
+            try:
+                raw = ws.recv()
+            except websocket.WebSocketConnectionClosedException:
+                break
+            if not raw:
+                break
+            message = json.loads(raw)
+            message["arrived"] = time.monotonic()
+            messages.append(message)
+            if on_line and message["type"] == "line":
+                on_line(message, messages)
+            if message["type"] == "state":
+                break
+    finally:
+        ws.close()
+    return messages
+
+
+def scontrol_state(job_id: int) -> str:
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
+                         env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/bin:/bin"}).stdout
+    fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
+    return fields.get("JobState", "")
+
+
+@pytest.fixture
+def alice_session(alice):
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    return alice
+
+
+def test_horovod_allreduce_streams_every_rank_live(alice_session):
+    alice = alice_session
+    response = jobs_api(alice, "POST", json={"code": ALLREDUCE, "nodes": 2, "gpus_per_node": 2, "image": "horovod"})
+    assert response.status_code == 201, response.text
+    job = response.json()["job"]
+    job_id = job["job_id"]
+    assert job["ranks"] == 4 and job["partition"] == "gpu"
+
+    seen_while_running = {}
+
+    def check_running(message, messages):
+        rank = message["rank"]
+        if rank is not None and rank not in seen_while_running and message["line"].startswith("rank "):
+            seen_while_running[rank] = scontrol_state(job_id)
+
+    messages = stream(alice, job_id, on_line=check_running)
+    lines = [m for m in messages if m["type"] == "line"]
+    by_rank = {}
+    for m in lines:
+        if m["rank"] is not None and m["stream"] == "stdout":
+            by_rank.setdefault(m["rank"], []).append(m["line"])
+    assert sorted(by_rank) == [0, 1, 2, 3], messages
+    # Every rank's first line arrived while Slurm still had the job RUNNING, not after the end.
+    assert seen_while_running == {r: "RUNNING" for r in range(4)}, seen_while_running
+    for rank, rank_lines in by_rank.items():
+        assert f"rank {rank} of 4" in rank_lines[0]
+        assert f"rank {rank} allreduce sum 6" in rank_lines, rank_lines
+    # Two ranks per node, two GPUs each node (Slurm's GRES slice reaches into the container).
+    nodes = {m["line"].split(" on ")[1].split()[0] for m in lines if " of 4 on " in m["line"]}
+    assert nodes == {"node1", "node2"}
+    assert all("CUDA_VISIBLE_DEVICES=" in l and len(l.split("CUDA_VISIBLE_DEVICES=")[1].split(",")) == 2
+               for l in (by_rank[r][0] for r in range(4)))
+    first_line = min(m["arrived"] for m in lines if m["rank"] is not None)
+    final = messages[-1]
+    assert final["type"] == "state" and final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
+    assert final["arrived"] - first_line > 3, "lines came only at the end"
+
+    # A new client (a browser reload) gets the whole log again, then the final state.
+    again = stream(alice, job_id)
+    assert [m["line"] for m in again if m["type"] == "line"] == [m["line"] for m in lines]
+    assert again[-1]["state"] == "COMPLETED"
+    listed = jobs_api(alice, "GET").json()["jobs"]
+    assert any(j["job_id"] == job_id and j["state"] == "COMPLETED" for j in listed)
+
+
+def test_cancel_ends_the_stream_with_cancelled(alice_session):
+    alice = alice_session
+    code = "import time\nprint('working', flush=True)\ntime.sleep(600)\n"
+    response = jobs_api(alice, "POST", json={"code": code, "nodes": 2, "gpus_per_node": 1, "image": "horovod"})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["job"]["job_id"]
+    cancelled = {}
+
+    def cancel_once_running(message, messages):
+        if not cancelled and message["line"] == "working":
+            cancelled["response"] = jobs_api(alice, "DELETE", f"/{job_id}")
+
+    messages = stream(alice, job_id, timeout=120, on_line=cancel_once_running)
+    assert cancelled["response"].status_code == 202, cancelled["response"].text
+    assert messages[-1]["type"] == "state" and messages[-1]["state"] == "CANCELLED", messages[-3:]
+    assert job_id not in {j["job_id"] for j in active_jobs("alice")}
+    assert squeue_jobs()[job_id]["job_state"] == "CANCELLED"
+
+
+BAD_JOBS = [
+    ({"code": "print(1)", "nodes": 0}, "at least 1 node"),
+    ({"code": "print(1)", "nodes": 3}, "3 nodes is more than GPU partition allows for one job (2)"),
+    ({"code": "print(1)", "gpus_per_node": 8}, "8 GPUs per node is more than a node of partition gpu has (4)"),
+    ({"code": "print(1)", "gpus_per_node": 3}, "3 GPUs per node is not offered"),
+    ({"code": "print(1)", "nodes": "two"}, "nodes must be a whole number"),
+    ({"code": "print(1)", "image": "tensorflow"}, "unknown image 'tensorflow'"),
+    ({"code": "print(1)", "image": "pytorch"}, "image pytorch is unavailable"),
+    ({"code": "print(1)", "profile": "staff"}, "not permitted partition profile 'staff'"),
+    ({"code": "print(1)", "walltime": "99:00:00"}, "longer than the 12:00:00"),
+    ({"script": "train.py; touch /tmp/dsportal-pwned"}, "no such script"),
+    ({"script": "x.py", "code": "print(1)"}, "either 'script'"),
+    ({"code": "print(1)", "env": {"A; touch /tmp/dsportal-pwned": "1"}}, "is not valid"),
+    ({"code": "print(1)", "env": {"SLURM_JOB_UID": "0"}}, "cannot be overridden"),
+    ({"code": "print(1)", "name": "x\n#SBATCH --uid=0"}, "may hold only letters"),
+    ({"code": "print(1)", "uid": 0}, "unknown field(s) 'uid'"),
+]
+
+
+def test_bad_job_requests_are_refused_and_submit_nothing(alice_session):
+    from test_profiles import probe_job_id
+
+    alice = alice_session
+    before = probe_job_id()
+    for request, expected in BAD_JOBS:
+        response = jobs_api(alice, "POST", json=request)
+        assert response.status_code == 400, (request, response.status_code, response.text)
+        message = response.json()["message"]
+        assert message.startswith("Your job request was refused: ") and expected in message, (request, message)
+    response = jobs_api(alice, "POST", data="not json")
+    assert response.status_code == 400 and "not JSON" in response.json()["message"]
+    assert probe_job_id() == before + 1, "a refused job request reached Slurm"
+    assert not os.path.exists("/tmp/dsportal-pwned")
+
+
+def test_only_the_owner_reaches_the_launcher(alice_session, bob):
+    alice = alice_session
+    response = jobs_api(alice, "POST", json={"code": "print('mine')", "nodes": 1, "gpus_per_node": 0,
+                                             "profile": "cpu"})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["job"]["job_id"]
+    for method, path, body in (("GET", "", None), ("POST", "", {"code": "print(1)"}), ("GET", f"/{job_id}", None),
+                               ("DELETE", f"/{job_id}", None)):
+        as_bob = jobs_api(bob, method, path, owner="alice", json=body)
+        assert as_bob.status_code == 403, (method, path, as_bob.status_code)
+        anonymous = requests.request(method, f"{alice.base}/user/alice/dsportal/api/jobs{path}", json=body,
+                                     allow_redirects=False, timeout=30)
+        assert anonymous.status_code in (302, 403), (method, path, anonymous.status_code)
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        stream(bob, job_id, owner="alice")
+    assert refused.value.status_code == 403
+    assert jobs_api(alice, "GET", "/999999").status_code == 404
+
+
+def test_horovod_magic_trains_digits_with_mpirun(alice_session):
+    """The %%horovod cell magic in the session's Python kernel: a real Horovod training on the
+    digits data, 2 nodes x 2 ranks through mpirun (cpu profile), its output live in the cell."""
+    alice = alice_session
+    cell = "%%horovod --profile cpu --nodes 2 --tasks-per-node 2 --image horovod\n" + DIGITS
+    output = alice.run_code(cell, timeout=300)
+    assert "Submitted job" in output and "2 node(s) x 2 rank(s)" in output and "mpirun" in output, output
+    for rank in range(4):
+        assert f"[rank {rank}] epoch 5:" in output, output
+    final = [line for line in output.splitlines() if line.startswith("[rank 0] epoch 5:")][0]
+    assert float(final.rsplit(" ", 1)[1]) >= 0.9, final
+    assert "COMPLETED (exit code 0:0)" in output, output
