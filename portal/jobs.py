@@ -88,6 +88,32 @@ class LaunchPolicy(BaseModel):
         return [i for i in self.images if not i.profiles or profile.name in i.profiles]
 
 
+_limits_cache: dict[str, tuple[float, dict]] = {}
+
+
+def with_cluster_limits(policy: LaunchPolicy, max_age: float = 10.0) -> LaunchPolicy:
+    """The policy plus, per partition, its usable nodes and the most GPUs one node has, from the
+    session's own ``sinfo --json`` (cached briefly). Without an answer the limits stay unknown
+    and Slurm itself refuses impossible jobs at sbatch."""
+    from .slurm import parse_sinfo_json
+
+    taken, limits = _limits_cache.get("sinfo", (0.0, {}))
+    if time.monotonic() - taken > max_age:
+        try:
+            nodes = parse_sinfo_json(_run(["sinfo", "--json"], timeout=10))
+        except (JobRequestError, SchedulerUnavailable, ValueError):
+            return policy
+        node_gpus, node_count = {}, {}
+        for node in nodes:
+            if node.usable:
+                for partition in node.partitions:
+                    node_gpus[partition] = max(node_gpus.get(partition, 0), node.gpus)
+                    node_count[partition] = node_count.get(partition, 0) + 1
+        limits = {"node_gpus": node_gpus, "node_count": node_count}
+        _limits_cache["sinfo"] = (time.monotonic(), limits)
+    return policy.model_copy(update=limits)
+
+
 # ------------------------------------------------------------------------------ request
 @dataclass(frozen=True)
 class JobPlan:

@@ -36,7 +36,7 @@ STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while stream
 
 
 def _policy() -> jobs.LaunchPolicy:
-    return jobs.LaunchPolicy.from_env()
+    return jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
 
 
 class _JobsAPI(APIHandler):
@@ -74,7 +74,7 @@ class JobsHandler(_JobsAPI):
         except ValueError:
             raise web.HTTPError(400, "Your job request was refused: the body is not JSON") from None
         try:
-            policy = _policy()
+            policy = await asyncio.to_thread(_policy)
             plan = jobs.plan_job(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
             info = await asyncio.to_thread(jobs.submit, plan, policy)
         except Exception as error:  # noqa: BLE001
@@ -105,9 +105,9 @@ class JobHandler(_JobsAPI):
 
 class PolicyHandler(_JobsAPI):
     @web.authenticated
-    def get(self):
+    async def get(self):
         try:
-            policy = _policy()
+            policy = await asyncio.to_thread(_policy)
         except jobs.JobRequestError as error:
             self._fail(error)
         self.finish(policy.to_env())
@@ -197,3 +197,6 @@ def _load_jupyter_server_extension(server_app):
         (url_path_join(base, "dsportal/jobs"), PanelHandler),
     ])
     server_app.log.info("dsportal: job launcher at %s", api)
+    from . import tensorboards
+
+    tensorboards.setup(server_app)

@@ -154,24 +154,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return ""
         return json.dumps({"images": images, "data_mounts": self.data_mounts}, separators=(",", ":"))
 
-    async def launch_policy(self, chosen_profile: str) -> str:
-        """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the user's profiles,
-        images and data mounts, and per partition its usable nodes and most GPUs on one node."""
+    def launch_policy(self, chosen_profile: str) -> str:
+        """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
+        may use, the images and data mounts. Live node limits the session reads itself."""
         from portal.jobs import LaunchPolicy
 
-        node_gpus, node_count = {}, {}
-        try:
-            for node in await self.slurm.nodes():
-                if node.usable:
-                    for partition in node.partitions:
-                        node_gpus[partition] = max(node_gpus.get(partition, 0), node.gpus)
-                        node_count[partition] = node_count.get(partition, 0) + 1
-        except SlurmError as error:
-            self.log.warning("sinfo failed; the job launcher checks no node limits: %s", error)
-        profiles = self.launch_profiles or [self.profile]
-        policy = LaunchPolicy(profiles=profiles, default_profile=chosen_profile, images=self.images,
-                              data_mounts=self.data_mounts, environment=self.python_prefix,
-                              node_gpus=node_gpus, node_count=node_count)
+        policy = LaunchPolicy(profiles=self.launch_profiles or [self.profile], default_profile=chosen_profile,
+                              images=self.images, data_mounts=self.data_mounts, environment=self.python_prefix)
         return policy.to_env()
 
     def get_env(self):
@@ -186,7 +175,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             script = self.job_script()
         except (RequestError, ValueError) as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        self._launch_policy = await self.launch_policy(self.session_slice().profile.name)
+        self._launch_policy = self.launch_policy(self.session_slice().profile.name)
         submitted_at = time.monotonic()
         try:
             await self.slurm.make_dir_as_user(self.user.name, self._expand(self.log_dir))

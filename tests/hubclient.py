@@ -111,8 +111,9 @@ class HubUser:
         raise AssertionError("server did not stop")
 
     # -- kernels ----------------------------------------------------------------------
-    def run_code(self, code: str, kernel: str = "python3", timeout: float = 60) -> str:
-        """Start a kernel in my server through the proxy, run code, return its stdout."""
+    def run_code(self, code: str, kernel: str = "python3", timeout: float = 60, keep: bool = False) -> str:
+        """Start a kernel in my server through the proxy, run code, return its stdout
+        (``keep``: leave the kernel running, e.g. for what it started)."""
         prefix = f"/user/{self.name}/api/kernels"
         created = self.api("POST", prefix, json={"name": kernel})
         created.raise_for_status()
@@ -143,7 +144,8 @@ class HubUser:
             raise AssertionError("kernel did not finish in time")
         finally:
             ws.close()
-            self.api("DELETE", f"{prefix}/{kernel_id}")
+            if not keep:
+                self.api("DELETE", f"{prefix}/{kernel_id}")
 
 
 def squeue_jobs() -> dict[int, dict]:

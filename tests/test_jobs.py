@@ -139,7 +139,15 @@ def test_horovod_allreduce_streams_every_rank_live(alice_session):
 
     # A new client (a browser reload) gets the whole log again, then the final state.
     again = stream(alice, job_id)
-    assert [m["line"] for m in again if m["type"] == "line"] == [m["line"] for m in lines]
+
+    def per_source(messages):
+        found = {}
+        for m in messages:
+            if m["type"] == "line":
+                found.setdefault((m["rank"] if m["rank"] is not None else -1, m["stream"]), []).append(m["line"])
+        return found
+
+    assert per_source(again) == per_source(lines)
     assert again[-1]["state"] == "COMPLETED"
     listed = jobs_api(alice, "GET").json()["jobs"]
     assert any(j["job_id"] == job_id and j["state"] == "COMPLETED" for j in listed)
@@ -230,3 +238,50 @@ def test_horovod_magic_trains_digits_with_mpirun(alice_session):
     final = [line for line in output.splitlines() if line.startswith("[rank 0] epoch 5:")][0]
     assert float(final.rsplit(" ", 1)[1]) >= 0.9, final
     assert "COMPLETED (exit code 0:0)" in output, output
+
+
+def test_panel_page_is_served_to_the_owner(alice_session, bob):
+    page = alice_session.api("GET", "/user/alice/dsportal/jobs")
+    assert page.status_code == 200 and "Multi-node jobs" in page.text and "/user/alice/dsportal/api" in page.text
+    policy = alice_session.api("GET", "/user/alice/dsportal/api/policy").json()
+    assert [p["name"] for p in policy["profiles"]] == ["gpu", "cpu"]  # staff is not alice's
+    assert policy["node_gpus"] == {"gpu": 4, "cpu": 4} and policy["node_count"] == {"gpu": 2, "cpu": 2}
+    assert bob.api("GET", "/user/alice/dsportal/jobs", allow_redirects=False).status_code in (302, 403)
+
+
+# -- the batch script itself (no cluster needed) ------------------------------------------
+def _policy(**jobs_settings):
+    from portal.jobs import LaunchPolicy
+    from portal.settings import Image, Profile
+
+    profile = Profile(name="gpu", partition="gpu", display_name="GPU", account="proj1",
+                      jobs={"launcher": "srun", "mpi_plugin": "pmix", **jobs_settings})
+    image = Image(name="ngc", display_name="NGC", source="docker://x", path="/images/ngc.sif", runtime="apptainer")
+    return LaunchPolicy(profiles=[profile], default_profile="gpu", images=[image],
+                        node_gpus={"gpu": 8}, node_count={"gpu": 4})
+
+
+def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
+    from portal import jobs
+
+    monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
+    policy = _policy()
+    plan = jobs.plan_job({"code": "print(1)", "nodes": 4, "gpus_per_node": 4, "image": "ngc",
+                          "env": {"NCCL_DEBUG": "INFO", "MY_VAR": "$(touch /tmp/dsportal-pwned)"},
+                          "args": ["--lr", "0.1; rm -rf ~"]}, policy, tmp_path)
+    script = jobs.render_script(plan, policy, "/home/u/.dsportal/jobs/x", "/home/u/.dsportal/jobs/x/cell.py",
+                                "/home/u")
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=4", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --gres=gpu:4", "#SBATCH --mem=196608M", "#SBATCH --account=proj1",
+                 "export NCCL_DEBUG=INFO", "export MY_VAR='$(touch /tmp/dsportal-pwned)'",
+                 "export NCCL_SOCKET_IFNAME='^lo,docker0'"):
+        assert line in script, line
+    launch = next(line for line in script.splitlines() if line.strip().startswith("apptainer"))
+    assert "srun --mpi=pmix --kill-on-bad-exit=1" in script
+    assert launch.split() == ["apptainer", "exec", "--nv", "--bind", "/home/u:/home/u", "/images/ngc.sif", "python3",
+                              "-u", "/home/u/.dsportal/jobs/x/cell.py", "--lr", "'0.1;", "rm", "-rf", "~'"]
+    # The same plan under mpirun: Open MPI maps the ranks, the rest is identical.
+    policy = _policy(launcher="mpirun")
+    plan = jobs.plan_job({"code": "print(1)", "nodes": 2}, policy, tmp_path)
+    script = jobs.render_script(plan, policy, "/j", "/j/cell.py", "/home/u")
+    assert 'mpirun -np "$SLURM_NTASKS" -bind-to none -map-by slot' in script and "srun" not in script
