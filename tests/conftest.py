@@ -27,7 +27,20 @@ def portal():
     result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "demo", "up"], capture_output=True, text=True)
     assert result.returncode == 0, f"dsportal demo up failed:\n{result.stdout}\n{result.stderr}"
     os.environ["SLURM_CONF"] = "/var/lib/dsportal-demo/slurm/slurm.conf"
+    # A clean slate: no session or job left by an earlier (interrupted) run holds the nodes.
+    admin = login(HUB, "dave")
+    for user in admin.api("GET", "/hub/api/users").json():
+        if user.get("servers") or user.get("pending"):
+            admin.stop_server(user["name"])
+    cancel_jobs_of(PASSWORDS)
     yield HUB
+
+
+def cancel_jobs_of(users) -> None:
+    subprocess.run(["scancel", "-u", ",".join(users)], capture_output=True)
+    deadline = time.monotonic() + 30
+    while any(active_jobs(u) for u in users) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def login(base: str, name: str) -> HubUser:
@@ -93,3 +106,5 @@ def second_hub(portal, tmp_path):
     for process in processes:
         process.terminate()
         process.wait(timeout=30)
+    # Sessions of the second hub (kept across hub restarts by design) end with the test.
+    cancel_jobs_of(["alice", "bob", "carol"])

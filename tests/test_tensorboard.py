@@ -113,3 +113,11 @@ def test_notebook_tensorboard_magic_goes_through_the_proxy(alice, bob):
     url = proxy_url.replace("%PORT%", str(ports[0]))
     assert [round(v, 4) for _, _, v in scalars(alice, url, "run1")] == [round(1.0 / (s + 1), 4) for s in range(5)]
     assert bob.api("GET", f"{url}data/runs", allow_redirects=False).status_code == 403
+
+
+def test_jupyterlab_loads_the_dsportal_extension(alice):
+    alice.spawn({"profile": "cpu"})
+    page = alice.api("GET", "/user/alice/lab")
+    assert page.status_code == 200 and "dsportal-lab" in page.text  # JupyterLab's federated extensions
+    script = alice.api("GET", "/user/alice/lab/extensions/dsportal-lab/static/remoteEntry.js")
+    assert script.status_code == 200 and "Open TensorBoard" in script.text

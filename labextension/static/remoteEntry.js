@@ -1,0 +1,113 @@
+// dsportal's JupyterLab extension, written as a plain module-federation container (no build step):
+// JupyterLab loads this file, calls init(shareScope), then get("./extension") for the plugin.
+// - "Open TensorBoard" in the file browser's context menu, for a folder or the current folder;
+// - "Multi-node jobs" and "TensorBoard (this folder)" in the launcher and the command palette.
+var _JUPYTERLAB;
+(function () {
+  "use strict";
+  var shareScope = null;
+
+  function config() {
+    var node = document.getElementById("jupyter-config-data");
+    return node ? JSON.parse(node.textContent) : {};
+  }
+  function baseUrl() {
+    var base = config().baseUrl || "/";
+    return base.endsWith("/") ? base : base + "/";
+  }
+  function shared(name, exported) {
+    // A token (e.g. ILauncher) from JupyterLab's own copy of a package, if it shares one.
+    var versions = shareScope && shareScope[name];
+    if (!versions) return Promise.resolve(null);
+    var keys = Object.keys(versions);
+    if (!keys.length) return Promise.resolve(null);
+    var loaded = keys.filter(function (key) { return versions[key].loaded; });
+    var key = loaded.length ? loaded[0] : keys[keys.length - 1];
+    return versions[key].get().then(function (factory) {
+      var module = factory();
+      return (module && module[exported]) || null;
+    }).catch(function () { return null; });
+  }
+  function fileBrowser(app) {
+    var found = null;
+    var widgets = app.shell.widgets("left");
+    var next = widgets.next();
+    while (!next.done) {
+      var widget = next.value;
+      if (widget && widget.id === "filebrowser") { found = widget; break; }
+      next = widgets.next();
+    }
+    return found;
+  }
+  function selectedFolder(app) {
+    var browser = fileBrowser(app);
+    if (!browser) return "";
+    var items = browser.selectedItems ? browser.selectedItems() : null;
+    if (items) {
+      var item = items.next();
+      if (!item.done && item.value && item.value.type === "directory") return item.value.path;
+    }
+    return browser.model ? browser.model.path : "";
+  }
+  function currentFolder(app) {
+    var browser = fileBrowser(app);
+    return browser && browser.model ? browser.model.path : "";
+  }
+  function openTensorBoard(folder) {
+    window.open(baseUrl() + "dsportal/tensorboard-open?logdir=" + encodeURIComponent(folder || "."), "_blank");
+  }
+
+  function plugin(ILauncher, ICommandPalette) {
+    return {
+      id: "dsportal-lab:plugin",
+      autoStart: true,
+      optional: [ILauncher, ICommandPalette].filter(Boolean),
+      activate: function (app, a, b) {
+        var launcher = ILauncher ? a : null;
+        var palette = ICommandPalette ? (ILauncher ? b : a) : null;
+        app.commands.addCommand("dsportal:open-tensorboard", {
+          label: "Open TensorBoard",
+          caption: "TensorBoard for this folder's logs, in a new tab",
+          execute: function () { openTensorBoard(selectedFolder(app)); }
+        });
+        app.commands.addCommand("dsportal:open-tensorboard-here", {
+          label: "TensorBoard (this folder)",
+          caption: "TensorBoard for the file browser's current folder",
+          execute: function () { openTensorBoard(currentFolder(app)); }
+        });
+        app.commands.addCommand("dsportal:open-jobs", {
+          label: "Multi-node jobs",
+          caption: "Launch, follow and cancel multi-node (Horovod/MPI) jobs",
+          execute: function () { window.open(baseUrl() + "dsportal/jobs", "_blank"); }
+        });
+        app.contextMenu.addItem({ command: "dsportal:open-tensorboard", selector: '.jp-DirListing-item[data-isdir="true"]', rank: 3 });
+        app.contextMenu.addItem({ command: "dsportal:open-tensorboard-here", selector: ".jp-DirListing-content", rank: 100 });
+        if (launcher) {
+          launcher.add({ command: "dsportal:open-jobs", category: "Other", rank: 1 });
+          launcher.add({ command: "dsportal:open-tensorboard-here", category: "Other", rank: 2 });
+        }
+        if (palette) {
+          ["dsportal:open-jobs", "dsportal:open-tensorboard-here"].forEach(function (command) {
+            palette.addItem({ command: command, category: "dsportal" });
+          });
+        }
+        window.dsportalLab = { loaded: true };
+      }
+    };
+  }
+
+  _JUPYTERLAB = _JUPYTERLAB || {};
+  _JUPYTERLAB["dsportal-lab"] = {
+    init: function (scope) { shareScope = scope; return Promise.resolve(); },
+    get: function (module) {
+      if (module !== "./extension") {
+        return Promise.reject(new Error('Module "' + module + '" does not exist in container.'));
+      }
+      return Promise.all([shared("@jupyterlab/launcher", "ILauncher"), shared("@jupyterlab/apputils", "ICommandPalette")])
+        .then(function (tokens) {
+          var exported = { __esModule: true, default: [plugin(tokens[0], tokens[1])] };
+          return function () { return exported; };
+        });
+    }
+  };
+})();

@@ -1,0 +1,61 @@
+"""In a real browser (Debian chromium driven by Playwright): JupyterLab loads dsportal's extension,
+a right-click on a folder offers "Open TensorBoard", and TensorBoard opens in a new tab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from conftest import HUB
+
+CHROMIUM = "/usr/bin/chromium"
+# The closed network refuses Chromium's background connections: keep it from trying.
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+SHOTS = Path("/tmp/dsportal-screenshots")
+
+
+def test_open_tensorboard_from_the_file_browser(alice):
+    alice.spawn({"profile": "cpu"})
+    alice.run_code(
+        "import os, shutil\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "shutil.rmtree(os.path.expanduser('~/tb-browser'), ignore_errors=True)\n"
+        "w = SummaryWriter(os.path.expanduser('~/tb-browser/run1'))\n"
+        "[w.add_scalar('accuracy', 0.5 + s / 10, s) for s in range(4)]\n"
+        "w.close()\n", timeout=120)
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.goto(f"{HUB}/hub/login")
+        page.fill("#username_input", "alice")
+        page.fill("#password_input", "alice-demo")
+        page.click("#login_submit")
+        page.wait_for_url("**/user/alice/**", timeout=60_000)
+        page.goto(f"{HUB}/user/alice/lab")
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        folder = page.locator('.jp-DirListing-item[data-isdir="true"]', has_text="tb-browser")
+        folder.wait_for(timeout=30_000)
+        folder.click(button="right")
+        item = page.locator(".lm-Menu-item", has_text="Open TensorBoard")
+        item.wait_for(timeout=10_000)
+        page.screenshot(path=str(SHOTS / "file-browser-menu.png"))
+        with context.expect_page(timeout=60_000) as opened:
+            item.click()
+        board = opened.value
+        board.wait_for_load_state()
+        assert "/user/alice/dsportal/tensorboard/tb-browser-" in board.url, board.url
+        runs = board.evaluate("fetch('data/runs').then(r => r.json())")
+        assert runs == ["run1"], runs
+        board.wait_for_timeout(3000)
+        board.screenshot(path=str(SHOTS / "tensorboard.png"))
+
+        # The launcher offers the Jobs panel; it opens and lists what the user may launch.
+        page.goto(f"{HUB}/user/alice/dsportal/jobs")
+        page.wait_for_function("document.querySelector('#profile').options.length > 0", timeout=30_000)
+        assert page.locator("#profile option").all_inner_texts() == ["GPU partition", "CPU partition"]
+        page.screenshot(path=str(SHOTS / "jobs-panel.png"))
+        browser.close()
