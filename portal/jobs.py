@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict
 
 from .containers import Bind, Launch, runtime
 from .kernels import image_status
-from .settings import DataMount, Image, Profile, parse_walltime
+from .slurm import UNREACHABLE_HINTS, parse_sinfo_json, partition_resources
+from .settings import DataMount, Image, Profile
 from .templating import render
 
 POLICY_ENV = "DSPORTAL_LAUNCH_POLICY"
@@ -95,21 +96,14 @@ def with_cluster_limits(policy: LaunchPolicy, max_age: float = 10.0) -> LaunchPo
     """The policy plus, per partition, its usable nodes and the most GPUs one node has, from the
     session's own ``sinfo --json`` (cached briefly). Without an answer the limits stay unknown
     and Slurm itself refuses impossible jobs at sbatch."""
-    from .slurm import parse_sinfo_json
-
     taken, limits = _limits_cache.get("sinfo", (0.0, {}))
     if time.monotonic() - taken > max_age:
         try:
-            nodes = parse_sinfo_json(_run(["sinfo", "--json"], timeout=10))
+            resources = partition_resources(parse_sinfo_json(_run(["sinfo", "--json"], timeout=10)))
         except (JobRequestError, SchedulerUnavailable, ValueError):
             return policy
-        node_gpus, node_count = {}, {}
-        for node in nodes:
-            if node.usable:
-                for partition in node.partitions:
-                    node_gpus[partition] = max(node_gpus.get(partition, 0), node.gpus)
-                    node_count[partition] = node_count.get(partition, 0) + 1
-        limits = {"node_gpus": node_gpus, "node_count": node_count}
+        limits = {"node_gpus": {name: r.most_gpus_on_a_node for name, r in resources.items()},
+                  "node_count": {name: r.nodes for name, r in resources.items()}}
         _limits_cache["sinfo"] = (time.monotonic(), limits)
     return policy.model_copy(update=limits)
 
@@ -299,7 +293,7 @@ def _run(argv: list[str], input: str | None = None, timeout: float = 30) -> str:
         raise SchedulerUnavailable(f"{Path(argv[0]).name} did not answer within {timeout:.0f} s") from None
     if result.returncode != 0:
         message = (result.stderr or result.stdout).strip() or f"exit status {result.returncode}"
-        if "Unable to contact slurm controller" in message or "Socket timed out" in message:
+        if any(hint in message for hint in UNREACHABLE_HINTS):
             raise SchedulerUnavailable(message)
         raise SlurmRefused(message)
     return result.stdout

@@ -33,7 +33,7 @@ class SlurmUnavailable(SlurmError):
     """slurmctld could not be reached (transient: callers keep their sessions)."""
 
 
-_UNREACHABLE_HINTS = (
+UNREACHABLE_HINTS = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -146,6 +146,7 @@ class Resources:
     mem_mb: int = 0
     free_mem_mb: int = 0
     largest_free_gpus_on_a_node: int = 0
+    most_gpus_on_a_node: int = 0
 
 
 def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
@@ -164,6 +165,7 @@ def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
             t["mem_mb"] += node.mem_mb
             t["free_mem_mb"] += max(node.mem_mb - node.alloc_mem_mb, 0)
             t["largest_free_gpus_on_a_node"] = max(t["largest_free_gpus_on_a_node"], free_gpus)
+            t["most_gpus_on_a_node"] = max(t["most_gpus_on_a_node"], node.gpus)
     return {name: Resources(**values) for name, values in totals.items()}
 
 
@@ -275,7 +277,7 @@ class Slurm:
             raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
         if proc.returncode != 0:
             message = (err or out).decode(errors="replace").strip() or f"exit status {proc.returncode}"
-            kind = SlurmUnavailable if any(h in message for h in _UNREACHABLE_HINTS) else SlurmError
+            kind = SlurmUnavailable if any(h in message for h in UNREACHABLE_HINTS) else SlurmError
             raise kind(message)
         return out.decode(errors="replace")
 
