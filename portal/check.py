@@ -76,6 +76,34 @@ def check_user_environment(settings) -> Result:
     return Result("user environment", True, f"{prefix} imports {USER_SIDE_MODULES} as an ordinary user")
 
 
+def check_templates(settings) -> list[Result]:
+    """Each template source: a folder users can read, owned by its instructor when one is named."""
+    import pwd
+
+    from .nbtemplates import notebooks
+
+    results = []
+    for source in settings.templates.sources:
+        folder, name = source.path, f"templates {source.name}"
+        if not folder.is_dir():
+            results.append(Result(name, False, f"{folder} is not a folder"))
+            continue
+        if subprocess.run(["runuser", "-u", "nobody", "--", "test", "-r", str(folder), "-a", "-x", str(folder)],
+                          capture_output=True).returncode != 0:
+            results.append(Result(name, False, f"{folder} is not readable by ordinary accounts"))
+            continue
+        if source.owner:
+            try:
+                owner = pwd.getpwuid(folder.stat().st_uid).pw_name
+            except KeyError:
+                owner = str(folder.stat().st_uid)
+            if owner != source.owner:
+                results.append(Result(name, False, f"{folder} belongs to {owner}, not to {source.owner}"))
+                continue
+        results.append(Result(name, True, f"{folder}: {len(notebooks(folder))} notebook(s)"))
+    return results
+
+
 def run_checks(config_path=None) -> tuple[bool, str]:
     try:
         settings = settings_module.load(config_path)
@@ -85,5 +113,6 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results += check_slurm(settings)
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))
+    results += check_templates(settings)
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

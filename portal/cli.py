@@ -1,4 +1,4 @@
-"""The `dsportal` command: demo up|down|status, hub, check."""
+"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check."""
 
 from __future__ import annotations
 
@@ -63,6 +63,27 @@ def cmd_images(args) -> int:
     return images.main(settings_module.load(args.config), args.action, args.name)
 
 
+def cmd_templates(args) -> int:
+    settings = settings_module.load(args.config)
+    if args.action == "check":
+        from .templatecheck import check
+
+        return check(settings, user=args.user, sources=args.source, timeout=args.timeout)
+    from .nbtemplates import notebooks
+
+    print(f"Template sources (shown read-only as ~/{settings.templates.folder}/ in every session; "
+          f"copies go to ~/{settings.templates.copies}/):")
+    for source in settings.templates.sources:
+        folder = Path(source.path)
+        found = notebooks(folder) if folder.is_dir() else []
+        state = f"{len(found)} notebook(s)" if folder.is_dir() else "MISSING"
+        who = f", groups {', '.join(source.groups)}" if source.groups else ""
+        print(f"  {source.name:<16} {str(folder):<48} {state}{who}")
+        for notebook in found:
+            print(f"      {notebook.relative_to(folder)}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
     parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
@@ -76,6 +97,12 @@ def main(argv=None) -> int:
     images_parser.add_argument("action", choices=["list", "build", "build-demo"])
     images_parser.add_argument("name", nargs="?", help="image to build")
     images_parser.set_defaults(func=cmd_images)
+    templates_parser = sub.add_parser("templates", help="instructor template notebooks")
+    templates_parser.add_argument("action", choices=["list", "check"])
+    templates_parser.add_argument("--user", help="run the notebooks as this account (check; default: yourself)")
+    templates_parser.add_argument("--source", action="append", help="only this source (repeatable)")
+    templates_parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    templates_parser.set_defaults(func=cmd_templates)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -242,8 +243,6 @@ def ensure_accounts() -> None:
     for user in data["users"]:
         name, uid = user["name"], int(user["uid"])
         try:
-            import pwd
-
             existing = pwd.getpwnam(name)
             if existing.pw_uid != uid:
                 raise DemoError(f"Unix account {name} exists with uid {existing.pw_uid}, LDAP says {uid}")
@@ -303,6 +302,28 @@ def ensure_images(config_path: Path | None = None) -> None:
             os.chmod(folder, 0o755)
     for image in images.unbuilt_demo_images(settings):
         images.build(image, [m.target for m in settings.data_mounts], force=False)
+
+
+def ensure_courses(config_path: Path | None = None) -> None:
+    """Course folders of the demo's instructors (template sources with an owner): created once,
+    seeded from config/demo/courses/<name>/, then the instructor's own to edit."""
+    settings = settings_module.load(config_path)
+    for source in settings.templates.sources:
+        folder = Path(source.path)
+        if not source.owner or folder.exists():
+            continue
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder.parent, 0o755)
+        seed = _demo_file("courses") / source.name
+        if seed.is_dir():
+            shutil.copytree(seed, folder)
+        else:
+            folder.mkdir()
+        entry = pwd.getpwnam(source.owner)
+        for path in [folder, *folder.rglob("*")]:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        _say(f"course folder {folder} (owner {source.owner})")
 
 
 def hub_running(settings) -> bool:
@@ -377,6 +398,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_accounts()
     ensure_ldap()
     ensure_images(config_path)
+    ensure_courses(config_path)
     if with_hub:
         ensure_hub(config_path)
 

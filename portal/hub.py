@@ -94,6 +94,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
     c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
     c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
+    c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
     c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
     c.Spawner.poll_interval = settings.slurm.session_check_interval
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the

@@ -197,6 +197,7 @@ def _load_jupyter_server_extension(server_app):
         (url_path_join(base, "dsportal/jobs"), PanelHandler),
     ])
     server_app.log.info("dsportal: job launcher at %s", api)
-    from . import tensorboards
+    from . import nbtemplates, tensorboards
 
     tensorboards.setup(server_app)
+    nbtemplates.setup(server_app)

@@ -129,17 +129,22 @@ def _parse(line: str) -> tuple[dict, bool]:
 def horovod(line: str, cell: str):
     """%%horovod [--nodes N] [--gpus-per-node G] [--image NAME] [--walltime HH:MM:SS] [--profile P]
     [--env NAME=VALUE ...] [--no-wait]: run this cell as a multi-node job, its output live below."""
+    from IPython.core.error import UsageError
+
+    # A refused request or a failed job fails the cell (no traceback): "Run All" stops there, and
+    # `dsportal templates check` sees it.
     try:
         request, wait = _parse(line)
         job = launch(code=cell, **request)
     except jobs.JobRequestError as error:
-        print(f"Job refused: {error}", file=sys.stderr)
-        return None
+        raise UsageError(f"Job refused: {error}") from None
     except jobs.SchedulerUnavailable as error:
-        print(f"The cluster scheduler is not answering right now, please retry: {error}", file=sys.stderr)
-        return None
+        raise UsageError(f"The cluster scheduler is not answering right now, please retry: {error}") from None
     if wait:
-        job.follow()
+        info = job.follow()
+        if info.finished and info.state != "COMPLETED":
+            raise UsageError(f"job {job.id} ended {info.state} (exit code {info.exit_code or '-'}): "
+                             "each rank's output is above and in " + str(info.folder))
     return job
 
 

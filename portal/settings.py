@@ -243,6 +243,46 @@ class SessionSettings(_Model):
     default_profile: str | None = None
 
 
+_FOLDER = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class TemplateSource(_Model):
+    """A folder of template notebooks: the repo's notebooks/ or a course folder of an instructor."""
+
+    name: str = Field(pattern=_FOLDER, description="Its folder name under templates/ in every session.")
+    path: Path = Field(description="The folder (on a filesystem the compute nodes share), readable by users.")
+    display_name: str = ""
+    description: str = ""
+    owner: str | None = Field(None, description="The instructor account that edits it (checked, and made "
+                                                "owner by `make demo`); empty for admin-managed folders.")
+    groups: list[str] = Field(default_factory=list, description="Unix/LDAP groups that see it (empty: everybody).")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
+
+class TemplateSettings(_Model):
+    """Instructor template notebooks, shown read-only in every session."""
+
+    folder: str = Field("templates", pattern=_FOLDER, description="Read-only folder in each user's home.")
+    copies: str = Field("notebooks", pattern=_FOLDER,
+                        description="Folder in the user's home where opening a template puts the user's copy.")
+    sources: list[TemplateSource] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "TemplateSettings":
+        names = [s.name for s in self.sources]
+        if len(names) != len(set(names)):
+            raise ValueError(f"template source names must be unique, got {names}")
+        if self.folder == self.copies:
+            raise ValueError("folder and copies must differ: the templates folder is read-only")
+        return self
+
+
 class Settings(_Model):
     hub: HubSettings = HubSettings()
     slurm: SlurmSettings = SlurmSettings()
@@ -251,6 +291,7 @@ class Settings(_Model):
     profiles: list[Profile] = Field(min_length=1)
     images: list[Image] = Field(default_factory=list)
     data_mounts: list[DataMount] = Field(default_factory=list, description="Bound into every container kernel.")
+    templates: TemplateSettings = TemplateSettings()
     source: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

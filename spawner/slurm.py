@@ -91,6 +91,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         help="Profiles (portal.settings.Profile fields) the session's job launcher may use: the user's own."
     ).tag(config=True)
 
+    templates = Dict(
+        help="Template notebooks (portal.settings.TemplateSettings fields): every session shows the sources "
+             "the user's groups see, read-only, in its templates folder."
+    ).tag(config=True)
+
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
     # batchspawner's own startup loop polls every 0.5 s with one squeue each; ours reads the
@@ -167,6 +172,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env = super().get_env()
         if getattr(self, "_launch_policy", None):
             env["DSPORTAL_LAUNCH_POLICY"] = self._launch_policy
+        if self.templates.get("sources"):
+            from portal.nbtemplates import SPEC_ENV, Spec
+
+            from .profiles import unix_groups
+
+            env[SPEC_ENV] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
         return env
 
     # ------------------------------------------------ batchspawner's job interface

@@ -111,6 +111,34 @@ class HubUser:
         raise AssertionError("server did not stop")
 
     # -- kernels ----------------------------------------------------------------------
+    def _channels(self, kernel_id: str, timeout: float):
+        url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/api/kernels/{kernel_id}/channels"
+        return websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
+
+    def _execute(self, ws, code: str, timeout: float) -> str:
+        """Run one cell on an open kernel channel; its stdout, or AssertionError with the traceback."""
+        msg_id = uuid.uuid4().hex
+        ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False},
+        }))
+        output = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = json.loads(ws.recv())
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = message["msg_type"]
+            if kind == "stream":
+                output.append(message["content"]["text"])
+            elif kind == "error":
+                raise AssertionError("kernel error: " + "\n".join(message["content"]["traceback"]))
+            elif kind == "status" and message["content"]["execution_state"] == "idle":
+                return "".join(output)
+        raise AssertionError("kernel did not finish in time")
+
     def run_code(self, code: str, kernel: str = "python3", timeout: float = 60, keep: bool = False) -> str:
         """Start a kernel in my server through the proxy, run code, return its stdout
         (``keep``: leave the kernel running, e.g. for what it started)."""
@@ -118,35 +146,30 @@ class HubUser:
         created = self.api("POST", prefix, json={"name": kernel})
         created.raise_for_status()
         kernel_id = created.json()["id"]
-        url = f"{self.base.replace('http', 'ws', 1)}{prefix}/{kernel_id}/channels"
-        ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
+        ws = self._channels(kernel_id, timeout)
         try:
-            msg_id = uuid.uuid4().hex
-            ws.send(json.dumps({
-                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
-                           "session": uuid.uuid4().hex, "version": "5.3"},
-                "parent_header": {}, "metadata": {}, "channel": "shell",
-                "content": {"code": code, "silent": False, "store_history": False},
-            }))
-            output = []
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                message = json.loads(ws.recv())
-                if message.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = message["msg_type"]
-                if kind == "stream":
-                    output.append(message["content"]["text"])
-                elif kind == "error":
-                    raise AssertionError("kernel error: " + "\n".join(message["content"]["traceback"]))
-                elif kind == "status" and message["content"]["execution_state"] == "idle":
-                    return "".join(output)
-            raise AssertionError("kernel did not finish in time")
+            return self._execute(ws, code, timeout)
         finally:
             ws.close()
             if not keep:
                 self.api("DELETE", f"{prefix}/{kernel_id}")
 
+    def run_notebook(self, path: str, timeout: float = 600) -> list[str]:
+        """Open a notebook of my server as JupyterLab does (a session: its kernel starts in the
+        notebook's folder) and run its code cells in order; the stdout of each."""
+        notebook = self.api("GET", f"/user/{self.name}/api/contents/{path}")
+        notebook.raise_for_status()
+        session = self.api("POST", f"/user/{self.name}/api/sessions",
+                           json={"path": path, "type": "notebook", "name": path.rsplit("/", 1)[-1],
+                                 "kernel": {"name": notebook.json()["content"]["metadata"]["kernelspec"]["name"]}})
+        session.raise_for_status()
+        ws = self._channels(session.json()["kernel"]["id"], timeout)
+        try:
+            return [self._execute(ws, "".join(cell["source"]), timeout)
+                    for cell in notebook.json()["content"]["cells"] if cell["cell_type"] == "code"]
+        finally:
+            ws.close()
+            self.api("DELETE", f"/user/{self.name}/api/sessions/{session.json()['id']}")
 
 def squeue_jobs() -> dict[int, dict]:
     """What Slurm itself says, independent of the portal's own parser."""

@@ -1,7 +1,9 @@
 // dsportal's JupyterLab extension, written as a plain module-federation container (no build step):
 // JupyterLab loads this file, calls init(shareScope), then get("./extension") for the plugin.
 // - "Open TensorBoard" in the file browser's context menu, for a folder or the current folder;
-// - "Multi-node jobs" and "TensorBoard (this folder)" in the launcher and the command palette.
+// - "Multi-node jobs" and "TensorBoard (this folder)" in the launcher and the command palette;
+// - opening a file under templates/ opens the user's own copy instead (made on first open, never
+//   overwritten), with a note when the template changed since, and an offer of a fresh copy.
 var _JUPYTERLAB;
 (function () {
   "use strict";
@@ -53,6 +55,73 @@ var _JUPYTERLAB;
     var browser = fileBrowser(app);
     return browser && browser.model ? browser.model.path : "";
   }
+  function xsrf() {
+    var match = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+    return match ? decodeURIComponent(match[1]) : "";
+  }
+  function api(method, path, body) {
+    return fetch(baseUrl() + path, {
+      method: method, credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-XSRFToken": xsrf() },
+      body: body ? JSON.stringify(body) : undefined
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (data) {
+        if (!response.ok) throw new Error(data.message || response.statusText);
+        return data;
+      });
+    });
+  }
+  function notify(app, message, type, actions) {
+    return app.commands.execute("apputils:notify", {
+      message: message, type: type || "info", options: { autoClose: actions ? false : 8000, actions: actions || [] }
+    }).catch(function () { console.info("dsportal:", message); });
+  }
+  function openTemplateCopy(app, template, fresh, widget) {
+    return api("POST", "dsportal/api/templates/open", { path: template, fresh: !!fresh }).then(function (answer) {
+      if (answer.own_template) {
+        notify(app, "You own " + template + ": what you save here is what every user sees.", "warning");
+        return answer;
+      }
+      return app.commands.execute("docmanager:open", { path: answer.path }).then(function () {
+        if (widget) widget.close();
+        var message = answer.created
+          ? "This is your own copy, " + answer.path + ": edit and run it freely. The template stays as it is."
+          : "Opened your copy " + answer.path + " (made earlier, kept as you left it).";
+        if (answer.template_updated) {
+          notify(app, message + " The template has changed since you copied it.", "info", [{
+            label: "Open a fresh copy", commandId: "dsportal:fresh-template-copy", args: { path: template }
+          }]);
+        } else {
+          notify(app, message, "info");
+        }
+        return answer;
+      });
+    }).catch(function (error) {
+      notify(app, "Could not make your copy of " + template + ": " + error.message, "error");
+    });
+  }
+  function watchTemplates(app) {
+    var seen = typeof WeakSet === "function" ? new WeakSet() : null;
+    return api("GET", "dsportal/api/templates").then(function (info) {
+      var prefix = info.folder + "/";
+      window.dsportalLab.templatesFolder = info.folder;
+      function check() {
+        var widgets = app.shell.widgets("main");
+        var next = widgets.next();
+        while (!next.done) {
+          var widget = next.value;
+          next = widgets.next();
+          var path = widget && widget.context && widget.context.path;
+          if (!path || path.indexOf(prefix) !== 0 || (seen && seen.has(widget)) || path === prefix + "README.md") continue;
+          if (seen) seen.add(widget);
+          openTemplateCopy(app, path, false, widget);
+        }
+      }
+      app.shell.layoutModified.connect(check);
+      app.shell.currentChanged.connect(check);
+      check();
+    }).catch(function () { /* a session without templates */ });
+  }
   function openTensorBoard(folder) {
     window.open(baseUrl() + "dsportal/tensorboard-open?logdir=" + encodeURIComponent(folder || "."), "_blank");
   }
@@ -80,6 +149,11 @@ var _JUPYTERLAB;
           caption: "Launch, follow and cancel multi-node (Horovod/MPI) jobs",
           execute: function () { window.open(baseUrl() + "dsportal/jobs", "_blank"); }
         });
+        app.commands.addCommand("dsportal:fresh-template-copy", {
+          label: "Open a fresh copy",
+          caption: "Copy the template's current version beside your earlier copy",
+          execute: function (args) { return openTemplateCopy(app, args.path, true, null); }
+        });
         app.contextMenu.addItem({ command: "dsportal:open-tensorboard", selector: '.jp-DirListing-item[data-isdir="true"]', rank: 3 });
         app.contextMenu.addItem({ command: "dsportal:open-tensorboard-here", selector: ".jp-DirListing-content", rank: 100 });
         if (launcher) {
@@ -92,6 +166,7 @@ var _JUPYTERLAB;
           });
         }
         window.dsportalLab = { loaded: true };
+        app.restored.then(function () { return watchTemplates(app); });
       }
     };
   }

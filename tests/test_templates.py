@@ -1,0 +1,227 @@
+"""Issue 6: instructor template notebooks in every session.
+
+Real parts: the sources are the installed repo notebooks and carol's course folder (owned by
+her Unix account); sessions are real Slurm jobs whose Jupyter server publishes ~/templates;
+notebooks run through the session's own kernels; carol edits her template from her own session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import CONFIG, DSPORTAL, REPO, login
+
+SHIPPED = ["digits-keras.ipynb", "digits-pytorch.ipynb", "getting-started.ipynb", "multinode-horovod.ipynb",
+           "tensorboard-logging.ipynb"]
+COURSE = Path(yaml.safe_load(CONFIG.read_text())["templates"]["sources"][1]["path"])
+WELCOME = "templates/intro-dl/week1-welcome.ipynb"
+
+
+def home(user: str) -> Path:
+    return Path(pwd.getpwnam(user).pw_dir)
+
+
+def forget_templates(user: str) -> None:
+    """As if the user never had a session with templates: no folder, no copies, no ledger."""
+    view = home(user) / "templates"
+    if view.is_dir() and not view.is_symlink():
+        os.chmod(view, 0o755)
+        shutil.rmtree(view)
+    shutil.rmtree(home(user) / "notebooks", ignore_errors=True)
+    (home(user) / ".dsportal" / "template-copies.json").unlink(missing_ok=True)
+
+
+def contents(user, path: str, **params):
+    return user.api("GET", f"/user/{user.name}/api/contents/{path}", params=params)
+
+
+def save(user, path: str, notebook: dict):
+    return user.api("PUT", f"/user/{user.name}/api/contents/{path}",
+                    json={"type": "notebook", "format": "json", "content": notebook})
+
+
+def open_template(user, path: str, fresh: bool = False):
+    return user.api("POST", f"/user/{user.name}/dsportal/api/templates/open", json={"path": path, "fresh": fresh})
+
+
+def text_of(notebook: dict) -> str:
+    return "\n".join("".join(cell["source"]) for cell in notebook["cells"])
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def carol(portal, admin):
+    user = login(portal, "carol")
+    yield user
+    admin.stop_server("carol")
+
+
+@pytest.fixture
+def course_v1(portal):
+    """carol's course folder holds the seed version of her template, owned by her."""
+    seed = REPO / "config/demo/courses/intro-dl/week1-welcome.ipynb"
+    target = COURSE / seed.name
+    shutil.copyfile(seed, target)
+    entry = pwd.getpwnam("carol")
+    os.chown(target, entry.pw_uid, entry.pw_gid)
+    os.chmod(target, 0o644)
+    return target
+
+
+def test_fresh_session_shows_every_template_source_read_only(alice):
+    forget_templates("alice")
+    alice.spawn({"profile": "cpu"})
+
+    listing = contents(alice, "templates")
+    assert listing.status_code == 200, listing.text
+    names = sorted(item["name"] for item in listing.json()["content"])
+    assert names == ["README.md", "dsportal", "intro-dl"], names
+    assert listing.json()["writable"] is False
+    shipped = sorted(i["name"] for i in contents(alice, "templates/dsportal").json()["content"])
+    assert [n for n in shipped if n.endswith(".ipynb")] == SHIPPED, shipped
+    course = [i["name"] for i in contents(alice, "templates/intro-dl").json()["content"]]
+    assert course == ["week1-welcome.ipynb"], course
+
+    template = contents(alice, "templates/dsportal/digits-pytorch.ipynb")
+    assert template.status_code == 200 and template.json()["writable"] is False
+    installed = Path("/opt/dsportal/env/share/dsportal/notebooks/digits-pytorch.ipynb")
+    before = digest(installed)
+    tampered = template.json()["content"]
+    tampered["cells"].insert(0, {"cell_type": "markdown", "metadata": {}, "source": "alice was here"})
+    assert save(alice, "templates/dsportal/digits-pytorch.ipynb", tampered).status_code >= 400
+    assert save(alice, "templates/mine.ipynb", tampered).status_code >= 400
+    assert digest(installed) == before
+    assert not (home("alice") / "templates" / "mine.ipynb").exists()
+
+    api = alice.api("GET", "/user/alice/dsportal/api/templates").json()
+    assert [s["name"] for s in api["sources"]] == ["dsportal", "intro-dl"]
+    assert all(s["available"] for s in api["sources"])
+    # What a path outside the templates gets: a clear refusal, no copy.
+    for bad, status in (("templates/dsportal/../../.bashrc", 400), ("notebooks/x.ipynb", 400),
+                        ("templates/nosuch/x.ipynb", 400), ("templates/dsportal/missing.ipynb", 404)):
+        response = open_template(alice, bad)
+        assert response.status_code == status and response.json()["message"], (bad, response.text)
+
+
+def test_digits_notebook_reaches_095_in_the_session_kernel(alice):
+    forget_templates("alice")
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    opened = open_template(alice, "templates/dsportal/digits-pytorch.ipynb")
+    assert opened.status_code == 201, opened.text
+    copy = opened.json()["path"]
+    assert copy == "notebooks/dsportal/digits-pytorch.ipynb" and opened.json()["created"] is True
+    assert contents(alice, copy).json()["writable"] is True
+
+    outputs = alice.run_notebook(copy, timeout=600)
+    print("".join(outputs))
+    found = re.search(r"test accuracy: ([0-9.]+)", "".join(outputs))
+    assert found, outputs
+    assert float(found.group(1)) >= 0.95
+    assert "training on" in outputs[0]
+    # The kernel ran in the copy's folder, inside alice's Slurm job.
+    assert (home("alice") / "notebooks/dsportal/digits-cnn.pt").stat().st_uid == pwd.getpwnam("alice").pw_uid
+
+
+def test_instructor_update_reaches_bob_and_leaves_his_copy_alone(bob, carol, admin, course_v1):
+    forget_templates("bob")
+    # bob's first session: opening the template gives him his copy, which he edits.
+    bob.spawn({"profile": "cpu"})
+    opened = open_template(bob, WELCOME)
+    assert opened.status_code == 201, opened.text
+    copy = opened.json()["path"]
+    assert copy == "notebooks/intro-dl/week1-welcome.ipynb"
+    mine = contents(bob, copy).json()["content"]
+    mine["cells"].append({"cell_type": "markdown", "metadata": {}, "source": "bob's notes: gradient is 3x^2"})
+    assert save(bob, copy, mine).status_code == 200
+    bobs_copy = home("bob") / copy
+    edited = digest(bobs_copy)
+    # bob may not change the template itself.
+    template = contents(bob, WELCOME).json()
+    assert template["writable"] is False
+    assert save(bob, WELCOME, mine).status_code >= 400
+    admin.stop_server("bob")
+
+    # carol, the course's owner, edits the template in place from her session.
+    carol.spawn({"profile": "cpu"})
+    own = open_template(carol, WELCOME)
+    assert own.status_code == 200 and own.json()["own_template"] is True and own.json()["path"] == WELCOME
+    v1 = contents(carol, WELCOME).json()
+    assert v1["writable"] is True
+    v2 = v1["content"]
+    v2["cells"][0]["source"] = "".join(v2["cells"][0]["source"]).replace("Version 1.", "Version 2.")
+    v2["cells"].append({"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                        "source": "print('new in version 2')"})
+    assert save(carol, WELCOME, v2).status_code == 200
+    assert "Version 2." in course_v1.read_text()
+    assert course_v1.stat().st_uid == pwd.getpwnam("carol").pw_uid
+    admin.stop_server("carol")
+
+    # bob's next session shows the new version; his copy is as he left it.
+    bob.spawn({"profile": "cpu"})
+    assert "Version 2." in text_of(contents(bob, WELCOME).json()["content"])
+    kept = text_of(contents(bob, copy).json()["content"])
+    assert "bob's notes" in kept and "Version 1." in kept and "Version 2." not in kept
+    assert digest(bobs_copy) == edited
+    again = open_template(bob, WELCOME)
+    assert again.status_code == 200, again.text
+    assert again.json() | {} == {"path": copy, "template": WELCOME, "created": False, "own_template": False,
+                                 "template_updated": True}
+    assert digest(bobs_copy) == edited
+    fresh = open_template(bob, WELCOME, fresh=True)
+    assert fresh.status_code == 201 and fresh.json()["path"] == "notebooks/intro-dl/week1-welcome-2.ipynb"
+    assert "Version 2." in text_of(contents(bob, fresh.json()["path"]).json()["content"])
+    listed = bob.api("GET", "/user/bob/dsportal/api/templates").json()
+    entry = next(f for s in listed["sources"] for f in s["files"] if f["path"] == WELCOME)
+    assert entry == {"path": WELCOME, "copy": copy, "template_updated": True}
+
+
+def test_templates_check_runs_every_template_as_a_user(portal):
+    result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "templates", "check", "--user", "alice"],
+                            capture_output=True, text=True, timeout=1200)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    for name in [f"dsportal/{n}" for n in SHIPPED] + ["intro-dl/week1-welcome.ipynb"]:
+        assert any(line.split()[:2] == ["PASS", name] for line in lines), name
+    assert lines[-1].startswith("templates check: 6/6 passed in ")
+
+
+def test_templates_check_reports_a_failing_notebook(portal, tmp_path):
+    folder = tmp_path / "broken-course"
+    folder.mkdir()
+    good = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                       "source": "print('fine')"}],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+    bad = json.loads(json.dumps(good))
+    bad["cells"][0]["source"] = "1 / 0"
+    (folder / "ok.ipynb").write_text(json.dumps(good))
+    (folder / "broken.ipynb").write_text(json.dumps(bad))
+    config = yaml.safe_load(CONFIG.read_text())
+    config["templates"]["sources"] = [{"name": "broken-course", "path": str(folder)},
+                                      {"name": "gone", "path": str(tmp_path / "gone")}]
+    path = tmp_path / "portal.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([DSPORTAL, "--config", str(path), "templates", "check"],
+                            capture_output=True, text=True, timeout=300)
+    print(result.stdout)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:2] == ["PASS", "broken-course/ok.ipynb"] for line in lines)
+    failed = next(line for line in lines if line.split()[:2] == ["FAIL", "broken-course/broken.ipynb"])
+    assert "ZeroDivisionError" in failed
+    assert any("FAIL  gone:" in line and "is not a folder" in line for line in lines)
+    assert lines[-1].startswith("templates check: 1/2 passed in ")
