@@ -1,5 +1,6 @@
 """In a real browser (Debian chromium driven by Playwright): JupyterLab loads dsportal's extension,
-a right-click on a folder offers "Open TensorBoard", and TensorBoard opens in a new tab."""
+a right-click on a folder offers "Open TensorBoard", and TensorBoard opens in a new tab; opening a
+template opens the user's own copy."""
 
 from __future__ import annotations
 
@@ -59,3 +60,37 @@ def test_open_tensorboard_from_the_file_browser(alice):
         assert page.locator("#profile option").all_inner_texts() == ["GPU partition", "CPU partition"]
         page.screenshot(path=str(SHOTS / "jobs-panel.png"))
         browser.close()
+
+
+def test_opening_a_template_opens_my_own_copy(alice):
+    """Double-clicking a notebook in templates/ opens the user's copy, made on the spot."""
+    from test_templates import forget_templates, home
+
+    forget_templates("alice")
+    alice.spawn({"profile": "cpu"})
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        page.goto(f"{HUB}/hub/login")
+        page.fill("#username_input", "alice")
+        page.fill("#password_input", "alice-demo")
+        page.click("#login_submit")
+        page.wait_for_url("**/user/alice/**", timeout=60_000)
+        page.goto(f"{HUB}/user/alice/lab/tree/templates?reset")  # ?reset: no tabs restored from earlier runs
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.templatesFolder === 'templates'",
+                               timeout=90_000)
+        listing = page.locator(".jp-DirListing-content")
+        listing.get_by_text("dsportal", exact=True).dblclick()
+        listing.get_by_text("getting-started.ipynb", exact=True).wait_for(timeout=30_000)
+        page.screenshot(path=str(SHOTS / "templates-folder.png"))
+        listing.get_by_text("getting-started.ipynb", exact=True).dblclick()
+        copy_tab = page.locator('.lm-DockPanel-tabBar .lm-TabBar-tab[title*="Path: notebooks/dsportal/getting-started.ipynb"]')
+        copy_tab.wait_for(timeout=60_000)
+        page.get_by_text("This is your own copy, notebooks/dsportal/getting-started.ipynb").wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(SHOTS / "template-copy.png"))
+        assert page.locator('.lm-DockPanel-tabBar .lm-TabBar-tab[title*="Path: templates/"]').count() == 0
+        browser.close()
+    copy = home("alice") / "notebooks/dsportal/getting-started.ipynb"
+    assert copy.read_bytes() == Path("/opt/dsportal/env/share/dsportal/notebooks/getting-started.ipynb").read_bytes()

@@ -225,3 +225,29 @@ def test_templates_check_reports_a_failing_notebook(portal, tmp_path):
     assert "ZeroDivisionError" in failed
     assert any("FAIL  gone:" in line and "is not a folder" in line for line in lines)
     assert lines[-1].startswith("templates check: 1/2 passed in ")
+
+
+def test_publishing_never_deletes_what_the_user_had(tmp_path):
+    """The templates folder is (re)made at every session start: a file of the user's in the way
+    is renamed, the user's own entries stay, links of sources no longer offered go."""
+    from portal.nbtemplates import Source, Spec, publish
+
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "a.ipynb").write_text("{}")
+    root = tmp_path / "home"
+    root.mkdir()
+    (root / "templates").write_text("my own file called templates")
+    spec = Spec(sources=[Source("course", str(course)), Source("elsewhere", str(tmp_path / "not-mounted"))])
+    view = publish(root, spec)
+    moved = [p for p in root.iterdir() if p.name.startswith("templates.moved-")]
+    assert len(moved) == 1 and moved[0].read_text() == "my own file called templates"
+    assert sorted(p.name for p in view.iterdir()) == ["README.md", "course"]  # the unmounted one is left out
+    assert (view / "course" / "a.ipynb").exists() and view.stat().st_mode & 0o777 == 0o555
+
+    os.chmod(view, 0o755)
+    (view / "notes.txt").write_text("mine")
+    os.chmod(view, 0o555)
+    publish(root, Spec(sources=[]))
+    assert sorted(p.name for p in view.iterdir()) == ["README.md", "notes.txt"]
+    assert (view / "notes.txt").read_text() == "mine" and course.joinpath("a.ipynb").exists()
