@@ -37,7 +37,8 @@ def portal():
 
 
 def cancel_jobs_of(users) -> None:
-    subprocess.run(["scancel", "-u", ",".join(users)], capture_output=True)
+    for user in users:  # scancel -u takes one user name, not a list
+        subprocess.run(["scancel", "-u", user], capture_output=True)
     deadline = time.monotonic() + 30
     while any(active_jobs(u) for u in users) and time.monotonic() < deadline:
         time.sleep(0.5)

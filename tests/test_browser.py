@@ -36,7 +36,7 @@ def test_open_tensorboard_from_the_file_browser(alice):
         page.fill("#password_input", "alice-demo")
         page.click("#login_submit")
         page.wait_for_url("**/user/alice/**", timeout=60_000)
-        page.goto(f"{HUB}/user/alice/lab")
+        page.goto(f"{HUB}/user/alice/lab?reset")  # ?reset: the layout of earlier runs is not restored
         page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
         folder = page.locator('.jp-DirListing-item[data-isdir="true"]', has_text="tb-browser")
         folder.wait_for(timeout=30_000)
