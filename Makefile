@@ -24,3 +24,8 @@ clean: stop
 
 test: deps
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# Spawn latency, stop, concurrent spawns and dead-job detection: dsportal against stock
+# batchspawner on the demo cluster, in the same run (bench/spawn_bench.py); the last line sums up.
+bench: demo
+	$(PY) bench/spawn_bench.py $(BENCH_ARGS)

@@ -1,0 +1,247 @@
+"""Spawning on the real local cluster: dsportal's hub against stock batchspawner, in the same run.
+
+Both hubs run here, one after the other, on the demo cluster (slurmctld, two slurmd, slapd),
+with the same LDAP login, the same user environment and the same slice (partition gpu, 1 GPU,
+8 CPUs, 48 GB). Stock is batchspawner 1.3's SlurmSpawner as its README configures it
+(``import batchspawner`` in the hub config, ``sudo -E -u {username}`` for sbatch/squeue).
+
+Measured, per hub:
+  spawn       POST /users/<u>/server -> the server is ready (median of --rounds, alice alone)
+  stop        DELETE -> the hub has no server and Slurm no job (median)
+  concurrent  --users start at once: time until the last is ready, and the slurmctld job
+              queries (REQUEST_JOB_INFO*, from sdiag) made meanwhile
+  dead job    the session job dies before its server answers (a user environment that does
+              not exist): time until the hub reports the failure (capped by --start-timeout)
+
+Usage (as root, with `make demo` up; `make bench` does both):
+  python bench/spawn_bench.py [--rounds 3] [--users alice,bob,carol,dave] [--start-timeout 90]
+
+The last line is the one-line summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
+
+CONFIG = REPO / "config" / "portal.yaml"
+PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/demo/users.yaml").read_text())["users"]}
+ENV = Path(sys.executable).parent
+SLICE = {"profile": "gpu", "gpus": 1}
+
+STOCK_CONFIG = """
+import batchspawner  # noqa: F401  (registers the port API: without it no session ever reports)
+from portal import settings
+from portal.auth import configure_ldap
+
+s = settings.load({config!r})
+configure_ldap(c, s)
+c.JupyterHub.bind_url = {bind!r}
+c.JupyterHub.hub_bind_url = {hub!r}
+c.ConfigurableHTTPProxy.api_url = {proxy!r}
+c.ConfigurableHTTPProxy.command = {chp!r}
+c.JupyterHub.db_url = "sqlite:///{data}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{data}/cookie_secret"
+c.JupyterHub.pid_file = "{data}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
+c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
+c.Spawner.start_timeout = {start_timeout}
+c.Spawner.http_timeout = 60
+c.SlurmSpawner.req_partition = "gpu"
+c.SlurmSpawner.req_gres = "gpu:1"
+c.SlurmSpawner.req_nprocs = "8"
+c.SlurmSpawner.req_memory = "48G"
+c.SlurmSpawner.req_runtime = "08:00:00"
+c.SlurmSpawner.req_prologue = "export PATH={env}/bin:$PATH"
+c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
+"""
+
+
+def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout: int, broken: bool) -> list[str]:
+    """The command that runs one hub: dsportal from an edited portal.yaml, or stock batchspawner."""
+    bind, hub, proxy = (f"http://127.0.0.1:{p}" for p in ports)
+    config = yaml.safe_load(CONFIG.read_text())
+    config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
+                         start_timeout=start_timeout)
+    environment = "/nonexistent/dsportal-env" if broken else config["session"]["environment"]
+    config["session"]["environment"] = environment
+    path = data / "portal.yaml"
+    data.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    if kind == "dsportal":
+        return [str(ENV / "dsportal"), "--config", str(path), "hub"]
+    chp = config["hub"]["proxy_command"]
+    (data / "stock_config.py").write_text(textwrap.dedent(STOCK_CONFIG.format(
+        config=str(path), bind=bind, hub=hub, proxy=proxy, chp=chp, data=data, start_timeout=start_timeout,
+        env=environment)))
+    return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
+
+
+class Hub:
+    def __init__(self, kind: str, index: int, workdir: Path, start_timeout: int, broken: bool = False):
+        self.kind, self.base = kind, f"http://127.0.0.1:{8100 + 10 * index}"
+        ports = (8100 + 10 * index, 8101 + 10 * index, 8102 + 10 * index)
+        self.data = workdir / f"{kind}{'-broken' if broken else ''}"
+        command = hub_config(kind, ports, self.data, start_timeout, broken)
+        self.log = open(self.data / "hub.log", "wb")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.data)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"{kind} hub did not start:\n{(self.data / 'hub.log').read_text()[-3000:]}")
+            try:
+                if requests.get(f"{self.base}/hub/api", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise SystemExit(f"{kind} hub did not answer in 60 s")
+
+    def user(self, name: str) -> HubUser:
+        return HubUser(self.base, name).must_login(PASSWORDS[name])
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def job_queries() -> int:
+    """slurmctld's count of job-information RPCs so far (squeue, scontrol show job, ...)."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    return sum(int(n) for n in re.findall(r"REQUEST_JOB_(?:INFO|INFO_SINGLE|USER_INFO)\s+\(\s*\d+\)\s+count:(\d+)", out))
+
+
+def wait_gone(user: HubUser, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        model = user.model()
+        if not model.get("servers") and model.get("pending") is None and not active_jobs(user.name):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{user.name}'s session did not go away in {timeout} s")
+
+
+def spawn_seconds(user: HubUser, options: dict, timeout: float) -> float:
+    started = time.monotonic()
+    response = user.start_server(options)
+    if response.status_code not in (201, 202):
+        raise SystemExit(f"{user.name}: spawn refused: {response.status_code} {response.text[:300]}")
+    user.wait_ready(timeout)
+    return time.monotonic() - started
+
+
+def stop_seconds(user: HubUser) -> float:
+    started = time.monotonic()
+    response = user.api("DELETE", f"/hub/api/users/{user.name}/server")
+    assert response.status_code in (202, 204), response.text
+    wait_gone(user)
+    return time.monotonic() - started
+
+
+def measure(kind: str, index: int, workdir: Path, args) -> dict:
+    options = SLICE if kind == "dsportal" else {}
+    result = {"kind": kind}
+    hub = Hub(kind, index, workdir, args.start_timeout)
+    try:
+        alice = hub.user("alice")
+        spawns, stops = [], []
+        for _ in range(args.rounds):
+            spawns.append(spawn_seconds(alice, options, args.start_timeout))
+            stops.append(stop_seconds(alice))
+        result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops)
+
+        users = [hub.user(name) for name in args.users]
+        before = job_queries()
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(users)) as pool:
+            each = list(pool.map(lambda u: spawn_seconds(u, options, args.start_timeout), users))
+        result.update(concurrent_all=time.monotonic() - started, concurrent_each=each,
+                      concurrent_queries=job_queries() - before)
+        for user in users:
+            stop_seconds(user)
+    finally:
+        hub.close()
+
+    hub = Hub(kind, index + 1, workdir, args.start_timeout, broken=True)
+    try:
+        alice = hub.user("alice")
+        started = time.monotonic()
+        response = alice.start_server(options)
+        if response.status_code in (201, 202):
+            events = alice.progress_events(timeout=args.start_timeout + 30)
+            failed = next((e for e in events if e.get("failed")), None)
+            message = (failed or {}).get("message", "no failure reported")
+        else:
+            message = response.json().get("message", response.text)
+        result.update(dead_job=time.monotonic() - started, dead_job_message=message[:200])
+        wait_gone(alice, timeout=args.start_timeout + 30)
+    finally:
+        hub.close()
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
+    parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("run as root, with the demo cluster up (make bench)")
+    os.environ.setdefault("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")
+    busy = [u for u in args.users if active_jobs(u)]
+    if busy:
+        raise SystemExit(f"these users have jobs on the cluster, stop them first: {', '.join(busy)}")
+    workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-"))
+    results = {}
+    try:
+        for index, kind in enumerate(("dsportal", "batchspawner")):
+            print(f"== {kind}", flush=True)
+            results[kind] = measure(kind, 2 * index, workdir, args)
+            r = results[kind]
+            print(f"  spawn to ready   {r['spawn']:6.2f} s median of {args.rounds} "
+                  f"({', '.join(f'{s:.2f}' for s in r['spawns'])})")
+            print(f"  stop             {r['stop']:6.2f} s median ({', '.join(f'{s:.2f}' for s in r['stops'])})")
+            print(f"  {len(args.users)} at once       {r['concurrent_all']:6.2f} s until all ready "
+                  f"(each {', '.join(f'{s:.1f}' for s in r['concurrent_each'])}); "
+                  f"{r['concurrent_queries']} slurmctld job queries")
+            print(f"  dead job         {r['dead_job']:6.2f} s until the user is told: {r['dead_job_message']!r}",
+                  flush=True)
+    finally:
+        for user in args.users:  # nothing of the benchmark stays on the cluster
+            subprocess.run(["scancel", "-u", user], capture_output=True)
+    (workdir / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"(hub logs and results.json in {workdir})")
+    ours, stock = results["dsportal"], results["batchspawner"]
+    print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s | "
+          f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | {len(args.users)} at once "
+          f"{ours['concurrent_all']:.2f} vs {stock['concurrent_all']:.2f} s with "
+          f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | "
+          f"dead job reported in {ours['dead_job']:.1f} vs {stock['dead_job']:.1f} s "
+          f"(start_timeout {args.start_timeout} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Fills .devcarry/ (ignored by git) with what validate.sh needs on the GPU machine, which has no
+# network: Debian bookworm's Slurm 22.05 + munge debs and the libraries they use, the Jupyter
+# kernel stack as cp312 wheels, and the #SBATCH lines the portal renders for 1- and 2-GPU sessions.
+set -eu
+cd "$(dirname "$0")/../.."
+grep -qx "/.devcarry/" .git/info/exclude 2>/dev/null || echo "/.devcarry/" >> .git/info/exclude
+rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
+(cd .devcarry/debs && apt-get download libmunge2 munge libslurm38 slurm-client slurm-wlm-basic-plugins slurmctld slurmd \
+   libhwloc15 libnuma1 libjson-c5 liblua5.1-0 libyaml-0-2 liblz4-1 libreadline8 libdbus-1-3 libsystemd0 libudev1 \
+   libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6)
+PY=/opt/dsportal/env/bin/python
+$PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform any \
+   -d .devcarry/whl nbclient ipykernel nbformat
+# already in the GPU machine's Python
+(cd .devcarry/whl && rm -f attrs-* packaging-* psutil-* pygments-* python_dateutil-* typing_extensions-* tzdata-*)
+$PY - <<'PYEOF'
+from portal import settings
+from portal.templating import render
+from spawner.form import session_slice
+s = settings.load("config/portal.yaml")
+for gpus in (1, 2):
+    chosen = session_slice(s.profile("gpu"), gpus, None)
+    script = render("session.sbatch.j2", job_name="dsportal-alice", partition=chosen.profile.partition,
+                    gpus=chosen.gpus, cpus=chosen.cpus, mem_mb=chosen.mem_mb, walltime=chosen.walltime,
+                    log_path="/home/alice/.dsportal/logs/session-%j.log", workdir="/home/alice",
+                    profile=chosen.profile.model_dump(), environment="/opt/dsportal/env", command=["true"], catalog="")
+    open(f".devcarry/header-{gpus}gpu.txt", "w").write(
+        "\n".join(l for l in script.splitlines() if l.startswith("#SBATCH")) + "\n")
+PYEOF
+du -sh .devcarry
