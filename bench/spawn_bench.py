@@ -10,8 +10,11 @@ Measured, per hub:
   stop        DELETE -> the hub has no server and Slurm no job (median)
   concurrent  --users start at once: time until the last is ready, and the slurmctld job
               queries (REQUEST_JOB_INFO*, from sdiag) made meanwhile
-  dead job    the session job dies before its server answers (a user environment that does
-              not exist): time until the hub reports the failure (capped by --start-timeout)
+  queued      the same while a job holds every GPU for --hold s: the job queries made while
+              the sessions wait (each stock spawner polls squeue every 0.5 s; dsportal's hub
+              shares one squeue per poll_interval among all sessions)
+  dead job    the session job runs, then its server crashes before answering (a broken user
+              environment): time until the hub reports the failure (capped by --start-timeout)
 
 Usage (as root, with `make demo` up; `make bench` does both):
   python bench/spawn_bench.py [--rounds 3] [--users alice,bob,carol,dave] [--start-timeout 90]
@@ -70,6 +73,7 @@ c.SlurmSpawner.req_nprocs = "8"
 c.SlurmSpawner.req_memory = "48G"
 c.SlurmSpawner.req_runtime = "08:00:00"
 c.SlurmSpawner.req_prologue = "export PATH={env}/bin:$PATH"
+c.SlurmSpawner.req_keepvars_extra = "PATH"  # else srun runs the server without that PATH
 c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
 """
 
@@ -80,7 +84,7 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     config = yaml.safe_load(CONFIG.read_text())
     config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
                          start_timeout=start_timeout)
-    environment = "/nonexistent/dsportal-env" if broken else config["session"]["environment"]
+    environment = str(broken_environment(data.parent)) if broken else config["session"]["environment"]
     config["session"]["environment"] = environment
     path = data / "portal.yaml"
     data.mkdir(parents=True, exist_ok=True)
@@ -92,6 +96,27 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
         config=str(path), bind=bind, hub=hub, proxy=proxy, chp=chp, data=data, start_timeout=start_timeout,
         env=environment)))
     return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
+
+
+CRASH = """#!/bin/sh
+# the session server of a broken environment: starts, runs a little, dies before answering
+sleep 5
+echo "ImportError: simulated crash of the session server" >&2
+exit 1
+"""
+
+
+def broken_environment(workdir: Path) -> Path:
+    """A user environment whose Jupyter server crashes 5 s after the job started (its Python works)."""
+    prefix = workdir / "broken-env"
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    real = Path(yaml.safe_load(CONFIG.read_text())["session"]["environment"])
+    (prefix / "bin" / "python").write_text(f'#!/bin/sh\nexec {real}/bin/python "$@"\n')
+    for name in ("batchspawner-singleuser", "jupyterhub-singleuser"):
+        (prefix / "bin" / name).write_text(CRASH)
+    for path in (workdir, prefix, prefix / "bin", *(prefix / "bin").iterdir()):
+        path.chmod(0o755)
+    return prefix
 
 
 class Hub:
@@ -130,6 +155,16 @@ def job_queries() -> int:
     """slurmctld's count of job-information RPCs so far (squeue, scontrol show job, ...)."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
     return sum(int(n) for n in re.findall(r"REQUEST_JOB_(?:INFO|INFO_SINGLE|USER_INFO)\s+\(\s*\d+\)\s+count:(\d+)", out))
+
+
+def wait_running(job_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
+        if state.strip() == "RUNNING":
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"job {job_id} did not start")
 
 
 def wait_gone(user: HubUser, timeout: float = 60) -> None:
@@ -180,6 +215,19 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
                       concurrent_queries=job_queries() - before)
         for user in users:
             stop_seconds(user)
+
+        # The same, while the GPUs are taken: every session waits in the queue for --hold s.
+        holder = subprocess.run(["sbatch", "--parsable", "--partition=gpu", "--nodes=2", "--gres=gpu:4",
+                                 "--job-name=bench-hold", "--output=/dev/null", f"--wrap=sleep {args.hold}"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        wait_running(holder)
+        before = job_queries()
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(users)) as pool:
+            pool.map(lambda u: spawn_seconds(u, options, args.start_timeout), users)
+        result.update(queued_all=time.monotonic() - started, queued_queries=job_queries() - before)
+        for user in users:
+            stop_seconds(user)
     finally:
         hub.close()
 
@@ -206,6 +254,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
     parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
+    parser.add_argument("--hold", type=int, default=20, help="seconds the GPUs are taken in the queued round")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
@@ -226,18 +275,22 @@ def main(argv=None) -> int:
             print(f"  {len(args.users)} at once       {r['concurrent_all']:6.2f} s until all ready "
                   f"(each {', '.join(f'{s:.1f}' for s in r['concurrent_each'])}); "
                   f"{r['concurrent_queries']} slurmctld job queries")
+            print(f"  {len(args.users)} queued       {r['queued_all']:6.2f} s until all ready behind a {args.hold} s job "
+                  f"holding every GPU; {r['queued_queries']} slurmctld job queries")
             print(f"  dead job         {r['dead_job']:6.2f} s until the user is told: {r['dead_job_message']!r}",
                   flush=True)
     finally:
         for user in args.users:  # nothing of the benchmark stays on the cluster
             subprocess.run(["scancel", "-u", user], capture_output=True)
+        subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(hub logs and results.json in {workdir})")
     ours, stock = results["dsportal"], results["batchspawner"]
     print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s | "
           f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | {len(args.users)} at once "
           f"{ours['concurrent_all']:.2f} vs {stock['concurrent_all']:.2f} s with "
-          f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | "
+          f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | queued "
+          f"{ours['queued_queries']} vs {stock['queued_queries']} job queries | "
           f"dead job reported in {ours['dead_job']:.1f} vs {stock['dead_job']:.1f} s "
           f"(start_timeout {args.start_timeout} s)")
     return 0
