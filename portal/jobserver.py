@@ -39,12 +39,17 @@ def _policy() -> jobs.LaunchPolicy:
     return jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
 
 
-class _JobsAPI(APIHandler):
+class MessageAPIHandler(APIHandler):
+    """An API whose errors are ``{"message": <the reason, for a person>}``."""
+
     def write_error(self, status_code, **kwargs):
         self.set_header("Content-Type", "application/json")
         reason = kwargs.get("exc_info", (None, None))[1]
         message = getattr(reason, "log_message", None) or self._reason
         self.finish(json.dumps({"message": message}))
+
+
+class _JobsAPI(MessageAPIHandler):
 
     def _fail(self, error: Exception):
         if isinstance(error, jobs.JobNotFound):

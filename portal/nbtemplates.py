@@ -226,9 +226,10 @@ class Copies:
 # ------------------------------------------------------------------ the server extension part
 def setup(server_app) -> None:
     """Publish ~/templates and add the API (called by portal.jobserver's extension loader)."""
-    from jupyter_server.base.handlers import APIHandler
     from jupyter_server.utils import url_path_join
     from tornado import web
+
+    from .jobserver import MessageAPIHandler
 
     spec = Spec.from_env()
     if spec is None:
@@ -241,18 +242,12 @@ def setup(server_app) -> None:
         server_app.log.error("dsportal: could not publish templates in %s: %s", root, error)
     copies = Copies(root, spec)
 
-    class _API(APIHandler):
-        def write_error(self, status_code, **kwargs):
-            self.set_header("Content-Type", "application/json")
-            reason = kwargs.get("exc_info", (None, None))[1]
-            self.finish(json.dumps({"message": getattr(reason, "log_message", None) or self._reason}))
-
-    class TemplatesHandler(_API):
+    class TemplatesHandler(MessageAPIHandler):
         @web.authenticated
         def get(self):
             self.finish(json.dumps(copies.listing()))
 
-    class OpenHandler(_API):
+    class OpenHandler(MessageAPIHandler):
         @web.authenticated
         def post(self):
             body = self.get_json_body() or {}

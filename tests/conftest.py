@@ -67,6 +67,13 @@ def bob(portal, admin):
     admin.stop_server("bob")
 
 
+@pytest.fixture
+def carol(portal, admin):
+    user = login(portal, "carol")
+    yield user
+    admin.stop_server("carol")
+
+
 def wait_no_jobs(user: str, timeout: float = 30) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

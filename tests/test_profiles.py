@@ -6,9 +6,7 @@ import re
 import subprocess
 import time
 
-import pytest
-
-from conftest import HUB, login, wait_no_jobs
+from conftest import HUB, wait_no_jobs
 from hubclient import active_jobs
 
 
@@ -23,13 +21,6 @@ def probe_job_id() -> int:
     out = subprocess.run(["sbatch", "--parsable", "-p", "cpu", "-c", "1", "--mem=10M", "-t", "1",
                           "-o", "/dev/null", "--wrap", "true"], capture_output=True, text=True, check=True).stdout
     return int(out.strip().split(";")[0])
-
-
-@pytest.fixture
-def carol(portal, admin):
-    user = login(portal, "carol")
-    yield user
-    admin.stop_server("carol")
 
 
 def only_job(user: str) -> dict:

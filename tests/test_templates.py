@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CONFIG, DSPORTAL, REPO, login
+from conftest import CONFIG, DSPORTAL, REPO
 
 SHIPPED = ["digits-keras.ipynb", "digits-pytorch.ipynb", "getting-started.ipynb", "multinode-horovod.ipynb",
            "tensorboard-logging.ipynb"]
@@ -60,13 +60,6 @@ def text_of(notebook: dict) -> str:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def carol(portal, admin):
-    user = login(portal, "carol")
-    yield user
-    admin.stop_server("carol")
 
 
 @pytest.fixture
