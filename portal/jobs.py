@@ -417,7 +417,10 @@ def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
     root = jobs_root(home)
     if not root.is_dir():
         return []
-    ids = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()), reverse=True)[:limit]
+    # Newest first by submission (the folders are named by time): job ids restart when a
+    # cluster's Slurm state is reset, so the highest id is not the latest job.
+    links = [(os.readlink(p), int(p.name)) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()]
+    ids = [job_id for _, job_id in sorted(links, reverse=True)[:limit]]
     slurm = _scontrol_jobs() if ids else {}
     jobs = []
     for job_id in ids:

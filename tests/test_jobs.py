@@ -285,3 +285,24 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
     plan = jobs.plan_job({"code": "print(1)", "nodes": 2}, policy, tmp_path)
     script = jobs.render_script(plan, policy, "/j", "/j/cell.py", "/home/u")
     assert 'mpirun -np "$SLURM_NTASKS" -bind-to none -map-by slot' in script and "srun" not in script
+
+
+def test_job_list_is_newest_first_even_when_slurm_ids_restart(portal, tmp_path):
+    """A reset Slurm state starts job ids again at 1: the newest job must still head the list."""
+    from portal import jobs
+
+    root = jobs.jobs_root(str(tmp_path))
+    root.mkdir(parents=True)
+    for stamp, job_id, state in (("20260101-100000-aaaaaa", 900, "COMPLETED"),
+                                 ("20260101-110000-bbbbbb", 950, "CANCELLED"),
+                                 ("20260102-090000-cccccc", 3, "COMPLETED")):  # after the reset
+        folder = root / stamp
+        folder.mkdir()
+        info = jobs.JobInfo(job_id=job_id, name=f"job{job_id}", folder=str(folder), submitted=0, nodes=1, ranks=1,
+                            gpus_per_node=0, partition="cpu", image=None, script="x.py")
+        (folder / "job.json").write_text(json.dumps(info.as_dict()))
+        (folder / "state.json").write_text(json.dumps({"state": state, "reason": "", "exit_code": "0:0",
+                                                      "node_list": "node1"}))
+        (root / str(job_id)).symlink_to(stamp)
+    assert [j.job_id for j in jobs.list_jobs(str(tmp_path))] == [3, 950, 900]
+    assert [j.job_id for j in jobs.list_jobs(str(tmp_path), limit=1)] == [3]
