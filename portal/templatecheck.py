@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -47,7 +48,7 @@ def run_one(notebook: Path, timeout: int) -> dict:
         client.execute()
         result["passed"] = True
     except (CellExecutionError, CellTimeoutError) as error:
-        text = str(error).strip().splitlines()
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal colours
         result["error"] = next((line for line in reversed(text) if line.strip()), type(error).__name__)[:300]
     except DeadKernelError as error:
         result["error"] = f"the kernel died: {error}"[:300]
@@ -158,7 +159,8 @@ def check(settings, user: str | None = None, sources: list[str] | None = None, t
     else:
         print(f"  kernels' messages: {log.name}", file=out)
     print(f"templates check: {passed}/{len(rows)} passed in {total_time:.1f} s"
-          + ("" if ok else f"; {len(rows) - passed + len(problems)} failed"), file=out)
+          + (f"; {len(rows) - passed} failed" if passed < len(rows) else "")
+          + (f"; {len(problems)} other problem(s)" if problems else ""), file=out)
     return 0 if ok else 1
 
 
