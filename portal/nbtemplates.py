@@ -7,7 +7,7 @@ so the file browser shows each source's *current* content: an instructor's updat
 at once, and nobody but the folder's owner can write there (plain file permissions).
 
 Opening a template gives the user a personal copy (``~/notebooks/<source>/...``, see
-:func:`open_copy`) that is created once and never overwritten; when the template changed
+:meth:`Copies.open`) that is created once and never overwritten; when the template changed
 after the copy was made, the answer says so and ``fresh`` makes a second copy beside it.
 The JupyterLab extension calls this when a file under ``templates/`` is opened.
 
@@ -177,9 +177,10 @@ class Copies:
     def copy_of(self, source: Source, rest: str) -> str:
         return f"{self.spec.copies}/{source.name}/{rest}"
 
-    def _updated(self, copy: str, template: Path) -> bool:
-        entry = self._ledger().get(copy)
-        return bool(entry) and entry.get("sha256") != _digest(template)
+    def _updated(self, copy: str, digest: str, ledger: dict | None = None) -> bool:
+        """Has the template changed since ``copy`` was made from it (``digest``: its content's now)?"""
+        entry = (ledger if ledger is not None else self._ledger()).get(copy)
+        return bool(entry) and entry.get("sha256") != digest
 
     def open(self, path: str, fresh: bool = False) -> dict:
         """What to open for a template: the owner's own template, else the user's copy (made now
@@ -198,17 +199,19 @@ class Copies:
             copy = f"{stem}-{number}{suffix}"
         target = self.root / copy
         content = template.read_bytes()
+        digest = hashlib.sha256(content).hexdigest()
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(target, "xb") as handle:  # exclusive: an existing copy is never overwritten
                 handle.write(content)
         except FileExistsError:
             return {"path": copy, "template": shown, "created": False, "own_template": False,
-                    "template_updated": self._updated(copy, template)}
-        self._record(copy, shown, hashlib.sha256(content).hexdigest())
+                    "template_updated": self._updated(copy, digest)}
+        self._record(copy, shown, digest)
         return {"path": copy, "template": shown, "created": True, "own_template": False, "template_updated": False}
 
     def listing(self) -> dict:
+        ledger = self._ledger()
         sources = []
         for source in self.spec.sources:
             folder = Path(source.path)
@@ -218,7 +221,7 @@ class Copies:
                 copy = self.copy_of(source, rest)
                 has_copy = (self.root / copy).exists()
                 files.append({"path": f"{self.spec.folder}/{source.name}/{rest}", "copy": copy if has_copy else None,
-                              "template_updated": has_copy and self._updated(copy, file)})
+                              "template_updated": has_copy and self._updated(copy, _digest(file), ledger)})
             sources.append({**asdict(source), "available": folder.is_dir(), "files": files})
         return {"folder": self.spec.folder, "copies": self.spec.copies, "sources": sources}
 
