@@ -1,15 +1,77 @@
-"""LDAP login through jupyterhub-ldapauthenticator (ldap3), wired from portal.yaml."""
+"""LDAP login through jupyterhub-ldapauthenticator (ldap3), wired from portal.yaml.
+
+ldapauthenticator's ``authenticate`` is a coroutine that makes blocking ldap3 calls with no
+timeouts: one login against a hung LDAP server stalls the hub's whole event loop (every other
+user's page and proxy route with it) for as long as the TCP connection lives. Here each login
+runs in a worker thread, every connect and answer has a timeout, and the login as a whole has
+a deadline; past it the login page says the login service is not answering (HTTP 503) and
+nothing is remembered as a success.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+
+import ldap3
+from ldap3.core.exceptions import LDAPBindError, LDAPCommunicationError, LDAPResponseTimeoutError
 from ldapauthenticator import LDAPAuthenticator
+from ldapauthenticator.ldapauthenticator import TlsStrategy
+from tornado import web
+from traitlets import Float, Integer
+
+NOT_ANSWERING = "The login service (LDAP) is not answering right now. Please try again in a minute."
+
+
+class LoginServiceUnavailable(web.HTTPError):
+    """LDAP did not answer in time: the login form shows the message, status 503."""
+
+    def __init__(self):
+        super().__init__(503, NOT_ANSWERING)
 
 
 class PortalAuthenticator(LDAPAuthenticator):
-    """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold."""
+    """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
+    timeouts on every LDAP operation, logins off the event loop."""
+
+    connect_timeout = Float(5.0, help="Seconds to open a connection to the LDAP server.").tag(config=True)
+    receive_timeout = Float(5.0, help="Seconds to wait for each LDAP answer.").tag(config=True)
+    login_timeout = Float(8.0, help="Seconds one whole login may take.").tag(config=True)
+    login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
+
+    _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def normalize_username(self, username):
         return super().normalize_username(username.strip())
+
+    def get_connection(self, userdn, password):
+        """ldapauthenticator's connection, with connect and receive timeouts."""
+        use_ssl = self.tls_strategy == TlsStrategy.on_connect
+        auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if self.tls_strategy == TlsStrategy.before_bind
+                     else ldap3.AUTO_BIND_NO_TLS)
+        server = ldap3.Server(self.server_address, port=self.server_port, use_ssl=use_ssl,
+                              tls=ldap3.Tls(**self.tls_kwargs), connect_timeout=self.connect_timeout)
+        try:
+            return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
+                                    receive_timeout=self.receive_timeout)
+        except LDAPBindError as error:
+            self.log.debug("Failed to bind %s: %s", userdn, error)
+            return None
+
+    def _check_in_thread(self, data):
+        # The parent's coroutine never awaits: run it to the end on this worker thread.
+        return asyncio.run(LDAPAuthenticator.authenticate(self, None, data))
+
+    async def authenticate(self, handler, data):
+        if self._pool is None:
+            type(self)._pool = concurrent.futures.ThreadPoolExecutor(self.login_threads, "ldap-login")
+        check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
+        try:
+            return await asyncio.wait_for(check, self.login_timeout)
+        except (asyncio.TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
+            self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
+                           data.get("username"), type(error).__name__, error)
+            raise LoginServiceUnavailable() from None
 
 
 def configure_ldap(c, settings) -> None:
@@ -20,6 +82,9 @@ def configure_ldap(c, settings) -> None:
     c.LDAPAuthenticator.tls_strategy = ldap.tls_strategy
     c.LDAPAuthenticator.bind_dn_template = list(ldap.bind_dn_template)
     c.LDAPAuthenticator.allowed_groups = list(ldap.allowed_groups)
+    c.PortalAuthenticator.connect_timeout = ldap.connect_timeout
+    c.PortalAuthenticator.receive_timeout = ldap.receive_timeout
+    c.PortalAuthenticator.login_timeout = ldap.login_timeout
     # Unix account names only: they become Slurm job owners.
     c.LDAPAuthenticator.valid_username_regex = r"^[a-z_][a-z0-9_-]{0,31}$"
     if not ldap.allowed_groups:

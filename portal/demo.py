@@ -246,13 +246,13 @@ def ensure_accounts() -> None:
             existing = pwd.getpwnam(name)
             if existing.pw_uid != uid:
                 raise DemoError(f"Unix account {name} exists with uid {existing.pw_uid}, LDAP says {uid}")
-            continue
         except KeyError:
-            pass
-        if subprocess.run(["getent", "group", name], capture_output=True).returncode != 0:
-            _run(["groupadd", "-g", str(uid), name])
-        _run(["useradd", "-m", "-u", str(uid), "-g", str(uid), "-s", "/bin/bash", "-c", user["full_name"], name])
-        _say(f"Unix account {name} (uid {uid})")
+            if subprocess.run(["getent", "group", name], capture_output=True).returncode != 0:
+                _run(["groupadd", "-g", str(uid), name])
+            _run(["useradd", "-m", "-u", str(uid), "-g", str(uid), "-s", "/bin/bash", "-c", user["full_name"], name])
+            _say(f"Unix account {name} (uid {uid})")
+        # Private homes: the demo's users share its nodes like strangers share a GPU node.
+        os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
     for group in data["groups"]:
         if subprocess.run(["getent", "group", group["name"]], capture_output=True).returncode != 0:
             _run(["groupadd", "-g", str(group["gid"]), group["name"]])

@@ -11,18 +11,22 @@ from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
 from . import settings as settings_module
+from . import templating
 from .auth import configure_ldap
 
 
 class SessionPortHandler(APIHandler):
-    """POST /hub/api/batchspawner from a session job: accepts its port and nothing else.
+    """POST /hub/api/batchspawner from a session job: its port, once.
 
     Replaces batchspawner's handler, which sets *any* attribute the job sends on the spawner
-    (a user holding the session token could rewrite the spawner's commands).
+    (a user holding the session token could rewrite the spawner's commands) and takes any number
+    of reports: any process of the user can read the session's token, so a later post could move
+    the route to another port. Here the spawner accepts one port, while it waits for it, from the
+    job it started (its Slurm job id); everything else is refused with 409 and logged.
     """
 
     @web.authenticated
-    def post(self):
+    async def post(self):
         user = self.current_user
         token = self.get_auth_token()
         spawner = next((s for s in getattr(user, "spawners", {}).values() if s.api_token == token), None)
@@ -31,10 +35,26 @@ class SessionPortHandler(APIHandler):
         body = self.get_json_body() or {}
         port = body.get("port")
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            raise web.HTTPError(400, "expected {'port': <1-65535>}")
-        spawner.port = port
+            raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}")
+        session = getattr(spawner, "child_spawner", None) or spawner
+        accept = getattr(session, "accept_port", None)
+        refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
+        if refusal:
+            self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
+                             user.name, refusal)
+            raise web.HTTPError(409, refusal)
+        self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
+
+
+def session_ended(user) -> str:
+    """Template variable: why the user's last session ended outside the portal (scancel, node
+    failure, walltime), until they start the next one."""
+    if user is None:
+        return ""
+    spawner = user.spawner
+    return "" if spawner.active else getattr(spawner, "session_ended", "")
 
 
 def install_port_handler() -> None:
@@ -71,7 +91,8 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.cleanup_servers = False
     c.JupyterHub.allow_named_servers = False
     c.JupyterHub.shutdown_on_logout = False
-    c.JupyterHub.template_vars = {"portal_name": "dsportal"}
+    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": session_ended}
+    c.JupyterHub.template_paths = [str(templating.folder() / "hub")]  # the stock pages, plus session_ended
 
     configure_ldap(c, settings)
     c.Authenticator.admin_users = set(hub.admin_users)
@@ -88,6 +109,7 @@ def configure(c, settings=None) -> None:
     c.Spawner.default_url = "/lab"
     c.SlurmGPUSpawner.python_prefix = str(settings.session.environment)
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
+    c.SlurmGPUSpawner.umask = settings.session.umask
     c.SlurmGPUSpawner.workdir = settings.session.workdir
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)

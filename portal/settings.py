@@ -98,7 +98,9 @@ class SlurmSettings(_Model):
         1.0, gt=0, description="Seconds between the shared squeue calls while sessions start."
     )
     session_check_interval: int = Field(
-        30, gt=0, description="Seconds between the hub's checks that each running session's job still runs."
+        2, gt=0, description="Seconds between the hub's checks that each running session's job still runs. "
+        "Each check reads the shared squeue snapshot (at most one squeue per poll_interval for all sessions), "
+        "so a job ended outside the portal (scancel, node failure, walltime) is seen within a few seconds.",
     )
     resources_interval: float = Field(
         10.0, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."
@@ -112,6 +114,12 @@ class LdapSettings(_Model):
     bind_dn_template: list[str] = Field(min_length=1)
     allowed_groups: list[str] = Field(
         default_factory=list, description="Group DNs whose members may log in (empty: any account)."
+    )
+    connect_timeout: float = Field(5.0, gt=0, description="Seconds to open the connection to the LDAP server.")
+    receive_timeout: float = Field(5.0, gt=0, description="Seconds to wait for each LDAP answer (bind, search).")
+    login_timeout: float = Field(
+        8.0, gt=0, description="Seconds a whole login may take; past it the login page says the login service "
+        "is not answering. Logins run off the hub's event loop, so a hung LDAP never stalls other users.",
     )
 
 
@@ -238,8 +246,12 @@ class SessionSettings(_Model):
         Path("/opt/dsportal/env"),
         description="World-readable Python prefix with jupyterhub-singleuser, JupyterLab, ipykernel.",
     )
-    log_dir: str = Field("{home}/.dsportal/logs", description="Per-user job logs; {home}, {user}.")
+    log_dir: str = Field("{home}/.dsportal/logs", description="Per-user job logs; {home}, {user}. "
+                         "Created private (0700) whatever the home's mode.")
     workdir: str = "{home}"
+    umask: str = Field("077", pattern=r"^0?[0-7]{3}$",
+                       description="umask of everything the session job runs (files 0600, folders 0700 by "
+                       "default): other users sharing the node cannot read what a session writes.")
     default_profile: str | None = None
 
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import pwd
 import re
 import time
 from dataclasses import dataclass
@@ -334,8 +335,16 @@ class Slurm:
         except SlurmError as error:
             return f"(log {path} unreadable: {error})"
 
-    async def make_dir_as_user(self, user: str, path: str) -> None:
-        await self.run(self.as_user(user, ["mkdir", "-p", "--", path]))
+    async def make_private_dir_as_user(self, user: str, path: str) -> None:
+        """mkdir -p as the user, every folder it makes below the home 0700, and the folders of the
+        path below the home made 0700 if they were not (a portal folder made before is fixed)."""
+        home = Path(pwd.getpwnam(user).pw_dir)
+        target = Path(path)
+        below_home = [p for p in [target, *target.parents] if home in p.parents]
+        # A constant script; the paths are its arguments, never part of it.
+        script = 'umask 077 && mkdir -p -- "$1" && shift && chmod go-rwx -- "$@"'
+        await self.run(self.as_user(user, ["/bin/sh", "-c", script, "sh", str(target),
+                                           *map(str, below_home or [target])]))
 
     async def partitions(self) -> list[str]:
         out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])

@@ -26,11 +26,15 @@ def sbatch_value(value) -> str:
     return text
 
 
+def folder() -> Path:
+    """templates/ of the checkout, else of the installed package."""
+    return _CHECKOUT if _CHECKOUT.is_dir() else Path(str(resources.files("dsportal_templates")))
+
+
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    folder = _CHECKOUT if _CHECKOUT.is_dir() else Path(str(resources.files("dsportal_templates")))
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(folder)),
+        loader=jinja2.FileSystemLoader(str(folder())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         # HTML templates are escaped; shell scripts use the explicit `shell`/`sbatch` filters.

@@ -48,6 +48,7 @@ class PartitionSpawner(WrapSpawner):
     resources_interval = Float(10.0, help="Seconds the form's live resources are cached.").tag(config=True)
 
     child_profile = Unicode()
+    session_ended = ""  # why the last session ended outside the portal, until the next start
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:
@@ -118,9 +119,18 @@ class PartitionSpawner(WrapSpawner):
     def get_state(self):
         state = super().get_state()
         state["profile"] = self.child_profile
+        if self.session_ended:
+            state["session_ended"] = self.session_ended
         return state
 
+    def load_state(self, state):
+        super().load_state(state)
+        self.session_ended = state.get("session_ended", "")
+
     def clear_state(self):
+        # A job that ended outside the portal (the child's poll saw it): say why on the next page.
+        if self.child_spawner is not None and self.child_spawner.last_end:
+            self.session_ended = self.child_spawner.last_end
         super().clear_state()
         self.child_profile = ""
 
@@ -135,6 +145,7 @@ class PartitionSpawner(WrapSpawner):
                 self.orm_spawner.user_options = {}
                 self.db.commit()
             raise
+        self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != chosen.profile.name:
             self.child_spawner = None
         self.select_profile(chosen.profile.name)

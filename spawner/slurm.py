@@ -65,6 +65,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     workdir = Unicode("{home}", help="Working directory of the session job.").tag(config=True)
 
+    umask = Unicode(
+        "077", help="umask of the session job and of the files Slurm writes for it (its log): what a session "
+        "writes is private to its user, whatever the mode of the home folder."
+    ).tag(config=True)
+
     slurm_conf = Unicode("", help="slurm.conf for the client commands (exported as SLURM_CONF).").tag(
         config=True
     )
@@ -135,7 +140,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def job_script(self) -> str:
         chosen = self.session_slice()
         env_prefix = self.python_prefix.rstrip("/")
-        command = [f"{env_prefix}/bin/batchspawner-singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
+        command = [f"{env_prefix}/bin/python", "-m", "portal.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
             "session.sbatch.j2",
             job_name=f"dsportal-{self.user.name}",
@@ -148,6 +153,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             workdir=self._expand(self.workdir),
             profile=chosen.profile.model_dump(),
             environment=env_prefix,
+            umask=self.umask,
             command=command + self.get_args(),
             catalog=self.kernel_catalog(chosen.profile.name),
         )
@@ -189,8 +195,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self._launch_policy = self.launch_policy(self.session_slice().profile.name)
         submitted_at = time.monotonic()
         try:
-            await self.slurm.make_dir_as_user(self.user.name, self._expand(self.log_dir))
-            job_id = await self.slurm.submit(self.user.name, script, env=self.get_env())
+            await self.slurm.make_private_dir_as_user(self.user.name, self._expand(self.log_dir))
+            # sbatch hands its umask to slurmstepd, which creates the job's log with it.
+            job_id = await self.slurm.submit(self.user.name, script, env={**self.get_env(), "SLURM_UMASK": self.umask})
         except SlurmUnavailable as error:
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None
@@ -250,6 +257,25 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def _current_job(self) -> Job | None:
         return getattr(self, "_job", None)
 
+    # ------------------------------------------------------- the port report
+    async def accept_port(self, port: int, job_id: str) -> str | None:
+        """The session job's one port report. None when taken; else why it is refused (HTTP 409).
+
+        Only while this spawner waits for it, only from the job being started, only once: a later
+        post (any process of the user holds the session's token) cannot move the route.
+        """
+        if not getattr(self, "_awaiting_port", False) or self.port:
+            return (f"session job {self.job_id or '-'} of {self.user.name} is not starting "
+                    f"(its port {self.port or '-'} is already registered): port reports are accepted once")
+        if str(job_id) != str(self.job_id):
+            return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
+        job = await self.slurm.job(int(self.job_id))
+        if job is None or not job.running:
+            return f"Slurm does not show session job {self.job_id} running"
+        self.port = port
+        self._awaiting_port = False
+        return None
+
     # ---------------------------------------------------------------- lifecycle
     async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
@@ -263,6 +289,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return SpawnFailed(message)
 
     async def start(self):
+        self.last_end = ""
         self.ip = self.traits()["ip"].default_value
         self.port = 0
         if self.server:
@@ -281,15 +308,53 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
         self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
-        while self.port == 0:
-            await asyncio.sleep(self.startup_poll_interval)
-            status = await self.query_job_status()
-            if status == JobStatus.NOTFOUND and self.port == 0:
-                raise await self._failure(self._current_job, "ended before JupyterLab started")
+        self._awaiting_port = True
+        try:
+            while self.port == 0:
+                await asyncio.sleep(self.startup_poll_interval)
+                status = await self.query_job_status()
+                if status == JobStatus.NOTFOUND and self.port == 0:
+                    raise await self._failure(self._current_job, "ended before JupyterLab started")
+        finally:
+            self._awaiting_port = False
 
         self.db.commit()
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
         return self.ip, self.port
+
+    async def poll(self):
+        """None while the job runs (or Slurm cannot be asked); else 1, remembering why it ended.
+
+        Reads the shared squeue snapshot, so polling every few seconds costs no extra Slurm
+        calls: a job ended outside the portal (scancel, node failure, walltime) is seen at once.
+        """
+        if not self.job_id:
+            return 1
+        status = await self.query_job_status()
+        if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
+            return None
+        self.last_end = self.end_message(self._current_job)
+        self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
+        self.clear_state()
+        return 1
+
+    def end_message(self, job: Job | None) -> str:
+        when = datetime.now().strftime("%Y-%m-%d %H:%M")
+        if job is None:
+            return f"Your session job {self.job_id} is no longer known to Slurm (seen at {when})."
+        why = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
+               "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
+               "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
+        message = f"Your session job {job.job_id} {why.get(job.state, 'ended')} (Slurm: {job.state}"
+        if job.reason not in ("None", ""):
+            message += f", reason {job.reason}"
+        if job.exit_code:
+            message += f", exit code {job.exit_code}"
+        return message + f"; seen at {when})."
+
+    # Why the session ended without a stop through the portal; PartitionSpawner keeps it in the
+    # hub's state for the user's next page.
+    last_end = ""
 
     async def progress(self):
         started = time.monotonic()
