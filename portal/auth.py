@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 
 import ldap3
 from ldap3.core.exceptions import LDAPBindError, LDAPCommunicationError, LDAPResponseTimeoutError
@@ -53,7 +54,7 @@ class PortalAuthenticator(LDAPAuthenticator):
                               tls=ldap3.Tls(**self.tls_kwargs), connect_timeout=self.connect_timeout)
         try:
             return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
-                                    receive_timeout=self.receive_timeout)
+                                    receive_timeout=max(1, math.ceil(self.receive_timeout)))  # ldap3: whole seconds
         except LDAPBindError as error:
             self.log.debug("Failed to bind %s: %s", userdn, error)
             return None

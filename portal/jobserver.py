@@ -202,7 +202,8 @@ def _load_jupyter_server_extension(server_app):
         (url_path_join(base, "dsportal/jobs"), PanelHandler),
     ])
     server_app.log.info("dsportal: job launcher at %s", api)
-    from . import nbtemplates, tensorboards
+    from . import nbtemplates, portguard, tensorboards
 
+    portguard.install(web_app, base, server_app.log)
     tensorboards.setup(server_app)
     nbtemplates.setup(server_app)

@@ -148,6 +148,57 @@ def horovod(line: str, cell: str):
     return job
 
 
+def session_tensorboard(args_string: str = ""):
+    """``%tensorboard --logdir DIR`` in a session: the session's own TensorBoard for DIR (a unix
+    socket only its user reaches, see portal/tensorboards.py), shown below the cell.
+
+    TensorBoard's stock magic starts it on a TCP port of the node, where every other user's
+    session could open it; in a session, ``%load_ext tensorboard`` leads here instead.
+    """
+    import argparse
+    import json
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlparse
+
+    from IPython.core.error import UsageError
+    from IPython.display import HTML, IFrame, display
+
+    parser = argparse.ArgumentParser(prog="%tensorboard", add_help=False, exit_on_error=False)
+    parser.add_argument("--logdir")
+    try:
+        args, _ = parser.parse_known_args(shlex.split(args_string))
+    except (argparse.ArgumentError, ValueError) as error:
+        raise UsageError(f"%tensorboard: {error}") from None
+    if not args.logdir:
+        raise UsageError("%tensorboard --logdir FOLDER: the folder of your event files, e.g. runs")
+    logdir = os.path.abspath(os.path.expanduser(args.logdir))
+    server = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{server.path.rstrip('/')}/dsportal/api/tensorboards",
+        data=json.dumps({"logdir": logdir}).encode(), method="POST",
+        headers={"Authorization": f"token {os.environ['JUPYTERHUB_API_TOKEN']}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=90) as response:
+            board = json.load(response)["tensorboard"]
+    except urllib.error.HTTPError as error:
+        try:
+            reason = json.load(error).get("message", error.reason)
+        except ValueError:
+            reason = error.reason
+        raise UsageError(f"%tensorboard: {reason}") from None
+    display(HTML(f'<a href="{board["url"]}" target="_blank">TensorBoard for {board["logdir"]}</a> '
+                 "(your session's own; open it in a tab of its own here)"))
+    display(IFrame(board["url"], width="100%", height=800))
+
+
 def load_ipython_extension(ipython):
     ipython.register_magic_function(horovod, magic_kind="cell", magic_name="horovod")
     ipython.push({"launch_job": launch}, interactive=True)
+    if os.environ.get("JUPYTERHUB_SERVICE_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
+        try:
+            import tensorboard.notebook
+        except ImportError:
+            return
+        # %load_ext tensorboard registers a magic that calls tensorboard.notebook.start at run time.
+        tensorboard.notebook.start = session_tensorboard

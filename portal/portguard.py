@@ -8,9 +8,11 @@ uid) and refuses, with 403 and a sentence, ports that belong to another user, as
 hosts. Unix sockets (the portal's TensorBoards, socket-based named servers) are the session's
 own by construction.
 
-It plugs in where jupyter-server-proxy lets a site decide, ``ServerProxy.host_allowlist`` as a
-callable (``etc/jupyter/jupyter_server_config.py`` of the session environment sets it), so
-named servers and the ``/proxy/absolute/`` and ``/proxy/<host>:<port>/`` forms are all covered.
+jupyter-server-proxy's own hook, a ``host_allowlist`` callable, is consulted only for
+``/proxy/<host>:<port>/``; ``/proxy/<port>/`` and ``/proxy/absolute/<port>/`` always allow
+localhost. So :func:`install` (called by the session's server extension) puts guarded
+subclasses in place of both handler classes in the server's routes, whatever the order in which
+the extensions load.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def refusal(handler, host: str) -> str | None:
 
 
 def host_allowlist(handler, host: str) -> bool:
-    """jupyter-server-proxy's ``host_allowlist`` callable."""
+    """A jupyter-server-proxy ``host_allowlist`` callable: the owner check."""
     why = refusal(handler, host)
     if why is None:
         return True
@@ -93,3 +95,39 @@ def host_allowlist(handler, host: str) -> bool:
     if handler.request.headers.get("Upgrade", "").lower() == "websocket":
         return False  # jupyter-server-proxy answers a refused websocket with 403 itself
     raise web.HTTPError(403, why)
+
+
+def _guarded(base):
+    class Guarded(base):
+        def __init__(self, *args, **kwargs):
+            kwargs["host_allowlist"] = host_allowlist
+            super().__init__(*args, **kwargs)
+
+    Guarded.__name__ = Guarded.__qualname__ = f"OwnServices{base.__name__}"
+    return Guarded
+
+
+def install(web_app, base_url: str, log) -> None:
+    """Guard every ``/proxy/...`` route of the session's server (see the module's docstring)."""
+    from jupyter_server.utils import url_path_join
+    from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler
+
+    guarded = {LocalProxyHandler: _guarded(LocalProxyHandler), RemoteProxyHandler: _guarded(RemoteProxyHandler)}
+    swapped = 0
+    for router in (web_app.default_router, web_app.wildcard_router):
+        for host_rule in router.rules:
+            for rule in getattr(host_rule.target, "rules", []):
+                if rule.target in guarded:
+                    rule.target = guarded[rule.target]
+                    swapped += 1
+    if swapped:
+        log.info("dsportal: /proxy/ opens only this user's own services (%d routes guarded)", swapped)
+        return
+    # jupyter-server-proxy has not registered yet: our routes come first, so they are the ones matched.
+    routes = [(r"/proxy/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, False),
+              (r"/proxy/absolute/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, True),
+              (r"/proxy/(\d+)(/.*|)", LocalProxyHandler, False),
+              (r"/proxy/absolute/(\d+)(/.*|)", LocalProxyHandler, True)]
+    web_app.add_handlers(".*", [(url_path_join(base_url, pattern), guarded[handler], {"absolute_url": absolute})
+                                for pattern, handler, absolute in routes])
+    log.info("dsportal: /proxy/ routes registered, guarded (only this user's own services)")

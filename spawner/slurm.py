@@ -269,7 +269,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
             return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
-        job = await self.slurm.job(int(self.job_id))
+        job = await self.slurm.job(int(self.job_id), max_age=0)  # the job may have started since the last look
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
         self.port = port
@@ -295,7 +295,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.server:
             self.server.port = self.port
         await self.submit_batch_script()
+        self._awaiting_port = True  # the job may report before we see it running
+        try:
+            return await self._wait_until_serving()
+        finally:
+            self._awaiting_port = False
 
+    async def _wait_until_serving(self):
         # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails.
         while True:
             status = await self.query_job_status()
@@ -308,15 +314,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
         self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
-        self._awaiting_port = True
-        try:
-            while self.port == 0:
-                await asyncio.sleep(self.startup_poll_interval)
-                status = await self.query_job_status()
-                if status == JobStatus.NOTFOUND and self.port == 0:
-                    raise await self._failure(self._current_job, "ended before JupyterLab started")
-        finally:
-            self._awaiting_port = False
+        while self.port == 0:
+            await asyncio.sleep(self.startup_poll_interval)
+            status = await self.query_job_status()
+            if status == JobStatus.NOTFOUND and self.port == 0:
+                raise await self._failure(self._current_job, "ended before JupyterLab started")
 
         self.db.commit()
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
