@@ -143,6 +143,16 @@ def check_homes() -> Result:
     return Result("private homes", True, f"none of {seen} homes is open to other users")
 
 
+def check_firewall() -> Result:
+    from . import firewall
+
+    separated = firewall.users()
+    if separated is None:
+        return Result("node firewall", True, "not in place on this host: users' TCP ports are reachable from other "
+                      "users' processes (dsportal firewall up; see docs/admin.md)", warning=True)
+    return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own")
+
+
 def run_checks(config_path=None) -> tuple[bool, str]:
     try:
         settings = settings_module.load(config_path)
@@ -154,5 +164,6 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results.append(check_user_environment(settings))
     results += check_templates(settings)
     results.append(check_homes())
+    results.append(check_firewall())
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

@@ -1,4 +1,4 @@
-"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check."""
+"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check, firewall."""
 
 from __future__ import annotations
 
@@ -84,6 +84,28 @@ def cmd_templates(args) -> int:
     return 0
 
 
+def cmd_firewall(args) -> int:
+    from . import firewall
+
+    try:
+        if args.action == "up":
+            firewall.up(firewall.uid_of(u) for u in args.users)
+        elif args.action == "add-user":
+            firewall.add_users(firewall.uid_of(u) for u in args.users)
+        elif args.action == "down":
+            firewall.down()
+        separated = firewall.users()
+    except (firewall.FirewallUnavailable, KeyError) as error:
+        print(f"dsportal firewall {args.action}: {error}", file=sys.stderr)
+        return 1
+    if separated is None:
+        print("node firewall: not in place")
+    else:
+        print(f"node firewall: in place; TCP on this node separates {len(separated)} portal user(s)"
+              + (f" (uids {', '.join(map(str, separated))})" if separated else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
     parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
@@ -103,6 +125,11 @@ def main(argv=None) -> int:
     templates_parser.add_argument("--source", action="append", help="only this source (repeatable)")
     templates_parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     templates_parser.set_defaults(func=cmd_templates)
+    firewall_parser = sub.add_parser("firewall", help="node firewall: users' TCP services only for themselves")
+    firewall_parser.add_argument("action", choices=["up", "add-user", "down", "status"])
+    firewall_parser.add_argument("users", nargs="*", help="account names or uids (up: all portal users of the "
+                                 "node; add-user: e.g. $SLURM_JOB_UID from the Slurm Prolog)")
+    firewall_parser.set_defaults(func=cmd_firewall)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -260,6 +260,20 @@ def ensure_accounts() -> None:
             _run(["usermod", "-a", "-G", group["name"], member])
 
 
+def ensure_firewall() -> None:
+    """The node firewall with the demo's accounts as portal users (see portal/firewall.py)."""
+    from . import firewall
+
+    uids = [int(u["uid"]) for u in directory()["users"]]
+    try:
+        if firewall.users() != sorted(uids):
+            firewall.up(uids)
+            _say(f"node firewall: TCP services of the {len(uids)} demo users are their own")
+    except firewall.FirewallUnavailable as error:
+        _say(f"node firewall unavailable ({error}): users' TCP ports stay reachable from other users' "
+             "processes (sessions' /proxy/ and files are still private)")
+
+
 def ensure_ldap() -> None:
     p = paths()
     data = directory()
@@ -396,6 +410,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_munge()
     ensure_slurm()
     ensure_accounts()
+    ensure_firewall()
     ensure_ldap()
     ensure_images(config_path)
     ensure_courses(config_path)
