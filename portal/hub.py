@@ -29,16 +29,21 @@ class SessionPortHandler(APIHandler):
     async def post(self):
         user = self.current_user
         token = self.get_auth_token()
-        spawner = next((s for s in getattr(user, "spawners", {}).values() if s.api_token == token), None)
-        if spawner is None:
+        spawners = list(getattr(user, "spawners", {}).values())
+        spawner = next((s for s in spawners if s.api_token == token), None)
+        if spawner is None and not any(s.active for s in spawners):
             raise web.HTTPError(403, "this token belongs to no session of yours")
         body = self.get_json_body() or {}
         port = body.get("port")
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}")
-        session = getattr(spawner, "child_spawner", None) or spawner
-        accept = getattr(session, "accept_port", None)
-        refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
+        if spawner is None:
+            # A running session whose spawner was rebuilt by a hub restart: it is not starting.
+            refusal = "the session is running, not starting: port reports are accepted once"
+        else:
+            session = getattr(spawner, "child_spawner", None) or spawner
+            accept = getattr(session, "accept_port", None)
+            refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
         if refusal:
             self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
                              user.name, refusal)

@@ -27,12 +27,12 @@ class HubUser:
         self._token: str | None = None
 
     # -- login ----------------------------------------------------------------------
-    def login(self, password: str) -> requests.Response:
-        self.web.get(f"{self.base}/hub/login")
+    def login(self, password: str, timeout: float | None = None) -> requests.Response:
+        self.web.get(f"{self.base}/hub/login", timeout=timeout)
         return self.web.post(
             f"{self.base}/hub/login",
             data={"username": self.name, "password": password, "_xsrf": self.web.cookies.get("_xsrf")},
-            allow_redirects=False,
+            allow_redirects=False, timeout=timeout,
         )
 
     def must_login(self, password: str) -> "HubUser":
@@ -153,6 +153,29 @@ class HubUser:
             ws.close()
             if not keep:
                 self.api("DELETE", f"{prefix}/{kernel_id}")
+
+    def run_in_terminal(self, command: str, timeout: float = 30) -> str:
+        """Type a command into a JupyterLab terminal of my server; what the terminal printed
+        until the command's end marker."""
+        created = self.api("POST", f"/user/{self.name}/api/terminals")
+        created.raise_for_status()
+        name = created.json()["name"]
+        url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/terminals/websocket/{name}"
+        ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
+        marker = uuid.uuid4().hex[:12]
+        try:
+            ws.send(json.dumps(["stdin", f"{command}; echo END-{marker[:6]}''{marker[6:]}\r"]))
+            output, deadline = "", time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                message = json.loads(ws.recv())
+                if message[0] == "stdout":
+                    output += message[1]
+                    if f"END-{marker}" in output:
+                        return output.split(f"END-{marker}")[0]
+            raise AssertionError(f"terminal did not finish: {output[-500:]}")
+        finally:
+            ws.close()
+            self.api("DELETE", f"/user/{self.name}/api/terminals/{name}")
 
     def run_notebook(self, path: str, timeout: float = 600) -> list[str]:
         """Open a notebook of my server as JupyterLab does (a session: its kernel starts in the

@@ -14,8 +14,9 @@ def script(**overrides):
     context = dict(job_name="dsportal-alice", partition=profile.partition, gpus=chosen.gpus, cpus=chosen.cpus,
                    mem_mb=chosen.mem_mb, walltime=chosen.walltime, log_path="/home/alice/.dsportal/logs/session-%j.log",
                    workdir="/home/alice", profile=profile.model_dump(), environment="/opt/dsportal/env",
-                   command=["/opt/dsportal/env/bin/batchspawner-singleuser", "/opt/dsportal/env/bin/jupyterhub-singleuser"],
-                   catalog="")
+                   command=["/opt/dsportal/env/bin/python", "-m", "portal.singleuser",
+                            "/opt/dsportal/env/bin/jupyterhub-singleuser"],
+                   catalog="", umask="077")
     context.update(overrides)
     return render("session.sbatch.j2", **context)
 
@@ -54,3 +55,9 @@ def test_gpu_counts_outside_the_choices_are_refused(gpus):
 def test_walltimes_outside_the_limit_are_refused(walltime):
     with pytest.raises(RequestError):
         session_slice(load(CONFIG).profile("gpu"), 1, walltime)
+
+
+def test_session_runs_with_a_private_umask():
+    lines = script().splitlines()
+    assert "umask 077" in lines
+    assert lines.index("umask 077") < next(i for i, line in enumerate(lines) if "portal.singleuser" in line)

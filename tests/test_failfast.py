@@ -25,7 +25,7 @@ def test_job_dying_at_start_fails_within_seconds_showing_its_error(second_hub):
         assert response.status_code >= 400, response.text
         message = response.json()["message"]
     # The job's own error text reaches the user, with Slurm's view of the job.
-    assert "/nonexistent/dsportal-env/bin/batchspawner-singleuser" in message, message
+    assert "/nonexistent/dsportal-env/bin/python" in message, message
     assert "No such file or directory" in message, message
     assert "FAILED" in message, message
     # It ended on the job's own failure, not on start_timeout (how fast: bench/spawn_bench.py).

@@ -98,21 +98,22 @@ def test_tensorboard_for_a_folder_is_its_owners_only(alice, bob):
     assert tensorboard_processes("alice") == []
 
 
-def test_notebook_tensorboard_magic_goes_through_the_proxy(alice, bob):
+def test_notebook_tensorboard_magic_opens_the_private_tensorboard(alice, bob):
+    """%load_ext tensorboard + %tensorboard in a session: the session's own unix-socket TensorBoard,
+    not a TCP port of the node that every other user could open."""
     alice.spawn({"profile": "cpu"})
     subprocess.run(["rm", "-rf", "/home/alice/tb-test"], check=True)
     assert "written" in alice.run_code(WRITE_EVENTS, timeout=120)
-    out = alice.run_code(
-        "import os\n"
-        "%load_ext tensorboard\n"
-        "%tensorboard --logdir ~/tb-test\n"
-        "from tensorboard import manager\n"
-        "print(os.environ['TENSORBOARD_PROXY_URL'], [i.port for i in manager.get_all()])", timeout=120, keep=True)
-    proxy_url, ports = out.strip().rsplit(" ", 1)[0], eval(out.strip().split(" ", 1)[1])
-    assert proxy_url == "/user/alice/proxy/%PORT%/" and len(ports) == 1, out
-    url = proxy_url.replace("%PORT%", str(ports[0]))
+    alice.run_code("%load_ext tensorboard\n%tensorboard --logdir ~/tb-test\n", timeout=120)
+    boards = alice.api("GET", "/user/alice/dsportal/api/tensorboards").json()["tensorboards"]
+    assert [b["logdir"] for b in boards] == ["/home/alice/tb-test"], boards
+    url = boards[0]["url"]
+    assert url.startswith("/user/alice/dsportal/tensorboard/tb-test-"), url
     assert [round(v, 4) for _, _, v in scalars(alice, url, "run1")] == [round(1.0 / (s + 1), 4) for s in range(5)]
+    listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+    assert not any(f"pid={b['pid']}," in listening for b in boards), "%tensorboard listens on a TCP port"
     assert bob.api("GET", f"{url}data/runs", allow_redirects=False).status_code == 403
+    assert bob.api("GET", url.replace("/user/alice/", "/user/bob/"), allow_redirects=False).status_code in (403, 404)
 
 
 def test_jupyterlab_loads_the_dsportal_extension(alice):
