@@ -15,6 +15,8 @@ Measured, per hub:
               shares one squeue per poll_interval among all sessions)
   dead job    the session job runs, then its server crashes before answering (a broken user
               environment): time until the hub reports the failure (capped by --start-timeout)
+  ended       a ready session's job is cancelled outside the portal (scancel, as for a node
+              failure or the walltime): time until the hub shows the server stopped (median)
 
 Usage (as root, with `make demo` up; `make bench` does both):
   python bench/spawn_bench.py [--rounds 3] [--users alice,bob,carol,dave] [--start-timeout 90]
@@ -98,12 +100,12 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
 
 
-CRASH = """#!/bin/sh
-# the session server of a broken environment: starts, runs a little, dies before answering
-sleep 5
+CRASH_STEPS = """sleep 5
 echo "ImportError: simulated crash of the session server" >&2
 exit 1
 """
+# the session server of a broken environment: starts, runs a little, dies before answering
+CRASH = "#!/bin/sh\n" + CRASH_STEPS
 
 
 def broken_environment(workdir: Path) -> Path:
@@ -111,7 +113,9 @@ def broken_environment(workdir: Path) -> Path:
     prefix = workdir / "broken-env"
     (prefix / "bin").mkdir(parents=True, exist_ok=True)
     real = Path(yaml.safe_load(CONFIG.read_text())["session"]["environment"])
-    (prefix / "bin" / "python").write_text(f'#!/bin/sh\nexec {real}/bin/python "$@"\n')
+    # dsportal's job starts the server with `python -m portal.singleuser`: that one crashes.
+    (prefix / "bin" / "python").write_text(
+        f'#!/bin/sh\nif [ "$2" = portal.singleuser ]; then\n{CRASH_STEPS}fi\nexec {real}/bin/python "$@"\n')
     for name in ("batchspawner-singleuser", "jupyterhub-singleuser"):
         (prefix / "bin" / name).write_text(CRASH)
     for path in (workdir, prefix, prefix / "bin", *(prefix / "bin").iterdir()):
@@ -206,6 +210,16 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
             stops.append(stop_seconds(alice))
         result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops)
 
+        ended = []
+        for _ in range(args.rounds):
+            spawn_seconds(alice, options, args.start_timeout)
+            job_id = active_jobs("alice")[0]["job_id"]
+            started = time.monotonic()
+            subprocess.run(["scancel", str(job_id)], check=True)
+            wait_gone(alice, timeout=120)
+            ended.append(time.monotonic() - started)
+        result.update(ended=statistics.median(ended), endeds=ended)
+
         users = [hub.user(name) for name in args.users]
         before = job_queries()
         started = time.monotonic()
@@ -272,6 +286,8 @@ def main(argv=None) -> int:
             print(f"  spawn to ready   {r['spawn']:6.2f} s median of {args.rounds} "
                   f"({', '.join(f'{s:.2f}' for s in r['spawns'])})")
             print(f"  stop             {r['stop']:6.2f} s median ({', '.join(f'{s:.2f}' for s in r['stops'])})")
+            print(f"  ended outside    {r['ended']:6.2f} s median until the hub shows it stopped after an external "
+                  f"scancel ({', '.join(f'{s:.2f}' for s in r['endeds'])})")
             print(f"  {len(args.users)} at once       {r['concurrent_all']:6.2f} s until all ready "
                   f"(each {', '.join(f'{s:.1f}' for s in r['concurrent_each'])}); "
                   f"{r['concurrent_queries']} slurmctld job queries")
@@ -287,7 +303,8 @@ def main(argv=None) -> int:
     print(f"(hub logs and results.json in {workdir})")
     ours, stock = results["dsportal"], results["batchspawner"]
     print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s | "
-          f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | {len(args.users)} at once "
+          f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | external scancel seen in {ours['ended']:.1f} vs "
+          f"{stock['ended']:.1f} s | {len(args.users)} at once "
           f"{ours['concurrent_all']:.2f} vs {stock['concurrent_all']:.2f} s with "
           f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | queued "
           f"{ours['queued_queries']} vs {stock['queued_queries']} job queries | "

@@ -272,3 +272,35 @@ def test_session_cancelled_outside_the_portal_is_reported_with_slurms_reason(ali
     # The next start clears it.
     alice.spawn()
     assert "dsportal-session-ended" not in alice.web.get(f"{HUB}/hub/home").text
+
+
+def test_listener_owner_is_read_from_the_kernel_tables():
+    """portguard's lookup, on real sockets: IPv4 and IPv6, wildcard and loopback, another user's."""
+    import socket
+
+    from portal.portguard import listener_uids
+
+    mine = socket.socket()
+    mine.bind(("127.0.0.1", 0))
+    mine.listen()
+    port = mine.getsockname()[1]
+    assert listener_uids(port) == {os.getuid()}
+    wildcard6 = socket.socket(socket.AF_INET6)
+    wildcard6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    wildcard6.bind(("::", 0))
+    wildcard6.listen()
+    assert listener_uids(wildcard6.getsockname()[1]) == {os.getuid()}
+    code = ("import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True); time.sleep(30)")
+    other = subprocess.Popen(["runuser", "-u", "bob", "--", "/usr/bin/python3", "-c", code],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        bobs = int(other.stdout.readline())
+        import pwd
+
+        assert listener_uids(bobs) == {pwd.getpwnam("bob").pw_uid}
+    finally:
+        other.kill()
+        mine.close()
+        wildcard6.close()
+    assert listener_uids(port) == set()
