@@ -38,10 +38,13 @@ JOBS_DIR = ".dsportal/jobs"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"}
 REQUEST_FIELDS = ("script", "code", "args", "nodes", "gpus_per_node", "tasks_per_node", "image", "walltime",
-                  "profile", "env", "name")
+                  "profile", "env", "name", "launcher")
+LAUNCHERS = ("mpi", "torchrun")  # mpi: the profile's MPI launcher (srun --mpi=... or mpirun)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_)")
+_RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_|TORCHELASTIC_)")
+# Set by torchrun for each process of a torchrun job (and RANK names each rank's log file).
+_TORCHRUN_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 MAX_CODE = 1_000_000
 
 
@@ -124,6 +127,7 @@ class JobPlan:
     args: list[str]
     env: dict[str, str]
     name: str
+    launcher: str = "srun"  # srun | mpirun | torchrun
 
     @property
     def ranks(self) -> int:
@@ -133,7 +137,7 @@ class JobPlan:
         gpus = f", {self.gpus_per_node} GPU(s) per node" if self.gpus_per_node else ""
         where = f"image {self.image.name}" if self.image else "the session's Python"
         return (f"{self.nodes} node(s) x {self.tasks_per_node} rank(s){gpus} on {self.profile.partition}, "
-                f"{where}, {self.profile.jobs.launcher}, walltime {self.walltime}")
+                f"{where}, {self.launcher}, walltime {self.walltime}")
 
 
 def _shown(value) -> str:
@@ -163,6 +167,12 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
     if profile_name is not None and not isinstance(profile_name, str):
         raise JobRequestError(f"profile must be a name, not {_shown(profile_name)}")
     profile = policy.profile(profile_name)
+    launcher = request.get("launcher") or "mpi"
+    if launcher not in LAUNCHERS:
+        raise JobRequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {_shown(launcher)}")
+    if launcher == "torchrun" and not profile.jobs.torchrun:
+        raise JobRequestError(f"{profile.display_name} does not offer torchrun jobs")
+    launcher = profile.jobs.launcher if launcher == "mpi" else launcher
 
     nodes = _whole("nodes", request.get("nodes"), 1)
     if nodes < 1:
@@ -231,8 +241,8 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
     for key, value in overrides.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise JobRequestError(f"environment variable name {_shown(key)} is not valid (letters, digits, _)")
-        if _RESERVED_ENV.match(key):
-            raise JobRequestError(f"{key} is set by Slurm/MPI for each rank and cannot be overridden")
+        if _RESERVED_ENV.match(key) or key in _TORCHRUN_ENV:
+            raise JobRequestError(f"{key} is set by Slurm/MPI/torchrun for each rank and cannot be overridden")
         if not isinstance(value, (str, int, float)) or "\n" in str(value) or "\0" in str(value):
             raise JobRequestError(f"the value of {key} must be one line of text")
     env = {**profile.jobs.env, **{k: str(v) for k, v in overrides.items()}}
@@ -240,14 +250,15 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
     name = request.get("name")
     if name in (None, ""):
         stem = Path(script).stem if script else "cell"
-        name = "hvd-" + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")
+        prefix = "ddp-" if launcher == "torchrun" else "hvd-"
+        name = prefix + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")
     elif not isinstance(name, str) or not _NAME.match(name):
         raise JobRequestError(f"job name {_shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
 
     return JobPlan(
         profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
         cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
-        image=image, script=script, code=code, args=list(args), env=env, name=name,
+        image=image, script=script, code=code, args=list(args), env=env, name=name, launcher=launcher,
     )
 
 
@@ -270,6 +281,7 @@ def render_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, script: str
         "mpi_job.sbatch.j2",
         plan=plan, profile=plan.profile.model_dump(), job_dir=job_dir, env=env,
         argv=_rank_argv(plan, script, policy, home), workdir=home,
+        torchrun=f"{policy.environment.rstrip('/')}/bin/torchrun",
     )
 
 

@@ -5,6 +5,10 @@
     hvd.init()
     print(hvd.rank(), hvd.size())
 
+    %%torchrun --nodes 2 --gpus-per-node 4
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+
 submits the cell as a job and shows every rank's output live below it, each line prefixed by
 its rank; the job handle is the cell's result (``_``). From Python::
 
@@ -107,6 +111,7 @@ def _parse(line: str) -> tuple[dict, bool]:
     parser.add_argument("--name")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--no-wait", action="store_true")
+    parser.add_argument("--launcher", choices=["mpi", "torchrun"])
     try:
         args, rest = parser.parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, ValueError) as error:
@@ -122,19 +127,22 @@ def _parse(line: str) -> tuple[dict, bool]:
     request = {k: v for k, v in {
         "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "tasks_per_node": args.tasks_per_node,
         "image": args.image, "walltime": args.walltime, "profile": args.profile, "name": args.name,
-        "env": env or None}.items() if v is not None}
+        "env": env or None, "launcher": args.launcher}.items() if v is not None}
     return request, not args.no_wait
 
 
-def horovod(line: str, cell: str):
+def horovod(line: str, cell: str, launcher: str | None = None):
     """%%horovod [--nodes N] [--gpus-per-node G] [--image NAME] [--walltime HH:MM:SS] [--profile P]
-    [--env NAME=VALUE ...] [--no-wait]: run this cell as a multi-node job, its output live below."""
+    [--env NAME=VALUE ...] [--launcher mpi|torchrun] [--no-wait]: run this cell as a multi-node
+    job (MPI ranks: Horovod), its output live below."""
     from IPython.core.error import UsageError
 
     # A refused request or a failed job fails the cell (no traceback): "Run All" stops there, and
     # `dsportal templates check` sees it.
     try:
         request, wait = _parse(line)
+        if launcher:
+            request["launcher"] = launcher
         job = launch(code=cell, **request)
     except jobs.JobRequestError as error:
         raise UsageError(f"Job refused: {error}") from None
@@ -146,6 +154,14 @@ def horovod(line: str, cell: str):
             raise UsageError(f"job {job.id} ended {info.state} (exit code {info.exit_code or '-'}): "
                              "each rank's output is above and in " + str(info.folder))
     return job
+
+
+def torchrun(line: str, cell: str):
+    """%%torchrun [--nodes N] [--gpus-per-node G] [--tasks-per-node P] [--image NAME] [...]: run this
+    cell with torch.distributed, one torchrun per node starting P processes (default: one per GPU);
+    RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR are set, so ``init_process_group()`` needs no
+    arguments. Each rank's output live below, as for %%horovod."""
+    return horovod(line, cell, launcher="torchrun")
 
 
 def session_tensorboard(args_string: str = ""):
@@ -194,6 +210,7 @@ def session_tensorboard(args_string: str = ""):
 
 def load_ipython_extension(ipython):
     ipython.register_magic_function(horovod, magic_kind="cell", magic_name="horovod")
+    ipython.register_magic_function(torchrun, magic_kind="cell", magic_name="torchrun")
     ipython.push({"launch_job": launch}, interactive=True)
     if os.environ.get("JUPYTERHUB_SERVICE_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
         try:

@@ -269,7 +269,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
             return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
-        job = await self.slurm.job(int(self.job_id), max_age=0)  # the job may have started since the last look
+        job = await self.slurm.job(int(self.job_id))
+        if job is None or not job.running:  # the job may have started since the shared snapshot was taken
+            job = await self.slurm.job(int(self.job_id), max_age=0)
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
         self.port = port
