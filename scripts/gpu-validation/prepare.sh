@@ -4,7 +4,7 @@
 # kernel stack as cp312 wheels, and the #SBATCH lines the portal renders for 1- and 2-GPU sessions.
 set -eu
 cd "$(dirname "$0")/../.."
-grep -qx "/.devcarry/" .git/info/exclude 2>/dev/null || echo "/.devcarry/" >> .git/info/exclude
+mkdir -p .git/info && { grep -qx "/.devcarry/" .git/info/exclude 2>/dev/null || echo "/.devcarry/" >> .git/info/exclude; }
 rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
 (cd .devcarry/debs && apt-get download libmunge2 munge libslurm38 slurm-client slurm-wlm-basic-plugins slurmctld slurmd \
    libhwloc15 libnuma1 libjson-c5 liblua5.1-0 libyaml-0-2 liblz4-1 libreadline8 libdbus-1-3 libsystemd0 libudev1 \
@@ -25,8 +25,18 @@ for gpus in (1, 2):
     script = render("session.sbatch.j2", job_name="dsportal-alice", partition=chosen.profile.partition,
                     gpus=chosen.gpus, cpus=chosen.cpus, mem_mb=chosen.mem_mb, walltime=chosen.walltime,
                     log_path="/home/alice/.dsportal/logs/session-%j.log", workdir="/home/alice",
-                    profile=chosen.profile.model_dump(), environment="/opt/dsportal/env", command=["true"], catalog="")
+                    profile=chosen.profile.model_dump(), environment="/opt/dsportal/env", command=["true"], catalog="",
+                    umask="077")
     open(f".devcarry/header-{gpus}gpu.txt", "w").write(
         "\n".join(l for l in script.splitlines() if l.startswith("#SBATCH")) + "\n")
 PYEOF
 du -sh .devcarry
+
+# For scaling.sh (issue 13): Horovod's sdist and what its build and import need, cp312; the
+# portal's rendered batch jobs of bench/gpu_scaling.py.
+mkdir -p .devcarry/scaling/whl
+$PY -m pip download -q --no-deps --no-binary :all: -d .devcarry/scaling horovod==0.28.1
+$PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 \
+   --platform manylinux2014_x86_64 --platform any -d .devcarry/scaling/whl cffi pycparser cloudpickle
+$PY bench/gpu_scaling.py render --out .devcarry/scaling/jobs
+du -sh .devcarry .devcarry/scaling

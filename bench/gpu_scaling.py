@@ -1,0 +1,203 @@
+"""GPU scaling of jobs launched through the portal, side by side with the same run launched bare.
+
+ResNet-50 on synthetic data (bench/resnet_synthetic.py), Horovod (mpirun) and torch DDP
+(torchrun), on 1, 2 and 4 GPUs of one node (``run --gpus`` picks). Two steps, because the GPU machine has neither the portal's
+Python stack nor a network:
+
+  render  (here) the portal's own job path: each request goes through ``plan_job`` (the
+          validation sessions use) and ``render_script`` (templates/mpi_job.sbatch.j2: the
+          slice's #SBATCH lines, the launcher, the per-rank log wrapper); the batch scripts and
+          the benchmark land in --out, for a GPU profile like the demo's.
+  run     (on the GPU machine, as root, Slurm up; stdlib only) submits each rendered job as the
+          user, follows every rank's log while the job runs (as the session's log stream does),
+          then runs the same benchmark bare (torchrun --standalone, mpirun) as the user. Prints
+          img/s, scaling efficiency 1 -> 2 GPUs, portal vs bare; the last line sums up.
+
+    python bench/gpu_scaling.py render --out .devcarry/gpu-scaling
+    python3 bench/gpu_scaling.py run --jobs .devcarry/gpu-scaling      # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNS = [(mode, gpus) for mode in ("hvd", "ddp") for gpus in (1, 2, 4)]
+USER, HOME = "alice", "/home/alice"
+ENVIRONMENT = "/opt/gpuenv"  # on the GPU machine: bin/python and bin/torchrun of its PyTorch
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def label(mode: str, gpus: int) -> str:
+    return f"{mode}-{gpus}gpu"
+
+
+# ----------------------------------------------------------------------------- render (here)
+def render(out: Path, hvd_site: str) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    from portal import jobs, settings
+
+    gpu = settings.load(HERE.parent / "config" / "portal.yaml").profile("gpu")
+    profile = gpu.model_copy(update={
+        "gpu_choices": [1, 2, 4], "default_gpus": 1,
+        "jobs": gpu.jobs.model_copy(update={
+            "launcher": "mpirun",
+            # one node: Open MPI starts the ranks itself (its Slurm allocation module finds no nodes
+            # where Slurm's node names are not the host's name, as on the GPU test machine)
+            "env": {"NCCL_DEBUG": "WARN", "HOROVOD_LOG_LEVEL": "warning", "PYTHONPATH": hvd_site,
+                    "OMPI_MCA_ras": "^slurm", **NO_MULTICAST}}),
+    })
+    policy = jobs.LaunchPolicy(profiles=[profile], default_profile="gpu", environment=ENVIRONMENT,
+                               node_gpus={"gpu": 4}, node_count={"gpu": 1})
+    code = (HERE / "resnet_synthetic.py").read_text()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shutil.copy(HERE / "resnet_synthetic.py", out / "resnet_synthetic.py")
+    shutil.copy(__file__, out / "gpu_scaling.py")
+    for mode, gpus in RUNS:
+        name = label(mode, gpus)
+        plan = jobs.plan_job({"code": code, "args": ["--mode", mode, "--label", "portal"], "nodes": 1,
+                              "gpus_per_node": gpus, "launcher": "torchrun" if mode == "ddp" else "mpi",
+                              "walltime": "00:20:00", "name": f"bench-{name}"}, policy, HOME)
+        job_dir = f"{HOME}/.dsportal/jobs/{name}"
+        folder = out / name
+        folder.mkdir()
+        (folder / "cell.py").write_text(code)
+        (folder / "job.sbatch").write_text(jobs.render_script(plan, policy, job_dir, f"{job_dir}/cell.py", HOME))
+        (folder / "plan.txt").write_text(plan.describe() + "\n")
+        print(f"{name}: {plan.describe()}")
+    print(f"rendered {len(RUNS)} jobs into {out}")
+
+
+# ---------------------------------------------------------------------- run (GPU machine)
+def as_user(argv: list[str], env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **NO_MULTICAST, **(env or {})}
+    return subprocess.run(["runuser", "-u", USER, "--", *argv], env=full_env, text=True, capture_output=True,
+                          cwd=HOME, **kwargs)
+
+
+def squeue_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    return out or "GONE"
+
+
+def run_portal_job(jobs: Path, name: str) -> dict:
+    job_dir = Path(f"{HOME}/.dsportal/jobs/{name}")
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    for file in ("cell.py", "job.sbatch"):
+        shutil.copy(jobs / name / file, job_dir / file)
+    subprocess.run(["chown", "-R", f"{USER}:", f"{HOME}/.dsportal"], check=True)
+    os.chmod(f"{HOME}/.dsportal", 0o700)
+    submitted = as_user(["sbatch", "--parsable", str(job_dir / "job.sbatch")])
+    if submitted.returncode != 0:
+        return {"name": name, "error": submitted.stderr.strip()}
+    job_id = submitted.stdout.strip().split(";")[0]
+    started, first_line, states = time.monotonic(), {}, []
+    while True:  # the session's log stream reads the same files every 0.25 s
+        state = squeue_state(job_id)
+        for rank_file in job_dir.glob("rank-*.out"):
+            rank = int(rank_file.stem.split("-")[1])
+            if rank not in first_line and rank_file.stat().st_size:
+                first_line[rank] = (time.monotonic() - started, state)
+        if state == "GONE":
+            break
+        states.append(state)
+        time.sleep(0.25)
+    final = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    job_state = re.search(r"JobState=(\S+)", final)
+    outputs = "".join(p.read_text(errors="replace") for p in sorted(job_dir.glob("rank-*.out")))
+    result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", outputs)
+    return {"name": name, "job_id": job_id, "seconds": time.monotonic() - started,
+            "state": job_state.group(1) if job_state else "?", "ranks_live": {r: s for r, (_, s) in first_line.items()},
+            "img_per_s": float(result.group(2)) if result else None, "ranks": len(first_line),
+            "log_tail": "" if result else (outputs[-1500:] + (job_dir / "batch.log").read_text(errors="replace")[-2500:]
+                                           + "".join(p.read_text(errors="replace")[-1500:] for p in job_dir.glob("rank-*.err")))}
+
+
+def run_bare(jobs: Path, mode: str, gpus: int, hvd_site: str, python: str, torchrun: str) -> dict:
+    script = f"{HOME}/resnet_synthetic.py"
+    shutil.copy(jobs / "resnet_synthetic.py", script)
+    os.chmod(script, 0o644)
+    args = ["--mode", mode, "--label", "bare"]
+    if mode == "ddp":
+        argv = [torchrun, "--standalone", f"--nproc-per-node={gpus}", script, *args]
+    else:
+        argv = ["mpirun", "-np", str(gpus), "-bind-to", "none", "-map-by", "slot", python, script, *args]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN"}
+    started = time.monotonic()
+    done = as_user(argv, env=env, timeout=900)
+    result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", done.stdout)
+    return {"name": label(mode, gpus), "seconds": time.monotonic() - started, "returncode": done.returncode,
+            "img_per_s": float(result.group(2)) if result else None,
+            "log_tail": "" if result else (done.stdout[-1500:] + done.stderr[-2500:])}
+
+
+def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts: list[int]) -> int:
+    portal, bare = {}, {}
+    runs = [(mode, gpus) for mode, gpus in RUNS if gpus in counts]
+    for mode, gpus in runs:
+        name = label(mode, gpus)
+        portal[name] = run_portal_job(jobs, name)
+        print(f"portal {name}: {json.dumps(portal[name])}", flush=True)
+        bare[name] = run_bare(jobs, mode, gpus, hvd_site, python, torchrun)
+        print(f"bare   {name}: {json.dumps(bare[name])}", flush=True)
+    (out / f"gpu-scaling-{'-'.join(map(str, counts))}.json").write_text(json.dumps({"portal": portal, "bare": bare},
+                                                                                    indent=1))
+
+    def ips(results, name):
+        return results[name].get("img_per_s") or float("nan")
+
+    print("\n| launcher | GPUs | portal img/s | bare img/s | portal vs bare | portal job state | ranks live |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, gpus in runs:
+        name, p = label(mode, gpus), portal[label(mode, gpus)]
+        live = f"{sum(1 for s in p.get('ranks_live', {}).values() if s == 'RUNNING')}/{p.get('ranks', 0)}"
+        print(f"| {'Horovod (mpirun)' if mode == 'hvd' else 'DDP (torchrun)'} | {gpus} | {ips(portal, name):.0f} | "
+              f"{ips(bare, name):.0f} | {100 * (ips(portal, name) / ips(bare, name) - 1):+.1f} % | "
+              f"{p.get('state', p.get('error'))} | {live} |")
+    summary = []
+    for mode in ("hvd", "ddp"):
+        one, most = label(mode, 1), max(counts)
+        top = label(mode, most)
+        if one not in portal or most == 1:
+            continue
+        summary.append(f"{'Horovod' if mode == 'hvd' else 'torchrun'} 1->{most} GPUs "
+                       f"{100 * ips(portal, top) / (most * ips(portal, one)):.1f} % "
+                       f"(bare {100 * ips(bare, top) / (most * ips(bare, one)):.1f} %), portal vs bare on {most} GPUs "
+                       f"{100 * (ips(portal, top) / ips(bare, top) - 1):+.1f} %")
+    print("\ngpu-scaling: ResNet-50 bf16 batch 128/GPU | " + " | ".join(summary))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    r = sub.add_parser("render")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--hvd-site", default="/opt/hvd-site", help="where the GPU machine's Horovod is installed")
+    g = sub.add_parser("run")
+    g.add_argument("--jobs", type=Path, required=True)
+    g.add_argument("--hvd-site", default="/opt/hvd-site")
+    g.add_argument("--python", default=f"{ENVIRONMENT}/bin/python")
+    g.add_argument("--torchrun", default=f"{ENVIRONMENT}/bin/torchrun")
+    g.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
+    g.add_argument("--gpus", default="1,2", help="GPU counts to run, e.g. 1,2,4")
+    args = parser.parse_args()
+    if args.step == "render":
+        render(args.out, args.hvd_site)
+        return 0
+    return run(args.jobs, args.hvd_site, args.python, args.torchrun, args.out,
+               [int(n) for n in args.gpus.split(",")])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+#!/bin/bash
+# Multi-GPU jobs through the portal's job path on real GPUs (run on the `device` machine, see
+# docs/gpu-scaling.md): real Slurm (slurm-up.sh), Horovod 0.28.1 built with NCCL for the machine's
+# PyTorch, then bench/gpu_scaling.py run: ResNet-50, Horovod (mpirun) and DDP (torchrun), 1 and 2
+# GPUs, each as the portal's rendered batch job and bare. Log and results in $OUT.
+set -u
+R=$PWD; C=$R/.devcarry; S=$R/scripts/gpu-validation; O=${OUT:-/tmp/out}; mkdir -p $O
+G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${G//,/-}.log) 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "== machine"; nvidia-smi -L; python3 -V; which python3 nvcc mpirun mpicxx cmake; grep PRETTY /etc/os-release; nproc
+PY=$(readlink -f "$(which python3)"); PYBIN=$(dirname "$(which python3)")
+python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'GPUs', torch.cuda.device_count())"
+
+if [ "${SKIP_SETUP:-}" = 1 ] && [ -d /opt/hvd-site/horovod ] && SLURM_CONF=/etc/slurm/slurm.conf /opt/sl/usr/bin/sinfo -h >/dev/null 2>&1; then
+  echo "== Slurm and Horovod already set up on this machine (SKIP_SETUP=1)"
+  export SLURM_CONF=/etc/slurm/slurm.conf PATH=/opt/sl/usr/bin:/opt/sl/usr/sbin:/usr/sbin:$PATH
+else
+source $S/slurm-up.sh
+
+echo "== the session environment the rendered jobs name (/opt/gpuenv)"
+# wrappers, not links: a venv's python finds its packages only when started by its own path
+mkdir -p /opt/gpuenv/bin
+printf '#!/bin/sh\nexec %s "$@"\n' "$PYBIN/python3" > /opt/gpuenv/bin/python
+printf '#!/bin/sh\nexec %s -m torch.distributed.run "$@"\n' "$PYBIN/python3" > /opt/gpuenv/bin/torchrun
+chmod 755 /opt/gpuenv/bin/python /opt/gpuenv/bin/torchrun
+runuser -u alice -- /opt/gpuenv/bin/python -c "import torch; print('alice: torch', torch.__version__, torch.cuda.device_count(), 'GPU(s)')"
+
+echo "== Horovod 0.28.1 with NCCL (issue 13's recipe)"
+started=$(date +%s)
+python3 -m pip install -q --no-index --no-deps $C/scaling/whl/cffi-*.whl $C/scaling/whl/pycparser-*.whl
+mkdir -p /opt/hvd-site && python3 -m pip install -q --no-index --no-deps --target /opt/hvd-site $C/scaling/whl/cloudpickle-*.whl
+NCCL_PKG=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])")
+mkdir -p /opt/nccl/lib && ln -sfn $NCCL_PKG/include /opt/nccl/include
+for f in $NCCL_PKG/lib/*; do ln -sf $f /opt/nccl/lib/; done; ln -sf /opt/nccl/lib/libnccl.so.2 /opt/nccl/lib/libnccl.so
+ls -la /opt/nccl/lib /opt/nccl/include | head
+work=$(mktemp -d); tar -xzf $C/scaling/horovod-0.28.1.tar.gz -C $work; src=$work/horovod-0.28.1
+sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' $src/CMakeLists.txt $src/horovod/torch/CMakeLists.txt
+(
+  cd $src
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)"
+  export CXXFLAGS="-include cstdint -include string -include stdexcept -include limits -include memory -include functional -include algorithm"
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+  export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST=90 HOROVOD_NCCL_HOME=/opt/nccl
+  export HOROVOD_CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w $work/wheel . 2>&1 | tail -30
+)
+python3 -m pip install -q --no-deps --target /opt/hvd-site $work/wheel/horovod-*.whl
+chmod -R a+rX /opt/hvd-site
+echo "Horovod build + install: $(( $(date +%s) - started )) s"
+(cd /tmp && PYTHONPATH=/opt/hvd-site runuser -u alice -- env PYTHONPATH=/opt/hvd-site python3 -c "import horovod.torch as hvd; print('horovod', hvd.__version__ if hasattr(hvd, '__version__') else '', 'nccl', hvd.nccl_built(), 'mpi', hvd.mpi_built())")
+
+fi
+
+echo "== the benchmark: portal job path vs bare"
+mkdir -p /home/alice && chown alice: /home/alice
+python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/jobs --out $O --gpus ${GPUS:-1,2}
+cp /var/log/slurm/slurmctld.log $O/ 2>/dev/null
+echo "== done"
