@@ -1,7 +1,8 @@
 """GPU scaling of jobs launched through the portal, side by side with the same run launched bare.
 
 ResNet-50 on synthetic data (bench/resnet_synthetic.py), Horovod (mpirun) and torch DDP
-(torchrun), on 1, 2 and 4 GPUs of one node (``run --gpus`` picks). Two steps, because the GPU machine has neither the portal's
+(torchrun), on 1, 2 and 4 GPUs of one node, and DDP on 2 nodes x 2 GPUs (``run --gpus 1,2,4,2x2``
+picks; 2x2 needs the host split into two Slurm nodes, SLURM_NODES=2 in scaling.sh). Two steps, because the GPU machine has neither the portal's
 Python stack nor a network:
 
   render  (here) the portal's own job path: each request goes through ``plan_job`` (the
@@ -30,14 +31,20 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = [(mode, gpus) for mode in ("hvd", "ddp") for gpus in (1, 2, 4)]
+RUNS = [(mode, gpus) for mode in ("hvd", "ddp") for gpus in (1, 2, 4)] + [("ddp", "2x2")]  # 2x2: 2 nodes x 2 GPUs
 USER, HOME = "alice", "/home/alice"
 ENVIRONMENT = "/opt/gpuenv"  # on the GPU machine: bin/python and bin/torchrun of its PyTorch
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def label(mode: str, gpus: int) -> str:
+def label(mode: str, gpus) -> str:
     return f"{mode}-{gpus}gpu"
+
+
+def layout(gpus) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a run: 4 -> (1, 4), '2x2' -> (2, 2)."""
+    nodes, _, per_node = str(gpus).rpartition("x")
+    return int(nodes or 1), int(per_node)
 
 
 # ----------------------------------------------------------------------------- render (here)
@@ -56,7 +63,7 @@ def render(out: Path, hvd_site: str) -> None:
                     "OMPI_MCA_ras": "^slurm", **NO_MULTICAST}}),
     })
     policy = jobs.LaunchPolicy(profiles=[profile], default_profile="gpu", environment=ENVIRONMENT,
-                               node_gpus={"gpu": 4}, node_count={"gpu": 1})
+                               node_gpus={"gpu": 4}, node_count={"gpu": 2})
     code = (HERE / "resnet_synthetic.py").read_text()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -64,8 +71,9 @@ def render(out: Path, hvd_site: str) -> None:
     shutil.copy(__file__, out / "gpu_scaling.py")
     for mode, gpus in RUNS:
         name = label(mode, gpus)
-        plan = jobs.plan_job({"code": code, "args": ["--mode", mode, "--label", "portal"], "nodes": 1,
-                              "gpus_per_node": gpus, "launcher": "torchrun" if mode == "ddp" else "mpi",
+        nodes, per_node = layout(gpus)
+        plan = jobs.plan_job({"code": code, "args": ["--mode", mode, "--label", "portal"], "nodes": nodes,
+                              "gpus_per_node": per_node, "launcher": "torchrun" if mode == "ddp" else "mpi",
                               "walltime": "00:20:00", "name": f"bench-{name}"}, policy, HOME)
         job_dir = f"{HOME}/.dsportal/jobs/{name}"
         folder = out / name
@@ -123,11 +131,14 @@ def run_portal_job(jobs: Path, name: str) -> dict:
                                            + "".join(p.read_text(errors="replace")[-1500:] for p in job_dir.glob("rank-*.err")))}
 
 
-def run_bare(jobs: Path, mode: str, gpus: int, hvd_site: str, python: str, torchrun: str) -> dict:
+def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: str) -> dict:
     script = f"{HOME}/resnet_synthetic.py"
     shutil.copy(jobs / "resnet_synthetic.py", script)
     os.chmod(script, 0o644)
     args = ["--mode", mode, "--label", "bare"]
+    nodes, per_node = layout(gpus)
+    if nodes > 1:  # one torchrun agent per "node", each with its GPUs, meeting on this host
+        return run_bare_agents(script, args, nodes, per_node, torchrun, label(mode, gpus))
     if mode == "ddp":
         argv = [torchrun, "--standalone", f"--nproc-per-node={gpus}", script, *args]
     else:
@@ -141,9 +152,26 @@ def run_bare(jobs: Path, mode: str, gpus: int, hvd_site: str, python: str, torch
             "log_tail": "" if result else (done.stdout[-1500:] + done.stderr[-2500:])}
 
 
-def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts: list[int]) -> int:
+def run_bare_agents(script: str, args: list[str], nodes: int, per_node: int, torchrun: str, name: str) -> dict:
+    started, agents = time.monotonic(), []
+    for node in range(nodes):
+        env = {**os.environ, **NO_MULTICAST, "NCCL_DEBUG": "WARN",
+               "CUDA_VISIBLE_DEVICES": ",".join(str(node * per_node + g) for g in range(per_node))}
+        agents.append(subprocess.Popen(
+            ["runuser", "-u", USER, "--", torchrun, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29399", "--rdzv-id=bare", f"--rdzv-conf=is_host={int(node == 0)}",
+             script, *args], env=env, cwd=HOME, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = [agent.communicate(timeout=900) for agent in agents]
+    stdout = "".join(out for out, _ in outputs)
+    result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", stdout)
+    return {"name": name, "seconds": time.monotonic() - started, "returncode": max(a.returncode for a in agents),
+            "img_per_s": float(result.group(2)) if result else None,
+            "log_tail": "" if result else (stdout[-1500:] + "".join(err[-1500:] for _, err in outputs))}
+
+
+def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts: list[str], modes: list[str]) -> int:
     portal, bare = {}, {}
-    runs = [(mode, gpus) for mode, gpus in RUNS if gpus in counts]
+    runs = [(mode, gpus) for mode, gpus in RUNS if str(gpus) in counts and mode in modes]
     for mode, gpus in runs:
         name = label(mode, gpus)
         portal[name] = run_portal_job(jobs, name)
@@ -165,14 +193,15 @@ def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts
               f"{ips(bare, name):.0f} | {100 * (ips(portal, name) / ips(bare, name) - 1):+.1f} % | "
               f"{p.get('state', p.get('error'))} | {live} |")
     summary = []
-    for mode in ("hvd", "ddp"):
-        one, most = label(mode, 1), max(counts)
-        top = label(mode, most)
-        if one not in portal or most == 1:
+    for mode, gpus in runs:
+        one, top = label(mode, 1), label(mode, gpus)
+        nodes, per_node = layout(gpus)
+        if one not in portal or nodes * per_node == 1:
             continue
-        summary.append(f"{'Horovod' if mode == 'hvd' else 'torchrun'} 1->{most} GPUs "
-                       f"{100 * ips(portal, top) / (most * ips(portal, one)):.1f} % "
-                       f"(bare {100 * ips(bare, top) / (most * ips(bare, one)):.1f} %), portal vs bare on {most} GPUs "
+        total = nodes * per_node
+        summary.append(f"{'Horovod' if mode == 'hvd' else 'torchrun'} 1->{gpus} GPUs "
+                       f"{100 * ips(portal, top) / (total * ips(portal, one)):.1f} % "
+                       f"(bare {100 * ips(bare, top) / (total * ips(bare, one)):.1f} %), portal vs bare "
                        f"{100 * (ips(portal, top) / ips(bare, top) - 1):+.1f} %")
     print("\ngpu-scaling: ResNet-50 bf16 batch 128/GPU | " + " | ".join(summary))
     return 0
@@ -190,13 +219,14 @@ def main() -> int:
     g.add_argument("--python", default=f"{ENVIRONMENT}/bin/python")
     g.add_argument("--torchrun", default=f"{ENVIRONMENT}/bin/torchrun")
     g.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
-    g.add_argument("--gpus", default="1,2", help="GPU counts to run, e.g. 1,2,4")
+    g.add_argument("--gpus", default="1,2", help="GPU counts to run, e.g. 1,2,4 or 1,2x2")
+    g.add_argument("--modes", default="hvd,ddp", help="hvd (Horovod, mpirun), ddp (torchrun) or both")
     args = parser.parse_args()
     if args.step == "render":
         render(args.out, args.hvd_site)
         return 0
-    return run(args.jobs, args.hvd_site, args.python, args.torchrun, args.out,
-               [int(n) for n in args.gpus.split(",")])
+    return run(args.jobs, args.hvd_site, args.python, args.torchrun, args.out, args.gpus.split(","),
+               args.modes.split(","))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 # GPUs, each as the portal's rendered batch job and bare. Log and results in $OUT.
 set -u
 R=$PWD; C=$R/.devcarry; S=$R/scripts/gpu-validation; O=${OUT:-/tmp/out}; mkdir -p $O
-G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${G//,/-}.log) 2>&1
+G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${SLURM_NODES:-1}n-${G//,/-}.log) 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "== machine"; nvidia-smi -L; python3 -V; which python3 nvcc mpirun mpicxx cmake; grep PRETTY /etc/os-release; nproc
 PY=$(readlink -f "$(which python3)"); PYBIN=$(dirname "$(which python3)")
@@ -25,6 +25,7 @@ printf '#!/bin/sh\nexec %s -m torch.distributed.run "$@"\n' "$PYBIN/python3" > /
 chmod 755 /opt/gpuenv/bin/python /opt/gpuenv/bin/torchrun
 runuser -u alice -- /opt/gpuenv/bin/python -c "import torch; print('alice: torch', torch.__version__, torch.cuda.device_count(), 'GPU(s)')"
 
+if [ "${SKIP_HOROVOD:-}" != 1 ]; then
 echo "== Horovod 0.28.1 with NCCL (issue 13's recipe)"
 started=$(date +%s)
 python3 -m pip install -q --no-index --no-deps $C/scaling/whl/cffi-*.whl $C/scaling/whl/pycparser-*.whl
@@ -48,11 +49,12 @@ python3 -m pip install -q --no-deps --target /opt/hvd-site $work/wheel/horovod-*
 chmod -R a+rX /opt/hvd-site
 echo "Horovod build + install: $(( $(date +%s) - started )) s"
 (cd /tmp && PYTHONPATH=/opt/hvd-site runuser -u alice -- env PYTHONPATH=/opt/hvd-site python3 -c "import horovod.torch as hvd; print('horovod', hvd.__version__ if hasattr(hvd, '__version__') else '', 'nccl', hvd.nccl_built(), 'mpi', hvd.mpi_built())")
+fi
 
 fi
 
 echo "== the benchmark: portal job path vs bare"
 mkdir -p /home/alice && chown alice: /home/alice
-python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/jobs --out $O --gpus ${GPUS:-1,2}
+python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/jobs --out $O --gpus ${GPUS:-1,2} --modes ${MODES:-hvd,ddp}
 cp /var/log/slurm/slurmctld.log $O/ 2>/dev/null
 echo "== done"

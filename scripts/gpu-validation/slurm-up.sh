@@ -2,6 +2,8 @@
 # munge from .devcarry/debs, one node "gpunode1" with GRES on the real /dev/nvidiaN, the user alice.
 # Expects $C (the carried folder); leaves SLURM_CONF and PATH exported and $NGPU set.
 NGPU=$(ls /dev | grep -cE '^nvidia[0-9]+$')
+# SLURM_NODES=2 splits the host into two Slurm nodes (two slurmd, as the demo cluster does), the GPUs halved.
+NODES=${SLURM_NODES:-1}; PER=$((NGPU / NODES))
 echo "== Slurm + munge from Debian bookworm debs"
 mkdir -p /opt/sl && for f in $C/debs/*.deb; do dpkg -x $f /opt/sl; done
 mkdir -p /opt/sl/private
@@ -28,9 +30,10 @@ AuthType=auth/munge
 CredType=cred/munge
 PluginDir=/opt/sl/usr/lib/x86_64-linux-gnu/slurm-wlm
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
+SlurmdPidFile=/var/run/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -42,18 +45,31 @@ SlurmdParameters=config_overrides
 SchedulerParameters=bf_interval=5
 JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
-NodeName=gpunode1 NodeHostname=$HOST NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=200000 Gres=gpu:$NGPU State=UNKNOWN
-PartitionName=gpu Nodes=gpunode1 Default=YES MaxTime=12:00:00 State=UP
+$(for n in $(seq $NODES); do echo "NodeName=gpunode$n NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + n)) CPUs=$(( $(nproc) / NODES )) RealMemory=$((200000 / NODES)) Gres=gpu:$PER State=UNKNOWN"; done)
+PartitionName=gpu Nodes=gpunode[1-$NODES] Default=YES MaxTime=12:00:00 State=UP
+TaskProlog=/etc/slurm/taskprolog.sh
 CONF
-echo "NodeName=gpunode1 Name=gpu File=/dev/nvidia[0-$((NGPU-1))]" > /etc/slurm/gres.conf
+# Test harness only: Slurm numbers a node's GPUs from 0, which on separate hosts are that host's own;
+# here the Slurm nodes share one host, so node N's GPU k is the host's GPU (N-1)*PER+k.
+cat > /etc/slurm/taskprolog.sh <<PROLOG
+#!/bin/sh
+n=\${SLURMD_NODENAME#gpunode}
+if [ -n "\${CUDA_VISIBLE_DEVICES:-}" ] && [ "\$n" -gt 1 ] 2>/dev/null; then
+  echo "export CUDA_VISIBLE_DEVICES=\$(echo "\$CUDA_VISIBLE_DEVICES" | awk -F, -v o=\$(( (n - 1) * $PER )) '{for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), \$i + o}')"
+fi
+PROLOG
+chmod 755 /etc/slurm/taskprolog.sh
+for n in $(seq $NODES); do echo "NodeName=gpunode$n Name=gpu File=/dev/nvidia[$(( (n - 1) * PER ))-$(( n * PER - 1 ))]"; done > /etc/slurm/gres.conf
+grep -q gpunode2 /etc/hosts || echo "127.0.0.1 gpunode2" >> /etc/hosts
 # Firecracker VM: cgroup v2 without systemd/dbus; slurmd makes its scope itself
 printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n' > /etc/slurm/cgroup.conf
 echo "+cpuset +cpu +memory" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "(could not enable cgroup controllers)"
 mkdir -p /sys/fs/cgroup/system.slice && echo "+cpuset +cpu +memory" > /sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null
 export SLURM_CONF=/etc/slurm/slurm.conf
 pkill -x slurmd; pkill -x slurmctld; sleep 1; rm -rf /var/spool/slurmctld/* /var/log/slurm/*
-slurmctld -c -i; sleep 2; slurmd -N gpunode1
-for i in $(seq 30); do sinfo -h -N -o %T | grep -qE "idle|mix" && break; sleep 1; done
+mkdir -p $(for n in $(seq $NODES); do echo /var/spool/slurmd/gpunode$n; done)
+slurmctld -c -i; sleep 2; for n in $(seq $NODES); do slurmd -N gpunode$n; done
+for i in $(seq 30); do [ "$(sinfo -h -N -o %T | grep -cE "idle|mix")" = "$NODES" ] && break; sleep 1; done
 sinfo -N -o "%N %T %c %m %G"
 sinfo -h -N -o %T | grep -qE "idle|mix" || { for f in /var/log/slurm/*.log; do tail -n 30 $f; done; exit 1; }
 
