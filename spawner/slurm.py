@@ -27,6 +27,11 @@ from .form import RequestError, session_slice
 
 _clients: dict[tuple, Slurm] = {}
 
+# How a session job that ended outside the portal is described to its user, by Slurm state.
+ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
+           "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
+           "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
+
 
 def shared_slurm(conf: str, bin_dir: str, submit_as: str, squeue_interval: float) -> Slurm:
     """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
@@ -346,10 +351,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         when = datetime.now().strftime("%Y-%m-%d %H:%M")
         if job is None:
             return f"Your session job {self.job_id} is no longer known to Slurm (seen at {when})."
-        why = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
-               "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
-               "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
-        message = f"Your session job {job.job_id} {why.get(job.state, 'ended')} (Slurm: {job.state}"
+        message = f"Your session job {job.job_id} {ENDINGS.get(job.state, 'ended')} (Slurm: {job.state}"
         if job.reason not in ("None", ""):
             message += f", reason {job.reason}"
         if job.exit_code:

@@ -87,6 +87,26 @@ def stream(user, job_id: int, timeout: float = 240, on_line=None, owner: str | N
     return messages
 
 
+def stream_noting_state(user, job_id: int) -> tuple[list[dict], dict[int, str]]:
+    """The job's stream, and Slurm's state of the job when each rank's first 'rank ...' line arrived."""
+    seen = {}
+
+    def check_running(message, messages):
+        rank = message["rank"]
+        if rank is not None and rank not in seen and message["line"].startswith("rank "):
+            seen[rank] = scontrol_state(job_id)
+
+    return stream(user, job_id, on_line=check_running), seen
+
+
+def stdout_by_rank(messages: list[dict]) -> dict[int, list[str]]:
+    found = {}
+    for m in messages:
+        if m["type"] == "line" and m["rank"] is not None and m["stream"] == "stdout":
+            found.setdefault(m["rank"], []).append(m["line"])
+    return found
+
+
 def scontrol_state(job_id: int) -> str:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
                          env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/bin:/bin"}).stdout
@@ -108,19 +128,9 @@ def test_horovod_allreduce_streams_every_rank_live(alice_session):
     job_id = job["job_id"]
     assert job["ranks"] == 4 and job["partition"] == "gpu"
 
-    seen_while_running = {}
-
-    def check_running(message, messages):
-        rank = message["rank"]
-        if rank is not None and rank not in seen_while_running and message["line"].startswith("rank "):
-            seen_while_running[rank] = scontrol_state(job_id)
-
-    messages = stream(alice, job_id, on_line=check_running)
+    messages, seen_while_running = stream_noting_state(alice, job_id)
     lines = [m for m in messages if m["type"] == "line"]
-    by_rank = {}
-    for m in lines:
-        if m["rank"] is not None and m["stream"] == "stdout":
-            by_rank.setdefault(m["rank"], []).append(m["line"])
+    by_rank = stdout_by_rank(messages)
     assert sorted(by_rank) == [0, 1, 2, 3], messages
     # Every rank's first line arrived while Slurm still had the job RUNNING, not after the end.
     assert seen_while_running == {r: "RUNNING" for r in range(4)}, seen_while_running

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_jobs import jobs_api, scontrol_state, stream
+from test_jobs import jobs_api, stdout_by_rank, stream_noting_state
 
 ALLREDUCE = """
 import os, time
@@ -66,14 +66,6 @@ def alice_cpu(alice):
     return alice
 
 
-def by_rank(messages: list[dict]) -> dict[int, list[str]]:
-    found = {}
-    for m in messages:
-        if m["type"] == "line" and m["rank"] is not None and m["stream"] == "stdout":
-            found.setdefault(m["rank"], []).append(m["line"])
-    return found
-
-
 def test_torchrun_allreduce_on_two_nodes_streams_every_rank_live(alice_cpu):
     alice = alice_cpu
     response = jobs_api(alice, "POST", json={"code": ALLREDUCE, "nodes": 2, "tasks_per_node": 2,
@@ -81,16 +73,8 @@ def test_torchrun_allreduce_on_two_nodes_streams_every_rank_live(alice_cpu):
     assert response.status_code == 201, response.text
     job = response.json()["job"]
     assert job["ranks"] == 4 and "torchrun" in job["description"], job
-    job_id = job["job_id"]
-    seen_while_running = {}
-
-    def check_running(message, messages):
-        rank = message["rank"]
-        if rank is not None and rank not in seen_while_running and message["line"].startswith("rank "):
-            seen_while_running[rank] = scontrol_state(job_id)
-
-    messages = stream(alice, job_id, on_line=check_running)
-    lines = by_rank(messages)
+    messages, seen_while_running = stream_noting_state(alice, job["job_id"])
+    lines = stdout_by_rank(messages)
     assert sorted(lines) == [0, 1, 2, 3], messages
     assert seen_while_running == {r: "RUNNING" for r in range(4)}, seen_while_running
     for rank, rank_lines in lines.items():
