@@ -219,8 +219,10 @@ def ensure_slurm() -> None:
         _say("slurmctld started")
     _wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
               "slurmctld", timeout=30)
+    restarted_at = None
     for i in range(1, NODES + 1):
         if not _alive(p.run / f"slurmd-node{i}.pid"):
+            restarted_at = restarted_at or time.time()
             _run(["/usr/sbin/slurmd", "-N", f"node{i}"], env=env)
             _say(f"slurmd node{i} started")
 
@@ -235,6 +237,30 @@ def ensure_slurm() -> None:
         return len(states) == NODES
 
     _wait_for(nodes_ready, "the slurmd nodes", timeout=60, interval=1)
+    if restarted_at:
+        reap_orphaned_jobs(env, before=restarted_at)
+
+
+def reap_orphaned_jobs(env: dict[str, str], before: float) -> None:
+    """Cancel jobs Slurm still counts as running whose processes died with the machine's.
+
+    All demo "nodes" are this host: when the slurmds had to be started again (the processes were
+    killed, not the host rebooted, so Slurm sees no node reboot), a job started earlier with no
+    slurmstepd left is gone. Without this the hub would wait http_timeout on each such session.
+    """
+    out = subprocess.run(["squeue", "-h", "-t", "R,CG", "-o", "%i %S %u"], env=env,
+                         capture_output=True, text=True).stdout
+    live = subprocess.run(["pgrep", "-a", "slurmstepd"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        job_id, start, user = line.split()
+        try:
+            started = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            continue
+        if started >= before or f"[{job_id}." in live:
+            continue
+        subprocess.run(["scancel", job_id], env=env, capture_output=True)
+        _say(f"job {job_id} of {user} had no processes left after a restart: cancelled")
 
 
 def ensure_accounts() -> None:

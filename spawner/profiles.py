@@ -152,6 +152,12 @@ class PartitionSpawner(WrapSpawner):
         self.construct_child()
         return self.child_spawner.start()
 
+    def poll(self):
+        # The hub's startup check is flagged on this wrapper; the child does the checking.
+        if self.child_spawner is not None:
+            self.child_spawner._check_pending = self._check_pending
+        return super().poll()
+
     async def progress(self):
         while self.child_spawner is None:
             yield {"message": "Checking your request..."}

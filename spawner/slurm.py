@@ -215,13 +215,15 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self._submitted_at = submitted_at
         return self.job_id
 
-    async def query_job_status(self):
+    async def query_job_status(self, fresh_after: float | None = None):
         if not self.job_id:
             self.job_status = ""
             return JobStatus.NOTFOUND
         try:
             # A snapshot older than our own sbatch cannot know the job yet.
-            job = await self.slurm.job(int(self.job_id), fresh_after=getattr(self, "_submitted_at", 0.0))
+            if fresh_after is None:
+                fresh_after = getattr(self, "_submitted_at", 0.0)
+            job = await self.slurm.job(int(self.job_id), fresh_after=fresh_after)
         except SlurmError as error:
             # One failed squeue must never drop a session: report UNKNOWN and look again later.
             self.log.warning("Job %s: squeue failed, keeping the session: %s", self.job_id, error)
@@ -340,12 +342,40 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if not self.job_id:
             return 1
         status = await self.query_job_status()
+        if status in (JobStatus.RUNNING, JobStatus.PENDING) and self._check_pending and self.server:
+            status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
         self.last_end = self.end_message(self._current_job)
         self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         self.clear_state()
         return 1
+
+    async def _confirm_after_hub_restart(self):
+        """The hub's startup check of a session it had running: is its server still there?
+
+        JupyterHub would wait http_timeout for the server and ignore Slurm meanwhile. Here Slurm is
+        asked again each second, so a job that died while the hub was down (or that Slurm put back
+        in the queue after losing its state: a rerun cannot serve, its port report is refused) is
+        seen as ended as soon as Slurm sees it.
+        """
+        deadline = time.monotonic() + self.http_timeout
+        status = JobStatus.RUNNING if self.state_isrunning() else JobStatus.PENDING
+        while True:
+            if status == JobStatus.RUNNING:
+                try:
+                    connecting = asyncio.open_connection(self.server.ip, self.server.port)
+                    _, writer = await asyncio.wait_for(connecting, 1)
+                    writer.close()
+                    return JobStatus.RUNNING
+                except (OSError, asyncio.TimeoutError):
+                    pass
+            if time.monotonic() > deadline:
+                return status  # JupyterHub then gives up on the server and stops the job
+            await asyncio.sleep(1)
+            status = await self.query_job_status(fresh_after=time.monotonic())
+            if status not in (JobStatus.RUNNING, JobStatus.PENDING):
+                return status
 
     def end_message(self, job: Job | None) -> str:
         when = datetime.now().strftime("%Y-%m-%d %H:%M")

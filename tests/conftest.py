@@ -29,7 +29,15 @@ def portal():
     os.environ["SLURM_CONF"] = "/var/lib/dsportal-demo/slurm/slurm.conf"
     # A clean slate: no session or job left by an earlier (interrupted) run holds the nodes.
     admin = login(HUB, "dave")
-    for user in admin.api("GET", "/hub/api/users").json():
+    # Right after a hub (re)start it checks each recorded session; a stop then is refused
+    # ("pending check"), so wait for those checks (at most http_timeout) before stopping.
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        users = admin.api("GET", "/hub/api/users").json()
+        if not any(user.get("pending") == "check" for user in users):
+            break
+        time.sleep(1)
+    for user in users:
         if user.get("servers") or user.get("pending"):
             admin.stop_server(user["name"])
     cancel_jobs_of(PASSWORDS)

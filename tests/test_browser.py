@@ -25,7 +25,13 @@ def test_open_tensorboard_from_the_file_browser(alice):
         "shutil.rmtree(os.path.expanduser('~/tb-browser'), ignore_errors=True)\n"
         "w = SummaryWriter(os.path.expanduser('~/tb-browser/run1'))\n"
         "[w.add_scalar('accuracy', 0.5 + s / 10, s) for s in range(4)]\n"
-        "w.close()\n", timeout=120)
+        "w.close()\n"
+        "open(os.path.expanduser('~/ddp_hello.py'), 'w').write(\n"
+        "    'import torch, torch.distributed as dist\\n'\n"
+        "    'dist.init_process_group(\"gloo\")\\n'\n"
+        "    'total = torch.tensor([float(dist.get_rank())]); dist.all_reduce(total)\\n'\n"
+        "    'print(f\"rank {dist.get_rank()} allreduce sum {total.item():.0f}\", flush=True)\\n'\n"
+        "    'dist.destroy_process_group()\\n')\n", timeout=120)
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
@@ -59,6 +65,19 @@ def test_open_tensorboard_from_the_file_browser(alice):
         page.wait_for_function("document.querySelector('#profile').options.length > 0", timeout=30_000)
         assert page.locator("#profile option").all_inner_texts() == ["GPU partition", "CPU partition"]
         page.screenshot(path=str(SHOTS / "jobs-panel.png"))
+
+        # A torchrun job from the panel: 2 nodes x 1 process, each rank's lines live, then COMPLETED.
+        page.select_option("#profile", "cpu")
+        page.fill("#script", "ddp_hello.py")
+        page.fill("#nodes", "2")
+        page.select_option("#launcher", "torchrun")
+        page.click("#launch button[type=submit]")
+        page.locator("#message.ok").wait_for(timeout=30_000)
+        assert "torchrun" in page.locator("#message").inner_text()
+        page.get_by_text("[rank 1] rank 1 allreduce sum 1").wait_for(timeout=120_000)
+        page.locator("#log .state", has_text="COMPLETED").wait_for(timeout=120_000)
+        assert page.get_by_text("[rank 0] rank 0 allreduce sum 1").count() == 1
+        page.screenshot(path=str(SHOTS / "jobs-panel-torchrun.png"))
         browser.close()
 
 

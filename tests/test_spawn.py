@@ -108,3 +108,23 @@ def test_hub_restart_keeps_running_sessions(alice, portal):
     # The same session answers again through the restarted hub and proxy.
     assert alice.api("GET", "/user/alice/api/status").status_code == 200
     assert "uid" in alice.run_code("print('uid')")
+
+
+def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):
+    """JupyterHub alone would wait http_timeout (60 s) for the dead server; Slurm already knows."""
+    from portal import demo
+
+    alice.spawn()
+    job_id = active_jobs("alice")[0]["job_id"]
+    demo.stop_hub()
+    subprocess.run(["scancel", str(job_id)], check=True)
+    demo.ensure_hub()
+    deadline = time.monotonic() + 120
+    while (model := alice.model())["pending"] == "check" and time.monotonic() < deadline:
+        time.sleep(0.5)  # the hub checks recorded sessions after it starts listening
+    assert not model["servers"] and model["pending"] is None
+    log = (demo.paths().log / "hub.log").read_text()
+    assert f"Session job {job_id} of alice ended outside the portal" in log
+    assert "alice does not appear to be running" not in log.split("JupyterHub is now running")[-1]
+    page = alice.web.get(f"{HUB}/hub/home").text
+    assert f"Your session job {job_id} was cancelled" in page
