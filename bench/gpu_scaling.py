@@ -48,7 +48,12 @@ def layout(gpus) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- render (here)
-def render(out: Path, hvd_site: str) -> None:
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """--horovod-env HOROVOD_CYCLE_TIME=0.1 ...: tuning an admin would put in the profile's jobs.env."""
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, steps: int | None = None) -> None:
     sys.path.insert(0, str(HERE.parent))
     from portal import jobs, settings
 
@@ -60,7 +65,7 @@ def render(out: Path, hvd_site: str) -> None:
             # one node: Open MPI starts the ranks itself (its Slurm allocation module finds no nodes
             # where Slurm's node names are not the host's name, as on the GPU test machine)
             "env": {"NCCL_DEBUG": "WARN", "HOROVOD_LOG_LEVEL": "warning", "PYTHONPATH": hvd_site,
-                    "OMPI_MCA_ras": "^slurm", **NO_MULTICAST}}),
+                    "OMPI_MCA_ras": "^slurm", **NO_MULTICAST, **(horovod_env or {})}}),
     })
     policy = jobs.LaunchPolicy(profiles=[profile], default_profile="gpu", environment=ENVIRONMENT,
                                node_gpus={"gpu": 4}, node_count={"gpu": 2})
@@ -72,7 +77,8 @@ def render(out: Path, hvd_site: str) -> None:
     for mode, gpus in RUNS:
         name = label(mode, gpus)
         nodes, per_node = layout(gpus)
-        plan = jobs.plan_job({"code": code, "args": ["--mode", mode, "--label", "portal"], "nodes": nodes,
+        bench_args = ["--mode", mode, "--label", "portal", *(["--steps", str(steps)] if steps else [])]
+        plan = jobs.plan_job({"code": code, "args": bench_args, "nodes": nodes,
                               "gpus_per_node": per_node, "launcher": "torchrun" if mode == "ddp" else "mpi",
                               "walltime": "00:20:00", "name": f"bench-{name}"}, policy, HOME)
         job_dir = f"{HOME}/.dsportal/jobs/{name}"
@@ -131,11 +137,12 @@ def run_portal_job(jobs: Path, name: str) -> dict:
                                            + "".join(p.read_text(errors="replace")[-1500:] for p in job_dir.glob("rank-*.err")))}
 
 
-def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: str) -> dict:
+def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: str,
+             horovod_env: dict[str, str] | None = None, steps: int | None = None) -> dict:
     script = f"{HOME}/resnet_synthetic.py"
     shutil.copy(jobs / "resnet_synthetic.py", script)
     os.chmod(script, 0o644)
-    args = ["--mode", mode, "--label", "bare"]
+    args = ["--mode", mode, "--label", "bare", *(["--steps", str(steps)] if steps else [])]
     nodes, per_node = layout(gpus)
     if nodes > 1:  # one torchrun agent per "node", each with its GPUs, meeting on this host
         return run_bare_agents(script, args, nodes, per_node, torchrun, label(mode, gpus))
@@ -143,7 +150,8 @@ def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: 
         argv = [torchrun, "--standalone", f"--nproc-per-node={gpus}", script, *args]
     else:
         argv = ["mpirun", "-np", str(gpus), "-bind-to", "none", "-map-by", "slot", python, script, *args]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN"}
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN",
+           **(horovod_env if mode == "hvd" and horovod_env else {})}
     started = time.monotonic()
     done = as_user(argv, env=env, timeout=900)
     result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", done.stdout)
@@ -169,16 +177,17 @@ def run_bare_agents(script: str, args: list[str], nodes: int, per_node: int, tor
             "log_tail": "" if result else (stdout[-1500:] + "".join(err[-1500:] for _, err in outputs))}
 
 
-def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts: list[str], modes: list[str]) -> int:
+def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts: list[str], modes: list[str],
+        horovod_env: dict[str, str] | None = None, steps: int | None = None, tag: str = "") -> int:
     portal, bare = {}, {}
     runs = [(mode, gpus) for mode, gpus in RUNS if str(gpus) in counts and mode in modes]
     for mode, gpus in runs:
         name = label(mode, gpus)
         portal[name] = run_portal_job(jobs, name)
         print(f"portal {name}: {json.dumps(portal[name])}", flush=True)
-        bare[name] = run_bare(jobs, mode, gpus, hvd_site, python, torchrun)
+        bare[name] = run_bare(jobs, mode, gpus, hvd_site, python, torchrun, horovod_env, steps)
         print(f"bare   {name}: {json.dumps(bare[name])}", flush=True)
-    (out / f"gpu-scaling-{'-'.join(map(str, counts))}.json").write_text(json.dumps({"portal": portal, "bare": bare},
+    (out / f"gpu-scaling-{'-'.join(map(str, counts))}{tag and '-' + tag}.json").write_text(json.dumps({"portal": portal, "bare": bare},
                                                                                     indent=1))
 
     def ips(results, name):
@@ -203,7 +212,8 @@ def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts
                        f"{100 * ips(portal, top) / (total * ips(portal, one)):.1f} % "
                        f"(bare {100 * ips(bare, top) / (total * ips(bare, one)):.1f} %), portal vs bare "
                        f"{100 * (ips(portal, top) / ips(bare, top) - 1):+.1f} %")
-    print("\ngpu-scaling: ResNet-50 bf16 batch 128/GPU | " + " | ".join(summary))
+    tuning = " ".join(f"{k}={v}" for k, v in (horovod_env or {}).items()) or "Horovod defaults"
+    print(f"\ngpu-scaling: ResNet-50 bf16 batch 128/GPU, {steps or 60} timed steps, {tuning} | " + " | ".join(summary))
     return 0
 
 
@@ -221,12 +231,17 @@ def main() -> int:
     g.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
     g.add_argument("--gpus", default="1,2", help="GPU counts to run, e.g. 1,2,4 or 1,2x2")
     g.add_argument("--modes", default="hvd,ddp", help="hvd (Horovod, mpirun), ddp (torchrun) or both")
+    for step in (r, g):
+        step.add_argument("--horovod-env", nargs="*", default=[], metavar="KEY=VALUE",
+                          help="Horovod tuning, in the rendered jobs' environment (the profile's jobs.env) and the bare runs'")
+        step.add_argument("--steps", type=int, default=None, help="timed steps per run (resnet_synthetic.py's default: 60)")
+    g.add_argument("--tag", default="", help="added to the JSON file's name")
     args = parser.parse_args()
     if args.step == "render":
-        render(args.out, args.hvd_site)
+        render(args.out, args.hvd_site, parse_env(args.horovod_env), args.steps)
         return 0
     return run(args.jobs, args.hvd_site, args.python, args.torchrun, args.out, args.gpus.split(","),
-               args.modes.split(","))
+               args.modes.split(","), parse_env(args.horovod_env), args.steps, args.tag)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 # GPUs, each as the portal's rendered batch job and bare. Log and results in $OUT.
 set -u
 R=$PWD; C=$R/.devcarry; S=$R/scripts/gpu-validation; O=${OUT:-/tmp/out}; mkdir -p $O
-G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${SLURM_NODES:-1}n-${G//,/-}.log) 2>&1
+G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${SLURM_NODES:-1}n-${G//,/-}${TAG:+-$TAG}.log) 2>&1
+# JOBS: rendered jobs (bench/gpu_scaling.py render --out .devcarry/scaling/JOBS [--horovod-env ... --steps N]);
+# HVD_ENV and STEPS must be the ones they were rendered with, for the bare runs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 echo "== machine"; nvidia-smi -L; python3 -V; which python3 nvcc mpirun mpicxx cmake; grep PRETTY /etc/os-release; nproc
 PY=$(readlink -f "$(which python3)"); PYBIN=$(dirname "$(which python3)")
@@ -55,6 +57,7 @@ fi
 
 echo "== the benchmark: portal job path vs bare"
 mkdir -p /home/alice && chown alice: /home/alice
-python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/jobs --out $O --gpus ${GPUS:-1,2} --modes ${MODES:-hvd,ddp}
+python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/${JOBS:-jobs} --out $O --gpus ${GPUS:-1,2} --modes ${MODES:-hvd,ddp} \
+  --horovod-env ${HVD_ENV:-} ${STEPS:+--steps $STEPS} ${TAG:+--tag $TAG}
 cp /var/log/slurm/slurmctld.log $O/ 2>/dev/null
 echo "== done"
