@@ -115,6 +115,12 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.python_prefix = str(settings.session.environment)
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
     c.SlurmGPUSpawner.umask = settings.session.umask
+    c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval
+    if any(p.idle_timeout or p.idle_timeout_without_gpu for p in settings.profiles):
+        # The proxy counts every request as activity, an open tab's polling included; idle limits
+        # go by the sessions' own reports instead (portal/activity.py: what changes or computes).
+        c.JupyterHub.last_activity_interval = 0
+    c.SlurmGPUSpawner.gpu_busy_percent = settings.session.gpu_busy_percent
     c.SlurmGPUSpawner.workdir = settings.session.workdir
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)

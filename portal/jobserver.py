@@ -8,6 +8,8 @@ REST (under the session's base URL, e.g. /user/alice/):
   GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
                                          live, then {"type": "state", ...} once the job ended
   GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
+  GET    dsportal/api/idle               how long the session is unused, when the hub stops it
+  POST   dsportal/api/idle               "Keep my session": counts as use
   GET    dsportal/jobs                   the Jobs panel (launch, list, live log, cancel)
 
 The session's server answers its owner only (JupyterHub's token/cookie check), so another
@@ -28,7 +30,7 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 
-from . import jobs
+from . import activity, jobs
 from .templating import render
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
@@ -199,10 +201,13 @@ def _load_jupyter_server_extension(server_app):
         (url_path_join(api, r"jobs/(\d+)"), JobHandler),
         (url_path_join(api, r"jobs/(\d+)/stream"), JobStreamHandler),
         (url_path_join(api, "policy"), PolicyHandler),
+        (url_path_join(api, "idle"), activity.IdleHandler),
         (url_path_join(base, "dsportal/jobs"), PanelHandler),
     ])
     server_app.log.info("dsportal: job launcher at %s", api)
     from . import nbtemplates, portguard, tensorboards
+
+    activity.setup(server_app)
 
     portguard.install(web_app, base, server_app.log)
     tensorboards.setup(server_app)

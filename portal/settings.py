@@ -55,6 +55,18 @@ def format_walltime(seconds: int) -> str:
     return f"{days}-{clock}" if days else clock
 
 
+def human_duration(seconds: float) -> str:
+    """42 -> '42 s', 300 -> '5 min', 7500 -> '2 h 05 min', for messages to people."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
+
+
 def parse_memory_mb(text: str | int) -> int:
     """'48G', '512M', '1T' or a bare number of megabytes -> megabytes."""
     match = _MEMORY.match(str(text).strip())
@@ -181,6 +193,11 @@ class Profile(_Model):
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra '#SBATCH' options.")
     groups: list[str] = Field(default_factory=list, description="LDAP groups allowed (empty: all).")
     jobs: JobSettings = Field(default_factory=JobSettings, description="Multi-node jobs launched from sessions.")
+    idle_timeout: str | None = Field(
+        None, description="A session holding GPUs that is not used for this long (HH:MM:SS) is stopped and its "
+        "GPUs go back to the queue. In use: the browser talks to it, a kernel runs code (even silently), "
+        "or one of its GPUs is busy. Empty: never.")
+    idle_timeout_without_gpu: str | None = Field(None, description="The same for sessions without GPUs.")
 
     @field_validator("gpu_choices")
     @classmethod
@@ -202,6 +219,20 @@ class Profile(_Model):
         if parse_walltime(value) <= 0:
             raise ValueError("must be positive")
         return value
+
+    @field_validator("idle_timeout", "idle_timeout_without_gpu")
+    @classmethod
+    def _idle(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if parse_walltime(value) <= 0:
+            raise ValueError("must be positive (leave it out to never stop idle sessions)")
+        return value
+
+    def idle_limit(self, gpus: int) -> int | None:
+        """Seconds a session of `gpus` GPUs may stay unused, or None."""
+        value = self.idle_timeout if gpus else self.idle_timeout_without_gpu
+        return parse_walltime(value) if value else None
 
     @field_validator("extra_sbatch")
     @classmethod
@@ -257,6 +288,10 @@ class SessionSettings(_Model):
                        description="umask of everything the session job runs (files 0600, folders 0700 by "
                        "default): other users sharing the node cannot read what a session writes.")
     default_profile: str | None = None
+    activity_interval: int = Field(
+        60, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
+        "and busy GPUs count); the idle limits of profiles are measured from the last report.")
+    gpu_busy_percent: int = Field(5, ge=0, le=100, description="GPU utilisation from which a session's GPU counts as in use.")
 
 
 _FOLDER = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

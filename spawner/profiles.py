@@ -15,6 +15,7 @@ import asyncio
 import grp
 import os
 import pwd
+from datetime import datetime, timezone
 
 from traitlets import Float, List, Unicode, default
 from wrapspawner import WrapSpawner
@@ -152,11 +153,27 @@ class PartitionSpawner(WrapSpawner):
         self.construct_child()
         return self.child_spawner.start()
 
-    def poll(self):
+    async def poll(self):
         # The hub's startup check is flagged on this wrapper; the child does the checking.
         if self.child_spawner is not None:
             self.child_spawner._check_pending = self._check_pending
-        return super().poll()
+        status = await super().poll()
+        idle = self.idle_seconds() if status is None else None
+        if idle is not None and idle > (self.child_spawner.idle_limit() or float("inf")):
+            await self.child_spawner.reclaim(idle)
+            return 1
+        return status
+
+    def idle_seconds(self) -> float | None:
+        """How long the running session has been unused (JupyterHub's last activity: the browser
+        through the proxy, the session's own reports), or None while it starts, stops or is checked."""
+        if (self.child_spawner is None or self.orm_spawner is None or not self.server or self._spawn_pending
+                or self._stop_pending or self._check_pending):
+            return None
+        last = self.orm_spawner.last_activity or self.orm_spawner.started
+        if last is None:
+            return None
+        return (datetime.now(timezone.utc).replace(tzinfo=None) - last.replace(tzinfo=None)).total_seconds()
 
     async def progress(self):
         while self.child_spawner is None:

@@ -19,7 +19,7 @@ from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
 from traitlets import Dict, Float, Integer, List, Unicode, default
 
-from portal.settings import Profile
+from portal.settings import Profile, human_duration, parse_walltime
 from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable
 from portal.templating import render
 
@@ -108,6 +108,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
+    activity_interval = Integer(
+        60, help="Seconds between the session's activity reports to the hub (busy kernels and GPUs count)."
+    ).tag(config=True)
+    gpu_busy_percent = Integer(5, help="GPU utilisation from which the session's GPU counts as in use.").tag(
+        config=True
+    )
+
     # batchspawner's own startup loop polls every 0.5 s with one squeue each; ours reads the
     # shared snapshot, so the interval only decides how soon a change is noticed.
     @default("startup_poll_interval")
@@ -181,6 +188,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     def get_env(self):
         env = super().get_env()
+        env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
+        env["DSPORTAL_ACTIVITY_INTERVAL"] = str(self.activity_interval)
+        env["DSPORTAL_GPU_BUSY_PERCENT"] = str(self.gpu_busy_percent)
+        if self.profile and self.user_options is not None and (limit := self.idle_limit()):
+            env["DSPORTAL_IDLE_LIMIT"] = str(limit)
         if getattr(self, "_launch_policy", None):
             env["DSPORTAL_LAUNCH_POLICY"] = self._launch_policy
         if self.templates.get("sources"):
@@ -376,6 +388,28 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self.query_job_status(fresh_after=time.monotonic())
             if status not in (JobStatus.RUNNING, JobStatus.PENDING):
                 return status
+
+    def idle_limit(self) -> int | None:
+        """Seconds this session may stay unused (its profile's idle limit for its GPU count)."""
+        try:
+            chosen = self.session_slice()
+        except (RequestError, ValueError):  # the config changed under a running session: keep it
+            return None
+        return chosen.profile.idle_limit(chosen.gpus)
+
+    async def reclaim(self, idle_seconds: float) -> None:
+        """Stop a session nobody used for longer than its profile allows: its GPUs go back."""
+        chosen = self.session_slice()
+        limit = chosen.profile.idle_timeout if chosen.gpus else chosen.profile.idle_timeout_without_gpu
+        held = f"its {chosen.gpus} GPU(s)" if chosen.gpus else "its CPUs"
+        self.last_end = (f"Your session job {self.job_id} was stopped after {human_duration(idle_seconds)} "
+                         f"without use, to give {held} back to others (partition {chosen.profile.partition} "
+                         f"stops sessions unused for {human_duration(parse_walltime(limit))}). Your files are "
+                         "kept: start a new session whenever you need one.")
+        self.log.info("Reclaiming idle session job %s of %s: unused for %d s (limit %s)", self.job_id,
+                      self.user.name, idle_seconds, limit)
+        await self.cancel_batch_job()
+        self.clear_state()
 
     def end_message(self, job: Job | None) -> str:
         when = datetime.now().strftime("%Y-%m-%d %H:%M")

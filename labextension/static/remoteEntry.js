@@ -3,7 +3,8 @@
 // - "Open TensorBoard" in the file browser's context menu, for a folder or the current folder;
 // - "Multi-node jobs" and "TensorBoard (this folder)" in the launcher and the command palette;
 // - opening a file under templates/ opens the user's own copy instead (made on first open, never
-//   overwritten), with a note when the template changed since, and an offer of a fresh copy.
+//   overwritten), with a note when the template changed since, and an offer of a fresh copy;
+// - a warning before the hub stops a session nobody uses (idle limit), with "Keep my session".
 var _JUPYTERLAB;
 (function () {
   "use strict";
@@ -122,6 +123,48 @@ var _JUPYTERLAB;
       check();
     }).catch(function () { /* a session without templates */ });
   }
+  function duration(seconds) {
+    if (seconds < 60) return seconds + " s";
+    var minutes = Math.round(seconds / 60);
+    if (minutes < 60) return minutes + " min";
+    return Math.floor(minutes / 60) + " h " + ("0" + (minutes % 60)).slice(-2) + " min";
+  }
+  function watchIdle(app) {
+    // The hub stops a session nobody uses for its partition's idle limit (GPUs go back to the
+    // queue): say so before it happens, with a button that counts as use. Reading this API does
+    // not count as use, so the tab being open does not keep the session alive by itself.
+    var shown = null;
+    function look() {
+      return api("GET", "dsportal/api/idle").then(function (state) {
+        if (!state.limit_s) return;
+        var warnFrom = Math.min(600, Math.floor(state.limit_s / 2));
+        if (state.stop_in_s <= warnFrom && shown === null) {
+          shown = notify(app, "This session has not been used for " + duration(state.idle_s) + ": it will be stopped in about " +
+            duration(state.stop_in_s) + " so its resources go back to others (limit " + duration(state.limit_s) +
+            "). Running code, even silently, counts as use.", "warning",
+            [{ label: "Keep my session", commandId: "dsportal:keep-session", displayType: "accent" }]);
+        } else if (state.stop_in_s > warnFrom && shown !== null) {
+          shown.then(function (id) { if (id) app.commands.execute("apputils:dismiss-notification", { id: id }); });
+          shown = null;
+        }
+        window.dsportalLab.idle = state;
+        setTimeout(look, 1000 * Math.max(5, Math.min(60, Math.floor(state.limit_s / 4))));
+      }).catch(function () { setTimeout(look, 60000); });
+    }
+    app.commands.addCommand("dsportal:keep-session", {
+      label: "Keep my session",
+      execute: function () {
+        return api("POST", "dsportal/api/idle").then(function () {
+          if (shown !== null) {
+            shown.then(function (id) { if (id) app.commands.execute("apputils:dismiss-notification", { id: id }); });
+            shown = null;
+          }
+          notify(app, "Your session is kept: the idle clock starts again.", "info");
+        });
+      }
+    });
+    look();
+  }
   function openTensorBoard(folder) {
     window.open(baseUrl() + "dsportal/tensorboard-open?logdir=" + encodeURIComponent(folder || "."), "_blank");
   }
@@ -166,7 +209,7 @@ var _JUPYTERLAB;
           });
         }
         window.dsportalLab = { loaded: true };
-        app.restored.then(function () { return watchTemplates(app); });
+        app.restored.then(function () { watchIdle(app); return watchTemplates(app); });
       }
     };
   }

@@ -1,0 +1,126 @@
+"""In the session: tell the hub the session is in use while its kernels run code or its GPUs work.
+
+JupyterHub's single-user server reports its last activity to the hub every
+JUPYTERHUB_ACTIVITY_INTERVAL seconds: browser requests and kernel messages count. A cell that
+trains for hours without printing, or a GPU program started from a terminal, makes neither, and
+the hub's idle limit (profiles' `idle_timeout`) would stop a session that is working. So every
+half interval this looks at the kernels' execution state and at the job's GPUs, and marks the
+session active when one is busy. jupyter_server's last_activity() takes every `*_last_activity`
+setting into account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime, timezone
+
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+from tornado.ioloop import PeriodicCallback
+
+KEY = "dsportal_last_activity"
+LIMIT_ENV = "DSPORTAL_IDLE_LIMIT"  # seconds, from the hub: the profile's idle limit for this slice
+NVIDIA_SMI_QUERY = ["--query-gpu=minor_number,utilization.gpu", "--format=csv,noheader,nounits"]
+
+
+def job_gpus(environ=os.environ) -> set[int]:
+    """The job's GPUs as device minor numbers (/dev/nvidiaN), as Slurm names them."""
+    value = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
+    return {int(part) for part in value.split(",") if part.strip().isdigit()}
+
+
+def busy_gpus(smi_output: str, mine: set[int], threshold: int) -> list[int]:
+    """GPUs of this job at or above `threshold` % utilisation, from nvidia-smi's CSV.
+
+    Where the node confines each job to its own devices, nvidia-smi lists only those: then all
+    of them are the job's, whatever their numbers.
+    """
+    readings = {}
+    for line in smi_output.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            readings[int(fields[0])] = int(fields[1])
+    if len(readings) > len(mine):
+        readings = {minor: used for minor, used in readings.items() if minor in mine}
+    return sorted(minor for minor, used in readings.items() if used >= threshold)
+
+
+def read_gpus(mine: set[int], threshold: int) -> list[int]:
+    smi = shutil.which("nvidia-smi")
+    if not smi or not mine:
+        return []
+    try:
+        output = subprocess.run([smi, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return busy_gpus(output, mine, threshold)
+
+
+def busy_kernels(kernel_manager) -> list[str]:
+    return [model["id"] for model in kernel_manager.list_kernels() if model.get("execution_state") == "busy"]
+
+
+def count_only_changes_as_use() -> None:
+    """An open JupyterLab tab polls the server (kernels, sessions, contents) and saves its layout
+    (PUT lab/api/workspaces, every 10 s) for as long as it is open: that must not keep GPUs held
+    over a weekend. Requests that change something else (save a file, start a kernel, rename)
+    count; so do kernel and terminal traffic, tracked apart."""
+    from jupyter_server.base.handlers import APIHandler
+
+    if getattr(APIHandler.update_api_activity, "_dsportal", False):
+        return
+    tracked = APIHandler.update_api_activity
+
+    def update_api_activity(self) -> None:
+        if self.request.method not in ("GET", "HEAD", "OPTIONS") and "/lab/api/workspaces" not in self.request.path:
+            tracked(self)
+
+    update_api_activity._dsportal = True
+    APIHandler.update_api_activity = update_api_activity
+
+
+def setup(server_app) -> None:
+    count_only_changes_as_use()
+    interval = int(os.environ.get("DSPORTAL_ACTIVITY_INTERVAL") or 60)
+    threshold = int(os.environ.get("DSPORTAL_GPU_BUSY_PERCENT") or 5)
+    settings = server_app.web_app.settings
+    mine = job_gpus()
+
+    async def look() -> None:
+        kernels = busy_kernels(settings["kernel_manager"])
+        gpus = await asyncio.to_thread(read_gpus, mine, threshold) if mine else []
+        if kernels or gpus:
+            settings[KEY] = datetime.now(timezone.utc)
+            server_app.log.debug("dsportal: in use (busy kernels %s, busy GPUs %s)", kernels, gpus)
+
+    PeriodicCallback(look, max(1.0, interval / 2) * 1000).start()
+    server_app.log.info("dsportal: busy kernels and GPUs %s count as activity (every %.0f s)",
+                        sorted(mine) or "none", max(1.0, interval / 2))
+
+
+def idle_state(web_app) -> dict:
+    """What JupyterLab shows before the hub stops an unused session (GET dsportal/api/idle)."""
+    limit = int(os.environ.get(LIMIT_ENV) or 0)
+    idle = (datetime.now(timezone.utc) - web_app.last_activity()).total_seconds()
+    interval = int(os.environ.get("DSPORTAL_ACTIVITY_INTERVAL") or 60)
+    return {"limit_s": limit or None, "idle_s": int(idle),
+            # the hub hears of use once per activity interval: stop-in counts from its view
+            "stop_in_s": max(0, int(limit - idle - interval)) if limit else None}
+
+
+class IdleHandler(APIHandler):
+    """GET: how long the session has been unused and when it will be stopped. POST ("Keep my
+    session"): counts as use, like any request that changes something."""
+
+    @web.authenticated
+    def get(self):
+        self.finish(json.dumps(idle_state(self.application)))
+
+    @web.authenticated
+    def post(self):
+        self.settings["api_last_activity"] = datetime.now(timezone.utc)
+        self.finish(json.dumps(idle_state(self.application)))
