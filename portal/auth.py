@@ -21,6 +21,8 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 from traitlets import Float, Integer
 
+from . import metrics
+
 NOT_ANSWERING = "The login service (LDAP) is not answering right now. Please try again in a minute."
 
 
@@ -68,11 +70,14 @@ class PortalAuthenticator(LDAPAuthenticator):
             type(self)._pool = concurrent.futures.ThreadPoolExecutor(self.login_threads, "ldap-login")
         check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
         try:
-            return await asyncio.wait_for(check, self.login_timeout)
+            answer = await asyncio.wait_for(check, self.login_timeout)
         except (asyncio.TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
             self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
                            data.get("username"), type(error).__name__, error)
+            metrics.LOGINS.labels("ldap_unavailable").inc()
             raise LoginServiceUnavailable() from None
+        metrics.LOGINS.labels("ok" if answer else "refused").inc()
+        return answer
 
 
 def configure_ldap(c, settings) -> None:

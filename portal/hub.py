@@ -10,6 +10,7 @@ from pathlib import Path
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
+from . import metrics
 from . import settings as settings_module
 from . import templating
 from .auth import configure_ldap
@@ -47,6 +48,7 @@ class SessionPortHandler(APIHandler):
         if refusal:
             self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
                              user.name, refusal)
+            metrics.PORT_REPORTS_REFUSED.inc()
             raise web.HTTPError(409, refusal)
         self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
         self.set_status(201)
@@ -103,7 +105,7 @@ def configure(c, settings=None) -> None:
     c.Authenticator.admin_users = set(hub.admin_users)
 
     install_port_handler()
-    from spawner import PartitionSpawner
+    from spawner import PartitionSpawner, SlurmGPUSpawner
 
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
@@ -130,6 +132,8 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
     c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
     c.Spawner.poll_interval = settings.slurm.session_check_interval
+    # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/metrics.py)
+    metrics.register_slurm(SlurmGPUSpawner.shared_client(c))
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the
     # user-side PATH from the batch script.
     os.environ.update(settings.slurm_env())

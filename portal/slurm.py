@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from . import metrics
+
 log = logging.getLogger(__name__)
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
@@ -56,6 +58,7 @@ class Job:
     exit_code: int
     start_time: int
     submit_time: int
+    gpus: int = 0  # per node, as requested (tres_per_node)
 
     @property
     def pending(self) -> bool:
@@ -84,6 +87,7 @@ class Job:
             exit_code=_exit_status(item.get("exit_code")),
             start_time=int(item.get("start_time") or 0),
             submit_time=int(item.get("submit_time") or 0),
+            gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
         )
 
 
@@ -258,6 +262,21 @@ class Slurm:
         return str(self.bin_dir / name)
 
     async def run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
+        command, started = metrics.command_name(argv), time.monotonic()
+        try:
+            out = await self._run(argv, input=input, env=env)
+        except SlurmUnavailable:
+            metrics.SLURM_COMMANDS.labels(command, "unavailable").inc()
+            raise
+        except SlurmError:
+            metrics.SLURM_COMMANDS.labels(command, "error").inc()
+            raise
+        finally:
+            metrics.SLURM_SECONDS.labels(command).observe(time.monotonic() - started)
+        metrics.SLURM_COMMANDS.labels(command, "ok").inc()
+        return out
+
+    async def _run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -19,6 +19,7 @@ from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
 from traitlets import Dict, Float, Integer, List, Unicode, default
 
+from portal import metrics
 from portal.settings import Profile, human_duration, parse_walltime
 from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable
 from portal.templating import render
@@ -360,6 +361,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return None
         self.last_end = self.end_message(self._current_job)
         self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
+        job = self._current_job
+        metrics.SESSIONS_ENDED.labels(job.partition if job else "", job.state if job else "GONE").inc()
         self.clear_state()
         return 1
 
@@ -408,6 +411,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                          "kept: start a new session whenever you need one.")
         self.log.info("Reclaiming idle session job %s of %s: unused for %d s (limit %s)", self.job_id,
                       self.user.name, idle_seconds, limit)
+        metrics.SESSIONS_ENDED.labels(chosen.profile.partition, "IDLE").inc()
+        metrics.IDLE_GPUS_RECLAIMED.labels(chosen.profile.partition).inc(chosen.gpus)
         await self.cancel_batch_job()
         self.clear_state()
 

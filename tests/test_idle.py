@@ -99,6 +99,11 @@ def test_unused_gpu_session_is_stopped_and_busy_ones_are_kept(second_hub):
     assert carol.model()["servers"], "a session without GPUs was stopped (this profile sets no limit for those)"
     # Once bob's cell is over, his session is unused too.
     assert wait_stopped(bob, timeout=LIMIT + 60)
+    # Counted for the admins' dashboards (this hub's own /hub/metrics).
+    metrics = login(base, "dave").api("GET", "/hub/metrics").text
+    assert 'dsportal_idle_gpus_reclaimed_total{partition="gpu"} 2.0' in metrics
+    assert 'dsportal_sessions_ended_outside_total{how="IDLE",partition="gpu"} 2.0' in metrics or \
+        'dsportal_sessions_ended_outside_total{partition="gpu",how="IDLE"} 2.0' in metrics
     carol.stop_server()
 
 

@@ -1,0 +1,85 @@
+"""The portal's Prometheus metrics, served with JupyterHub's own at /hub/metrics.
+
+Counters are counted where things happen (Slurm commands, logins, sessions ending, idle
+reclaims, refused port reports). The session and capacity gauges are read at scrape time from
+the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+SLURM_COMMANDS = Counter(
+    "dsportal_slurm_commands", "Slurm client commands the hub ran, by command and outcome "
+    "(ok, error: Slurm refused, unavailable: slurmctld did not answer).", ["command", "outcome"])
+SLURM_SECONDS = Histogram(
+    "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable).", ["outcome"])
+SESSIONS_ENDED = Counter(
+    "dsportal_sessions_ended_outside", "Session jobs that ended without a stop through the portal, by how: "
+    "Slurm's state (CANCELLED, TIMEOUT, NODE_FAIL, FAILED...), or IDLE when the idle limit stopped them.",
+    ["partition", "how"])
+IDLE_GPUS_RECLAIMED = Counter(
+    "dsportal_idle_gpus_reclaimed", "GPUs given back to the queue by stopping unused sessions.", ["partition"])
+PORT_REPORTS_REFUSED = Counter(
+    "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
+
+SESSION_JOB = re.compile(r"^dsportal-")
+
+
+class SlurmCollector:
+    """Session jobs and GPUs by partition and state, and each partition's GPUs, at scrape time."""
+
+    def __init__(self, slurm):
+        self.slurm = slurm
+
+    def collect(self):
+        jobs = GaugeMetricFamily("dsportal_session_jobs", "Session jobs Slurm lists, by partition and state "
+                                 "(from the hub's last squeue snapshot).", labels=["partition", "state"])
+        gpus = GaugeMetricFamily("dsportal_session_gpus", "GPUs of session jobs, by partition and state.",
+                                 labels=["partition", "state"])
+        counts: dict[tuple[str, str], list[int]] = {}
+        for job in self.slurm._squeue.value.values():
+            if not SESSION_JOB.match(job.name) or job.finished:
+                continue
+            key = (job.partition, "running" if job.running else "pending")
+            entry = counts.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += job.gpus
+        for (partition, state), (n, g) in sorted(counts.items()):
+            jobs.add_metric([partition, state], n)
+            gpus.add_metric([partition, state], g)
+        yield jobs
+        yield gpus
+        capacity = GaugeMetricFamily("dsportal_partition_gpus", "GPUs of each partition's usable nodes: total and "
+                                     "free (from the hub's last sinfo snapshot).", labels=["partition", "kind"])
+        from .slurm import partition_resources
+
+        for partition, resources in sorted(partition_resources(self.slurm._sinfo.value).items()):
+            capacity.add_metric([partition, "total"], resources.gpus)
+            capacity.add_metric([partition, "free"], resources.free_gpus)
+        yield capacity
+
+
+_registered: set[int] = set()
+
+
+def register_slurm(slurm) -> None:
+    """Once per Slurm client (the hub has one)."""
+    if id(slurm) not in _registered:
+        REGISTRY.register(SlurmCollector(slurm))
+        _registered.add(id(slurm))
+
+
+def command_name(argv: list[str]) -> str:
+    """'squeue' for [.../squeue, --json] and for [runuser, -u, alice, --, .../sbatch, ...]."""
+    for part in argv:
+        name = Path(part).name
+        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail"):
+            return name
+    return Path(argv[0]).name if argv else "?"

@@ -1,0 +1,51 @@
+"""/hub/metrics: the portal's own metrics beside JupyterHub's, read by an admin's token (Prometheus).
+
+Session and capacity gauges come from the hub's shared Slurm snapshots; counters are counted where
+things happen. Checked as differences, so earlier tests in the run do not matter.
+"""
+
+from __future__ import annotations
+
+import re
+
+from conftest import HUB, PASSWORDS
+from hubclient import HubUser
+
+SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
+
+
+def scrape(admin) -> dict[str, float]:
+    response = admin.api("GET", "/hub/metrics")
+    assert response.status_code == 200, response.text[:300]
+    values = {}
+    for line in response.text.splitlines():
+        match = SAMPLE.match(line)
+        if match and match.group(1).startswith("dsportal_"):
+            values[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return values
+
+
+def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admin, alice):
+    before = scrape(admin)
+    assert HubUser(HUB, "bob").login("wrong").status_code == 403
+    bob = HubUser(HUB, "bob").must_login(PASSWORDS["bob"])
+    alice.spawn({"profile": "gpu", "gpus": "2"})
+    assert "Free now" in bob.web.get(f"{HUB}/hub/spawn").text  # the form reads the free resources (sinfo)
+    after = scrape(admin)
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('dsportal_logins_total{outcome="refused"}') == 1
+    assert grew('dsportal_logins_total{outcome="ok"}') >= 1
+    assert grew('dsportal_slurm_commands_total{command="sbatch",outcome="ok"}') == 1
+    assert grew('dsportal_slurm_commands_total{command="squeue",outcome="ok"}') >= 1
+    assert after['dsportal_slurm_command_seconds_count{command="sbatch"}'] >= 1
+    assert after['dsportal_session_jobs{partition="gpu",state="running"}'] >= 1
+    assert after['dsportal_session_gpus{partition="gpu",state="running"}'] >= 2
+    assert after['dsportal_partition_gpus{kind="total",partition="gpu"}'] == 8
+    assert after['dsportal_partition_gpus{kind="free",partition="gpu"}'] <= 6
+
+
+def test_metrics_need_a_token_with_the_metrics_scope(alice):
+    assert alice.api("GET", "/hub/metrics").status_code == 403
