@@ -1,4 +1,4 @@
-"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check, firewall."""
+"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check, firewall, usage."""
 
 from __future__ import annotations
 
@@ -106,6 +106,20 @@ def cmd_firewall(args) -> int:
     return 0
 
 
+def cmd_usage(args) -> int:
+    from . import usage
+
+    settings = settings_module.load(args.config)
+    try:
+        rows = usage.collect(args.days, args.user, env={**os.environ, **settings.slurm_env()})
+    except usage.UsageUnavailable as error:
+        print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
+              "(AccountingStorageType=accounting_storage/slurmdbd); see docs/admin.md.", file=sys.stderr)
+        return 1
+    print(usage.report(rows, args.days))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
     parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
@@ -130,6 +144,10 @@ def main(argv=None) -> int:
     firewall_parser.add_argument("users", nargs="*", help="account names or uids (up: all portal users of the "
                                  "node; add-user: e.g. $SLURM_JOB_UID from the Slurm Prolog)")
     firewall_parser.set_defaults(func=cmd_firewall)
+    usage_parser = sub.add_parser("usage", help="GPU-hours per user and partition, from Slurm accounting (sacct)")
+    usage_parser.add_argument("--days", type=int, default=30, help="how far back (default 30)")
+    usage_parser.add_argument("--user", help="only this account")
+    usage_parser.set_defaults(func=cmd_usage)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

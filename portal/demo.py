@@ -34,6 +34,7 @@ GPUS_PER_NODE = 4
 CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
 MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room; memory is not enforced on the demo
 CTLD_PORT, SLURMD_PORT, FIRST_NODE_PORT = 6817, 6818, 17001
+DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd and its MariaDB, on 127.0.0.1 only
 
 
 class DemoError(RuntimeError):
@@ -140,6 +141,7 @@ def ensure_munge() -> None:
     p = paths()
     key_dir, run_dir = p.munge / "key", p.munge / "run"
     if _alive(run_dir / "munged.pid"):
+        link_default_munge_socket()
         return
     for folder, mode in ((p.munge, 0o755), (key_dir, 0o700), (run_dir, 0o755)):
         folder.mkdir(parents=True, exist_ok=True)
@@ -158,6 +160,20 @@ def ensure_munge() -> None:
     ])
     _wait_for(lambda: (run_dir / "munge.socket").exists(), "munged")
     _say("munged started")
+    link_default_munge_socket()
+
+
+def link_default_munge_socket() -> None:
+    """sacct and sacctmgr authenticate to slurmdbd through munge's default socket, whatever
+    slurm.conf's AuthInfo says: point it at the demo's munged where no system munged runs."""
+    default = Path("/run/munge/munge.socket.2")
+    ours = paths().munge / "run" / "munge.socket"
+    if default.is_symlink() and not default.exists():
+        default.unlink()  # left from an earlier demo
+    if not default.exists():
+        default.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(default.parent, 0o755)
+        default.symlink_to(ours)
 
 
 def ensure_gpus() -> None:
@@ -176,7 +192,7 @@ def slurm_conf_path() -> Path:
     return paths().slurm / "slurm.conf"
 
 
-def write_slurm_conf() -> None:
+def write_slurm_conf() -> bool:
     p = paths()
     for folder in (p.slurm / "state", p.slurm / "spool", p.log, p.run):
         folder.mkdir(parents=True, exist_ok=True)
@@ -189,6 +205,7 @@ def write_slurm_conf() -> None:
         state=p.root,
         ctld_port=CTLD_PORT,
         slurmd_port=SLURMD_PORT,
+        dbd_port=DBD_PORT,
         nodes=nodes,
         node_list=f"node[1-{NODES}]",
         cpus_per_node=CPUS_PER_NODE,
@@ -198,11 +215,62 @@ def write_slurm_conf() -> None:
     gres = "".join(
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
     )
+    changed = False
     for name, text in (("slurm.conf", conf), ("gres.conf", gres)):
         target = p.slurm / name
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
             os.chmod(target, 0o644)
+            changed = True
+    return changed
+
+
+def ensure_accounting() -> None:
+    """Slurm accounting: a private MariaDB (127.0.0.1 only) and slurmdbd, so `sacct` keeps every job's
+    final state and usage (GPU-hours) after slurmctld forgets it."""
+    p = paths()
+    # MariaDB runs as mysql: its socket, pid file and log live in a folder of its own.
+    data_dir, run_dir = p.root / "mariadb", p.root / "mariadb-run"
+    socket_path, pidfile = run_dir / "mariadb.sock", run_dir / "mariadb.pid"
+    run_dir.mkdir(exist_ok=True)
+    shutil.chown(run_dir, "mysql", "mysql")
+    password_file = p.slurm / "dbd-password"
+    if not password_file.exists():
+        password_file.write_text(os.urandom(18).hex())
+        os.chmod(password_file, 0o600)
+    password = password_file.read_text().strip()
+    if not (data_dir / "mysql").exists():
+        shutil.rmtree(data_dir, ignore_errors=True)
+        data_dir.mkdir(parents=True)
+        shutil.chown(data_dir, "mysql", "mysql")
+        _run(["mariadb-install-db", "--user=mysql", f"--datadir={data_dir}", "--auth-root-authentication-method=socket",
+              "--skip-test-db"])
+        _say("MariaDB for Slurm accounting created")
+    if not _alive(pidfile):
+        subprocess.Popen(
+            ["/usr/sbin/mariadbd", "--user=mysql", f"--datadir={data_dir}", f"--socket={socket_path}",
+             f"--port={MARIADB_PORT}", "--bind-address=127.0.0.1", f"--pid-file={pidfile}",
+             f"--log-error={run_dir / 'mariadb.log'}", "--skip-name-resolve", "--innodb-buffer-pool-size=64M"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait_for(lambda: socket_path.exists() and _alive(pidfile), f"MariaDB (log: {run_dir / 'mariadb.log'})",
+                  timeout=60)
+        _say(f"MariaDB started on 127.0.0.1:{MARIADB_PORT}")
+    sql = ("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+           f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+           f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+           "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+    _run(["mariadb", f"--socket={socket_path}", "-e", sql])
+    conf = _render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password)
+    target = p.slurm / "slurmdbd.conf"
+    if not target.exists() or target.read_text() != conf:
+        target.write_text(conf)
+    os.chmod(target, 0o600)  # slurmdbd refuses a readable one: it holds the database password
+    env = slurm_env()
+    if not _alive(p.run / "slurmdbd.pid"):
+        _run(["/usr/sbin/slurmdbd"], env=env)
+        _wait_for(lambda: socket.create_connection(("127.0.0.1", DBD_PORT), timeout=1).close() or True,
+                  "slurmdbd", timeout=60)
+        _say(f"slurmdbd started on 127.0.0.1:{DBD_PORT}")
 
 
 def slurm_env() -> dict[str, str]:
@@ -213,7 +281,14 @@ def ensure_slurm() -> None:
     p = paths()
     ensure_gpus()
     write_slurm_conf()
+    ensure_accounting()
     env = slurm_env()
+    ctld_pidfile = p.run / "slurmctld.pid"
+    if _alive(ctld_pidfile) and slurm_conf_path().stat().st_mtime > ctld_pidfile.stat().st_mtime:
+        # A new slurm.conf (e.g. accounting turned on): restart the daemons; running jobs are kept.
+        _stop_pid(p.run / "slurmctld.pid", "slurmctld")
+        for i in range(1, NODES + 1):
+            _stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
     if not _alive(p.run / "slurmctld.pid"):
         _run(["/usr/sbin/slurmctld"], env=env)
         _say("slurmctld started")
@@ -472,6 +547,8 @@ def down() -> None:
     for i in range(1, NODES + 1):
         _stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
     _stop_pid(p.run / "slurmctld.pid", "slurmctld")
+    _stop_pid(p.run / "slurmdbd.pid", "slurmdbd")
+    _stop_pid(p.root / "mariadb-run" / "mariadb.pid", "MariaDB", wait=30)
     _stop_pid(p.run / "slapd.pid", "slapd")
     _stop_pid(p.munge / "run" / "munged.pid", "munged")
 
@@ -479,7 +556,9 @@ def down() -> None:
 def status() -> dict[str, bool]:
     p = paths()
     result = {"munged": bool(_alive(p.munge / "run" / "munged.pid")),
-              "slurmctld": bool(_alive(p.run / "slurmctld.pid"))}
+              "slurmctld": bool(_alive(p.run / "slurmctld.pid")),
+              "slurmdbd": bool(_alive(p.run / "slurmdbd.pid")),
+              "MariaDB": bool(_alive(p.root / "mariadb-run" / "mariadb.pid"))}
     for i in range(1, NODES + 1):
         result[f"slurmd node{i}"] = bool(_alive(p.run / f"slurmd-node{i}.pid"))
     result["slapd"] = bool(_alive(p.run / "slapd.pid"))

@@ -396,7 +396,40 @@ def _scontrol_jobs(job_id: int | None = None) -> dict[int, dict[str, str]]:
     return jobs
 
 
-def load(job_id: int, home: str | None = None, slurm: dict[int, dict[str, str]] | None = None) -> JobInfo:
+ACCOUNTING_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Submit")
+
+
+def parse_sacct(text: str, fields=ACCOUNTING_FIELDS) -> dict[int, dict[str, str]]:
+    """`sacct -X -n -P -o <fields>` lines -> {job id: {field: value}}; 'CANCELLED by 5101' -> 'CANCELLED'.
+    Where an id comes round again (a reset cluster), the newest submission wins."""
+    jobs = {}
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) != len(fields) or not values[0].isdigit():
+            continue
+        record = dict(zip(fields, values))
+        if "State" in record:
+            record["State"] = record["State"].split()[0] if record["State"] else "UNKNOWN"
+        earlier = jobs.get(int(values[0]))
+        if earlier is None or record.get("Submit", "") >= earlier.get("Submit", ""):
+            jobs[int(values[0])] = record
+    return jobs
+
+
+def _sacct_jobs(job_ids: list[int]) -> dict[int, dict[str, str]]:
+    """Final states from Slurm accounting, for jobs slurmctld no longer remembers; {} without it."""
+    if not job_ids:
+        return {}
+    try:
+        out = _run(["sacct", "-X", "-n", "-P", "-j", ",".join(str(int(j)) for j in job_ids),
+                    "-o", ",".join(ACCOUNTING_FIELDS)], timeout=15)
+    except (JobRequestError, SchedulerUnavailable):
+        return {}  # no slurmdbd on this cluster, or it does not answer
+    return parse_sacct(out)
+
+
+def load(job_id: int, home: str | None = None, slurm: dict[int, dict[str, str]] | None = None,
+         accounting: dict[int, dict[str, str]] | None = None) -> JobInfo:
     """The job as recorded in its folder, with its current state from Slurm (or its last known one)."""
     root = jobs_root(home)
     link = root / str(int(job_id))
@@ -413,8 +446,14 @@ def load(job_id: int, home: str | None = None, slurm: dict[int, dict[str, str]] 
         return info
     fields = (slurm if slurm is not None else _scontrol_jobs(job_id)).get(int(job_id))
     if fields is None:
-        # Forgotten by slurmctld (MinJobAge) before anyone saw it end.
-        info.state, info.reason = "UNKNOWN", "Slurm no longer knows this job"
+        # Forgotten by slurmctld (MinJobAge) before anyone saw it end: accounting remembers.
+        record = (accounting if accounting is not None else _sacct_jobs([job_id])).get(int(job_id))
+        if record is None:
+            info.state, info.reason = "UNKNOWN", "Slurm no longer knows this job"
+        else:
+            info.state, info.reason = record["State"], "from Slurm accounting"
+            info.exit_code = record.get("ExitCode", "")
+            info.node_list = "" if record.get("NodeList") in (None, "", "None assigned") else record["NodeList"]
     else:
         info.state = fields.get("JobState", "UNKNOWN")
         info.reason = fields.get("Reason", "")
@@ -434,10 +473,13 @@ def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
     links = [(os.readlink(p), int(p.name)) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()]
     ids = [job_id for _, job_id in sorted(links, reverse=True)[:limit]]
     slurm = _scontrol_jobs() if ids else {}
+    # One sacct for all the jobs slurmctld forgot whose end nobody recorded yet.
+    forgotten = [j for j in ids if j not in slurm and not (root / str(j) / "state.json").exists()]
+    accounting = _sacct_jobs(forgotten)
     jobs = []
     for job_id in ids:
         try:
-            jobs.append(load(job_id, home, slurm))
+            jobs.append(load(job_id, home, slurm, accounting))
         except JobNotFound:
             continue
     return jobs

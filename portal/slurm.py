@@ -326,6 +326,26 @@ class Slurm:
     async def job(self, job_id: int, max_age: float | None = None, fresh_after: float = 0.0) -> Job | None:
         return (await self.jobs(max_age, fresh_after)).get(int(job_id))
 
+    async def accounting(self, job_id: int, user: str | None = None) -> Job | None:
+        """The job as Slurm accounting (slurmdbd) recorded it, once slurmctld has forgotten it;
+        None where the cluster keeps no accounting or has no record. Job ids come round again
+        (a reset cluster, wrap-around): the newest record of the id (of that user) is the one."""
+        fields = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
+        argv = [self.tool("sacct"), "-X", "-n", "-P", "-j", str(int(job_id)), "-o", ",".join(fields)]
+        try:
+            out = await self.run(argv + (["-u", user] if user else ["-a"]))
+        except SlurmError:
+            return None
+        records = [dict(zip(fields, line.split("|"))) for line in out.splitlines()]
+        records = [r for r in records if r.get("JobID") == str(int(job_id)) and (not user or r.get("User") == user)]
+        for record in sorted(records, key=lambda r: r.get("Submit", ""), reverse=True)[:1]:
+            exit_code = record.get("ExitCode", "0:0").split(":")[0]
+            return Job(job_id=int(job_id), user=record["User"], name=record["JobName"],
+                       state=(record["State"].split() or ["UNKNOWN"])[0], reason=record.get("Reason") or "None",
+                       partition=record["Partition"], batch_host="", nodes=record.get("NodeList", ""), stdout="",
+                       exit_code=int(exit_code) if exit_code.isdigit() else 0, start_time=0, submit_time=0)
+        return None
+
     async def nodes(self, max_age: float = 10.0) -> list[Node]:
         """Every node, from one shared ``sinfo --json`` taken at most every ``max_age`` seconds."""
         return await self._sinfo.get(max_age)

@@ -359,9 +359,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
-        self.last_end = self.end_message(self._current_job)
-        self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         job = self._current_job
+        if job is None:  # slurmctld forgot it already (MinJobAge): accounting remembers how it ended
+            job = await self.slurm.accounting(int(self.job_id), self.user.name)
+        self.last_end = self.end_message(job)
+        self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         metrics.SESSIONS_ENDED.labels(job.partition if job else "", job.state if job else "GONE").inc()
         self.clear_state()
         return 1
