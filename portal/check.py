@@ -153,6 +153,23 @@ def check_firewall() -> Result:
     return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own")
 
 
+def check_accounting(settings) -> Result:
+    import os
+    import subprocess
+
+    try:
+        result = subprocess.run(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], capture_output=True,
+                                text=True, timeout=30, env={**os.environ, **settings.slurm_env()})
+        problem = (result.stderr or "").strip() if result.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as error:
+        problem = str(error)
+    if problem:
+        return Result("Slurm accounting", True, f"sacct does not answer ({problem.splitlines()[-1]}): finished "
+                      "jobs show as UNKNOWN once slurmctld forgets them and `dsportal usage` has no data "
+                      "(slurmdbd; see docs/admin.md)", warning=True)
+    return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
+
+
 def run_checks(config_path=None) -> tuple[bool, str]:
     try:
         settings = settings_module.load(config_path)
@@ -160,6 +177,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
         return False, f"  [FAIL] configuration: {error}"
     results = [Result("configuration", True, f"{settings.source} is valid ({len(settings.profiles)} profiles)")]
     results += check_slurm(settings)
+    results.append(check_accounting(settings))
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))
     results += check_templates(settings)
