@@ -15,6 +15,7 @@ import asyncio
 import grp
 import os
 import pwd
+import time
 from datetime import datetime, timezone
 
 from traitlets import Float, List, Unicode, default
@@ -50,6 +51,10 @@ class PartitionSpawner(WrapSpawner):
 
     child_profile = Unicode()
     session_ended = ""  # why the last session ended outside the portal, until the next start
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._created_at = time.monotonic()
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:
@@ -169,6 +174,10 @@ class PartitionSpawner(WrapSpawner):
         through the proxy, the session's own reports), or None while it starts, stops or is checked."""
         if (self.child_spawner is None or self.orm_spawner is None or not self.server or self._spawn_pending
                 or self._stop_pending or self._check_pending):
+            return None
+        # After a hub restart the sessions' reports of the downtime arrive within one interval:
+        # until then the recorded last activity may be old for a session that was in use.
+        if time.monotonic() - self._created_at < 2 * self.child_spawner.activity_interval + 5:
             return None
         last = self.orm_spawner.last_activity or self.orm_spawner.started
         if last is None:
