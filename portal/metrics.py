@@ -80,6 +80,6 @@ def command_name(argv: list[str]) -> str:
     """'squeue' for [.../squeue, --json] and for [runuser, -u, alice, --, .../sbatch, ...]."""
     for part in argv:
         name = Path(part).name
-        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail"):
+        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail", "stat"):
             return name
     return Path(argv[0]).name if argv else "?"

@@ -367,9 +367,14 @@ class Slurm:
     async def resources(self, max_age: float = 10.0) -> dict[str, Resources]:
         return partition_resources(await self.nodes(max_age))
 
-    async def read_as_user(self, user: str, path: str, lines: int = 30) -> str:
-        """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files)."""
+    async def read_as_user(self, user: str, path: str, lines: int = 30, not_before: float | None = None) -> str:
+        """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files);
+        "" when it was last written before ``not_before`` (a time.time() value)."""
         try:
+            if not_before is not None:
+                modified = await self.run(self.as_user(user, ["stat", "-c", "%Y", "--", path]))
+                if float(modified.strip() or 0) < int(not_before) - 1:
+                    return ""
             return await self.run(self.as_user(user, ["tail", "-n", str(int(lines)), "--", path]))
         except SlurmError as error:
             return f"(log {path} unreadable: {error})"

@@ -211,7 +211,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         except (RequestError, ValueError) as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
         self._launch_policy = self.launch_policy(self.session_slice().profile.name)
-        submitted_at = time.monotonic()
+        self._submitted_wall = time.time()
         try:
             await self.slurm.make_private_dir_as_user(self.user.name, self._expand(self.log_dir))
             # sbatch hands its umask to slurmstepd, which creates the job's log with it.
@@ -225,7 +225,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.log.info("Submitted session job %s for %s", job_id, self.user.name)
         self.job_id = str(job_id)
         self._job = None
-        self._submitted_at = submitted_at
+        # Only a squeue started after sbatch returned is sure to list the job: an earlier one,
+        # still running when sbatch returned, may not (the job then looked "ended" at once).
+        self._submitted_at = time.monotonic()
         return self.job_id
 
     async def query_job_status(self, fresh_after: float | None = None):
@@ -303,7 +305,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
         job_id = self.job_id
         log_path = f"{self._expand(self.log_dir)}/session-{job_id}.log"
-        tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines))).strip()
+        # Job ids come round again after a Slurm reset: a log from before this submission is another job's.
+        tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines),
+                                              not_before=getattr(self, "_submitted_wall", None))).strip()
         state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
         message = f"Session job {job_id} {what} ({state})."
         if tail:
