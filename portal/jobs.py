@@ -396,6 +396,29 @@ def _scontrol_jobs(job_id: int | None = None) -> dict[int, dict[str, str]]:
     return jobs
 
 
+def session_slice(environ=os.environ) -> dict:
+    """What this session's own job holds (the JupyterLab status bar): GPUs, CPUs, memory, and the
+    walltime left as Slurm counts it (TimeLimit - RunTime, so no clock or time zone is involved)."""
+    from .activity import job_gpus
+    from .settings import parse_walltime
+
+    job_id = environ.get("SLURM_JOB_ID", "")
+    cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SLURM_CPUS_ON_NODE") or "0"
+    mem = environ.get("SLURM_MEM_PER_NODE") or "0"
+    found = {"job_id": int(job_id) if job_id.isdigit() else None, "partition": environ.get("SLURM_JOB_PARTITION", ""),
+             "gpus": len(job_gpus(environ)), "cpus": int(cpus) if cpus.isdigit() else 0,
+             "memory_mb": int(mem) if mem.isdigit() else 0, "time_limit_s": None, "time_left_s": None, "node": ""}
+    if found["job_id"] is None:
+        return found
+    fields = _scontrol_jobs(found["job_id"]).get(found["job_id"], {})
+    try:
+        limit, ran = parse_walltime(fields["TimeLimit"]), parse_walltime(fields["RunTime"])
+    except (KeyError, ValueError):  # UNLIMITED, or slurmctld forgot the job
+        return found
+    found.update(time_limit_s=limit, time_left_s=max(0, limit - ran), node=fields.get("NodeList", ""))
+    return found
+
+
 ACCOUNTING_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Submit")
 
 

@@ -8,9 +8,9 @@ REST (under the session's base URL, e.g. /user/alice/):
   GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
                                          live, then {"type": "state", ...} once the job ended
   GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
+  GET    dsportal/api/slice              this session's slice: GPUs, CPUs, memory, walltime left
   GET    dsportal/api/idle               how long the session is unused, when the hub stops it
   POST   dsportal/api/idle               "Keep my session": counts as use
-  GET    dsportal/jobs                   the Jobs panel (launch, list, live log, cancel)
 
 The session's server answers its owner only (JupyterHub's token/cookie check), so another
 user's token is refused before any of this runs; jobs are the ones in the owner's own
@@ -31,7 +31,6 @@ from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 
 from . import activity, jobs
-from .templating import render
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming
@@ -120,6 +119,16 @@ class PolicyHandler(_JobsAPI):
         self.finish(policy.to_env())
 
 
+class SliceHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self):
+        try:
+            found = await asyncio.to_thread(jobs.session_slice)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.finish(json.dumps(found))
+
+
 class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
     """Each message is JSON: {"type": "line", "rank", "stream", "line"} or, last,
     {"type": "state", "state", "exit_code", "reason"}. A new connection replays the log so far."""
@@ -180,14 +189,6 @@ class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
             return
 
 
-class PanelHandler(JupyterHandler):
-    @web.authenticated
-    def get(self):
-        base = self.base_url
-        self.finish(render("jobs_panel.html.j2", api=url_path_join(base, "dsportal/api"),
-                           xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token))
-
-
 def _jupyter_server_extension_points():
     return [{"module": "portal.jobserver"}]
 
@@ -201,8 +202,8 @@ def _load_jupyter_server_extension(server_app):
         (url_path_join(api, r"jobs/(\d+)"), JobHandler),
         (url_path_join(api, r"jobs/(\d+)/stream"), JobStreamHandler),
         (url_path_join(api, "policy"), PolicyHandler),
+        (url_path_join(api, "slice"), SliceHandler),
         (url_path_join(api, "idle"), activity.IdleHandler),
-        (url_path_join(base, "dsportal/jobs"), PanelHandler),
     ])
     server_app.log.info("dsportal: job launcher at %s", api)
     from . import nbtemplates, portguard, tensorboards

@@ -50,5 +50,7 @@ fi
 bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
+# The JupyterLab extension, built from its TypeScript sources by JupyterLab's builder (cached).
+bash scripts/build-labextension.sh "$ENV"
 chmod -R a+rX "$ENV" "$PREFIX/chp"
 say "ready: $ENV"

@@ -1,6 +1,8 @@
-"""In a real browser (Debian chromium driven by Playwright): JupyterLab loads dsportal's extension,
-a right-click on a folder offers "Open TensorBoard", and TensorBoard opens in a new tab; opening a
-template opens the user's own copy."""
+"""In a real browser (Debian chromium driven by Playwright): JupyterLab loads dsportal's extension
+(TypeScript, built by JupyterLab's builder); a right-click on a folder offers "Open TensorBoard", and
+TensorBoard opens in a new tab; opening a template opens the user's own copy; the Jobs panel docks in
+JupyterLab, launches a 2x2 Horovod job and a torchrun job, shows every rank live, filters by rank,
+cancels, in the light and the dark theme; the status bar shows the session's slice."""
 
 from __future__ import annotations
 
@@ -25,23 +27,13 @@ def test_open_tensorboard_from_the_file_browser(alice):
         "shutil.rmtree(os.path.expanduser('~/tb-browser'), ignore_errors=True)\n"
         "w = SummaryWriter(os.path.expanduser('~/tb-browser/run1'))\n"
         "[w.add_scalar('accuracy', 0.5 + s / 10, s) for s in range(4)]\n"
-        "w.close()\n"
-        "open(os.path.expanduser('~/ddp_hello.py'), 'w').write(\n"
-        "    'import torch, torch.distributed as dist\\n'\n"
-        "    'dist.init_process_group(\"gloo\")\\n'\n"
-        "    'total = torch.tensor([float(dist.get_rank())]); dist.all_reduce(total)\\n'\n"
-        "    'print(f\"rank {dist.get_rank()} allreduce sum {total.item():.0f}\", flush=True)\\n'\n"
-        "    'dist.destroy_process_group()\\n')\n", timeout=120)
+        "w.close()\n", timeout=120)
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         page = context.new_page()
-        page.goto(f"{HUB}/hub/login")
-        page.fill("#username_input", "alice")
-        page.fill("#password_input", "alice-demo")
-        page.click("#login_submit")
-        page.wait_for_url("**/user/alice/**", timeout=60_000)
+        log_in(page)
         page.goto(f"{HUB}/user/alice/lab?reset")  # ?reset: the layout of earlier runs is not restored
         page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
         folder = page.locator('.jp-DirListing-item[data-isdir="true"]', has_text="tb-browser")
@@ -60,24 +52,6 @@ def test_open_tensorboard_from_the_file_browser(alice):
         board.wait_for_timeout(3000)
         board.screenshot(path=str(SHOTS / "tensorboard.png"))
 
-        # The launcher offers the Jobs panel; it opens and lists what the user may launch.
-        page.goto(f"{HUB}/user/alice/dsportal/jobs")
-        page.wait_for_function("document.querySelector('#profile').options.length > 0", timeout=30_000)
-        assert page.locator("#profile option").all_inner_texts() == ["GPU partition", "CPU partition"]
-        page.screenshot(path=str(SHOTS / "jobs-panel.png"))
-
-        # A torchrun job from the panel: 2 nodes x 1 process, each rank's lines live, then COMPLETED.
-        page.select_option("#profile", "cpu")
-        page.fill("#script", "ddp_hello.py")
-        page.fill("#nodes", "2")
-        page.select_option("#launcher", "torchrun")
-        page.click("#launch button[type=submit]")
-        page.locator("#message.ok").wait_for(timeout=30_000)
-        assert "torchrun" in page.locator("#message").inner_text()
-        page.get_by_text("[rank 1] rank 1 allreduce sum 1").wait_for(timeout=120_000)
-        page.locator("#log .state", has_text="COMPLETED").wait_for(timeout=120_000)
-        assert page.get_by_text("[rank 0] rank 0 allreduce sum 1").count() == 1
-        page.screenshot(path=str(SHOTS / "jobs-panel-torchrun.png"))
         browser.close()
 
 
@@ -91,11 +65,7 @@ def test_opening_a_template_opens_my_own_copy(alice):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-        page.goto(f"{HUB}/hub/login")
-        page.fill("#username_input", "alice")
-        page.fill("#password_input", "alice-demo")
-        page.click("#login_submit")
-        page.wait_for_url("**/user/alice/**", timeout=60_000)
+        log_in(page)
         page.goto(f"{HUB}/user/alice/lab/tree/templates?reset")  # ?reset: no tabs restored from earlier runs
         page.wait_for_function("window.dsportalLab && window.dsportalLab.templatesFolder === 'templates'",
                                timeout=90_000)
@@ -113,3 +83,148 @@ def test_opening_a_template_opens_my_own_copy(alice):
         browser.close()
     copy = home("alice") / "notebooks/dsportal/getting-started.ipynb"
     assert copy.read_bytes() == Path("/opt/dsportal/env/share/dsportal/notebooks/getting-started.ipynb").read_bytes()
+
+
+HVD_ALLREDUCE = """
+import os, time
+import torch
+import horovod.torch as hvd
+hvd.init()
+print(f"rank {hvd.rank()} of {hvd.size()} on {os.environ.get('SLURMD_NODENAME')}", flush=True)
+time.sleep(6)  # the job is still running while the panel shows these first lines
+total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
+print(f"rank {hvd.rank()} allreduce sum {total.item():.0f}", flush=True)
+"""
+
+DDP_HELLO = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())]); dist.all_reduce(total)
+print(f"rank {dist.get_rank()} allreduce sum {total.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+
+SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
+
+THEMES = "/user/alice/lab/api/settings/@jupyterlab/apputils-extension:themes"
+
+
+def log_in(page, user: str = "alice") -> None:
+    page.goto(f"{HUB}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", f"{user}-demo")
+    page.click("#login_submit")
+    page.wait_for_url(f"**/user/{user}/**", timeout=60_000)
+
+
+def launch(panel, job_id_of, **fields) -> int:
+    """Fill the Jobs panel's form and launch; the job id from the panel's message."""
+    for name in ("profile", "gpus_per_node", "launcher", "image"):
+        if name in fields:
+            select = panel.locator(f"select[name={name}]")
+            select.select_option(index=0) if fields[name] == "" else select.select_option(str(fields[name]))
+    for name in ("script", "nodes", "walltime"):
+        if name in fields:
+            panel.locator(f"input[name={name}]").fill(str(fields[name]))
+    panel.locator("button[type=submit]").click()
+    message = panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok")
+    message.wait_for(timeout=30_000)
+    return job_id_of(message.inner_text())
+
+
+def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
+    """The docked Jobs panel: a 2x2 Horovod job with every rank live then COMPLETED, the rank filter,
+    a torchrun job, cancel; light and dark theme; the status bar's slice."""
+    import re
+
+    from test_jobs import scontrol_state
+
+    alice.spawn({"profile": "cpu"})
+    alice.run_code(f"import os\nfor name, text in {[('hvd_panel.py', HVD_ALLREDUCE), ('ddp_hello.py', DDP_HELLO), ('sleeper.py', SLEEPER)]!r}:\n"
+                   "    open(os.path.expanduser('~/' + name), 'w').write(text)\n")
+    alice.api("PUT", THEMES, json={"raw": '{"theme": "JupyterLab Light"}'})
+    SHOTS.mkdir(exist_ok=True)
+
+    def job_id_of(text: str) -> int:
+        return int(re.search(r"Submitted job (\d+)", text).group(1))
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        log_in(page)
+        page.goto(f"{HUB}/user/alice/lab?reset")
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+
+        # The status bar: the session's slice (cpu profile: no GPU, 4 CPUs, 16 GB) and its walltime left.
+        status = page.locator(".dsportal-SliceStatus")
+        status.get_by_text("left").wait_for(timeout=30_000)
+        text = status.inner_text()
+        assert re.fullmatch(r"0 GPUs · 4 CPUs · 16 GB · \d+ (h|h \d\d min|min) left", text), text
+
+        # The launcher card docks the panel in JupyterLab's main area, beside the launcher.
+        page.locator(".jp-LauncherCard", has_text="Multi-node jobs").click()
+        panel = page.locator(".lm-DockPanel .dsportal-Jobs")
+        panel.wait_for(timeout=30_000)
+        assert page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="Jobs").count() == 1
+        page.wait_for_function("window.dsportalLab.jobsPolicy === true", timeout=30_000)
+        assert panel.locator("select[name=profile] option").all_inner_texts() == ["GPU partition", "CPU partition"]
+
+        # Horovod, 2 nodes x 2 GPUs in the horovod image: each rank's first line shows while Slurm
+        # says RUNNING, then every rank's allreduce, then COMPLETED.
+        job = launch(panel, job_id_of, profile="gpu", gpus_per_node=2, nodes=2, launcher="mpi", image="horovod",
+                     script="hvd_panel.py")
+        log = panel.locator(".dsportal-Jobs-log")
+        states = {}
+        for rank in range(4):
+            log.get_by_text(re.compile(rf"^\[rank {rank}\] rank {rank} of 4 on node\d$")).wait_for(timeout=180_000)
+            states[rank] = scontrol_state(job)
+        assert set(states.values()) == {"RUNNING"}, states
+        page.screenshot(path=str(SHOTS / "jobs-panel-live.png"))
+        log.locator(".dsportal-Jobs-state", has_text=f"job {job}: COMPLETED (exit code 0:0)").wait_for(timeout=120_000)
+        for rank in range(4):
+            assert log.get_by_text(f"[rank {rank}] rank {rank} allreduce sum 6").count() == 1
+        row = panel.locator(f"tr[data-job-id='{job}']")
+        row.locator(".dsportal-state-COMPLETED").wait_for(timeout=30_000)
+        # The rank filter: rank 2's lines only (the final state stays in view).
+        panel.locator("select.dsportal-Jobs-rankFilter").select_option("2")
+        visible = log.locator(".dsportal-Jobs-line:visible").all_inner_texts()
+        assert visible and all(line.startswith("[rank 2]") or line.startswith(f"job {job}:") for line in visible), visible
+        assert "[rank 2] rank 2 allreduce sum 6" in visible
+        page.screenshot(path=str(SHOTS / "jobs-panel-rank2.png"))
+        panel.locator("select.dsportal-Jobs-rankFilter").select_option("all")
+        light = panel.evaluate("node => getComputedStyle(node).backgroundColor")
+
+        # torchrun, 2 nodes x 1 process (cpu profile, session Python).
+        job = launch(panel, job_id_of, profile="cpu", nodes=2, launcher="torchrun", image="", script="ddp_hello.py")
+        assert "torchrun" in panel.locator(".dsportal-Jobs-message").inner_text()
+        log.get_by_text("[rank 1] rank 1 allreduce sum 1").wait_for(timeout=120_000)
+        log.locator(".dsportal-Jobs-state", has_text=f"job {job}: COMPLETED").wait_for(timeout=120_000)
+
+        # Cancel from the job's row: the log ends CANCELLED, the row loses its Cancel button.
+        job = launch(panel, job_id_of, profile="cpu", nodes=1, launcher="mpi", image="", script="sleeper.py")
+        log.get_by_text("[rank 0] sleeping").wait_for(timeout=120_000)
+        row = panel.locator(f"tr[data-job-id='{job}']")
+        row.locator(".dsportal-Jobs-cancel").click()
+        log.locator(".dsportal-Jobs-state", has_text=f"job {job}: CANCELLED").wait_for(timeout=60_000)
+        row.locator(".dsportal-state-CANCELLED").wait_for(timeout=30_000)
+        assert row.locator(".dsportal-Jobs-cancel").count() == 0
+        assert scontrol_state(job) in ("CANCELLED", "")
+
+        # The dark theme: the panel follows JupyterLab's theme (and comes back docked after a reload).
+        try:
+            assert alice.api("PUT", THEMES, json={"raw": '{"theme": "JupyterLab Dark"}'}).status_code == 204
+            page.reload()
+            page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+            panel.wait_for(timeout=60_000)  # JupyterLab's layout restorer docks it again
+            page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+            page.wait_for_timeout(1000)
+            dark = panel.evaluate("node => getComputedStyle(node).backgroundColor")
+            page.screenshot(path=str(SHOTS / "jobs-panel-dark.png"))
+        finally:
+            alice.api("PUT", THEMES, json={"raw": '{"theme": "JupyterLab Light"}'})
+        browser.close()
+
+    def brightness(css: str) -> int:
+        return sum(int(n) for n in re.findall(r"\d+", css)[:3])
+
+    assert brightness(light) > 600 and brightness(dark) < 200, (light, dark)

@@ -250,13 +250,18 @@ def test_horovod_magic_trains_digits_with_mpirun(alice_session):
     assert "COMPLETED (exit code 0:0)" in output, output
 
 
-def test_panel_page_is_served_to_the_owner(alice_session, bob):
-    page = alice_session.api("GET", "/user/alice/dsportal/jobs")
-    assert page.status_code == 200 and "Multi-node jobs" in page.text and "/user/alice/dsportal/api" in page.text
+def test_policy_and_slice_are_served_to_the_owner(alice_session, bob):
     policy = alice_session.api("GET", "/user/alice/dsportal/api/policy").json()
     assert [p["name"] for p in policy["profiles"]] == ["gpu", "cpu"]  # staff is not alice's
     assert policy["node_gpus"] == {"gpu": 4, "cpu": 4} and policy["node_count"] == {"gpu": 2, "cpu": 2}
-    assert bob.api("GET", "/user/alice/dsportal/jobs", allow_redirects=False).status_code in (302, 403)
+    # The status bar's slice: what the session job holds (gpu profile, 1 GPU: 8 CPUs, 48 GB, 8 h).
+    found = alice_session.api("GET", "/user/alice/dsportal/api/slice").json()
+    job = active_jobs("alice")[0]
+    assert found["job_id"] == job["job_id"] and found["partition"] == "gpu" and found["node"] == job["nodes"]
+    assert (found["gpus"], found["cpus"], found["memory_mb"], found["time_limit_s"]) == (1, 8, 48 * 1024, 8 * 3600)
+    assert 8 * 3600 - 600 < found["time_left_s"] <= 8 * 3600, found
+    for path in ("policy", "slice"):
+        assert bob.api("GET", f"/user/alice/dsportal/api/{path}", allow_redirects=False).status_code in (302, 403)
 
 
 # -- the batch script itself (no cluster needed) ------------------------------------------

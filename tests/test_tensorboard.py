@@ -7,8 +7,10 @@ proxy and the session's jupyter-server-proxy handler bring it to her browser onl
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from pathlib import Path
 
 import requests
 
@@ -116,8 +118,21 @@ def test_notebook_tensorboard_magic_opens_the_private_tensorboard(alice, bob):
 
 
 def test_jupyterlab_loads_the_dsportal_extension(alice):
+    """The extension JupyterLab serves is the one its builder made from labextension/src."""
+    import re
+
     alice.spawn({"profile": "cpu"})
     page = alice.api("GET", "/user/alice/lab")
-    assert page.status_code == 200 and "dsportal-lab" in page.text  # JupyterLab's federated extensions
-    script = alice.api("GET", "/user/alice/lab/extensions/dsportal-lab/static/remoteEntry.js")
-    assert script.status_code == 200 and "Open TensorBoard" in script.text
+    assert page.status_code == 200
+    config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                                  page.text, re.S).group(1))
+    found = [e for e in config["federated_extensions"] if e["name"] == "dsportal-lab"]
+    assert len(found) == 1 and found[0]["extension"] == "./extension", config["federated_extensions"]
+    assert re.fullmatch(r"static/remoteEntry\.[0-9a-f]+\.js", found[0]["load"]), found
+    script = alice.api("GET", f"/user/alice/lab/extensions/dsportal-lab/{found[0]['load']}")
+    assert script.status_code == 200 and "dsportal-lab" in script.text
+    installed = json.loads(Path("/opt/dsportal/env/share/jupyter/labextensions/dsportal-lab/package.json").read_text())
+    assert installed["jupyterlab"]["_build"]["load"] == found[0]["load"]
+    chunks = " ".join(p.read_text() for p in Path("/opt/dsportal/env/share/jupyter/labextensions/dsportal-lab/static").glob("*.js"))
+    for text in ("Open TensorBoard", "Multi-node jobs", "dsportal-SliceStatus", "Keep my session"):
+        assert text in chunks, text

@@ -1,0 +1,276 @@
+// dsportal's JupyterLab extension (built by JupyterLab's own builder: `jlpm build`, run by
+// scripts/build-labextension.sh from `make deps`):
+// - the Jobs panel, docked in the main area (jobs.ts), from the launcher and the command palette;
+// - the session's slice in the status bar (slice.ts);
+// - "Open TensorBoard" on folders in the file browser, "TensorBoard (this folder)" in the launcher;
+// - opening a file under templates/ opens the user's own copy instead (made on first open, never
+//   overwritten), with a note when the template changed since, and an offer of a fresh copy;
+// - a warning before the hub stops a session nobody uses (idle limit), with "Keep my session".
+import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
+import { DocumentWidget } from '@jupyterlab/docregistry';
+import { ILauncher } from '@jupyterlab/launcher';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { api, duration, sessionUrl, state } from './api';
+import { JobsPanel } from './jobs';
+import { SliceStatus } from './slice';
+
+import '../style/index.css';
+
+const jobsIcon = new LabIcon({
+  name: 'dsportal:jobs',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<rect x="2" y="3" width="8" height="7" rx="1"/><rect x="14" y="3" width="8" height="7" rx="1"/>' +
+    '<rect x="2" y="14" width="8" height="7" rx="1"/><rect x="14" y="14" width="8" height="7" rx="1"/>' +
+    '<path d="M10 6h4v1h-4zM10 17h4v1h-4zM5.5 10h1v4h-1zM17.5 10h1v4h-1z"/></g></svg>'
+});
+
+const tensorboardIcon = new LabIcon({
+  name: 'dsportal:tensorboard',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M3 20h18v1.5H3z"/><path d="M4 17l5-6 4 3 6-8 1.2.9-7 9.4-4-3-4 4.8z"/></g></svg>'
+});
+
+const COMMANDS = {
+  jobs: 'dsportal:open-jobs',
+  tensorboard: 'dsportal:open-tensorboard',
+  tensorboardHere: 'dsportal:open-tensorboard-here',
+  freshCopy: 'dsportal:fresh-template-copy',
+  keep: 'dsportal:keep-session'
+};
+
+type Notify = (message: string, type?: string, actions?: { label: string; commandId: string; args?: any; displayType?: string }[]) => Promise<string>;
+
+function notifier(app: JupyterFrontEnd): Notify {
+  return (message, type = 'info', actions = []) =>
+    app.commands
+      .execute('apputils:notify', { message, type, options: { autoClose: actions.length ? false : 8000, actions } })
+      .then(id => String(id))
+      .catch(() => {
+        console.info('dsportal:', message);
+        return '';
+      });
+}
+
+function fileBrowser(app: JupyterFrontEnd): any {
+  for (const widget of app.shell.widgets('left')) {
+    if (widget.id === 'filebrowser') {
+      return widget;
+    }
+  }
+  return null;
+}
+
+function openTensorBoard(folder: string): void {
+  window.open(`${sessionUrl('dsportal/tensorboard-open')}?logdir=${encodeURIComponent(folder || '.')}`, '_blank');
+}
+
+// ------------------------------------------------------------------------------------ templates
+interface Opened {
+  path: string;
+  created: boolean;
+  template_updated: boolean;
+  own_template: boolean;
+}
+
+async function openTemplateCopy(app: JupyterFrontEnd, notify: Notify, template: string, fresh: boolean, widget: Widget | null): Promise<void> {
+  let answer: Opened;
+  try {
+    answer = await api<Opened>('POST', 'templates/open', { path: template, fresh });
+  } catch (error) {
+    notify(`Could not make your copy of ${template}: ${(error as Error).message}`, 'error');
+    return;
+  }
+  if (answer.own_template) {
+    notify(`You own ${template}: what you save here is what every user sees.`, 'warning');
+    return;
+  }
+  if (widget && !widget.isDisposed) {
+    // Never edited (it is read-only), so no "save your changes?" question: a kernel that started
+    // meanwhile may have touched the notebook's metadata, which would make close() ask one.
+    (widget as DocumentWidget).context?.sessionContext?.shutdown().catch(() => undefined);
+    widget.dispose();
+  }
+  await app.commands.execute('docmanager:open', { path: answer.path });
+  const message = answer.created
+    ? `This is your own copy, ${answer.path}: edit and run it freely. The template stays as it is.`
+    : `Opened your copy ${answer.path} (made earlier, kept as you left it).`;
+  if (answer.template_updated) {
+    notify(`${message} The template has changed since you copied it.`, 'info', [
+      { label: 'Open a fresh copy', commandId: COMMANDS.freshCopy, args: { path: template } }
+    ]);
+  } else {
+    notify(message, 'info');
+  }
+}
+
+async function watchTemplates(app: JupyterFrontEnd, notify: Notify): Promise<void> {
+  let info: { folder: string };
+  try {
+    info = await api<{ folder: string }>('GET', 'templates');
+  } catch {
+    return; // a session without templates
+  }
+  const prefix = `${info.folder}/`;
+  const seen = new WeakSet<Widget>();
+  state.templatesFolder = info.folder;
+  const check = () => {
+    for (const widget of app.shell.widgets('main')) {
+      const path = (widget as DocumentWidget).context?.path;
+      if (!path || !path.startsWith(prefix) || path === `${prefix}README.md` || seen.has(widget)) {
+        continue;
+      }
+      seen.add(widget);
+      void openTemplateCopy(app, notify, path, false, widget);
+    }
+  };
+  (app.shell as ILabShell).layoutModified?.connect(check);
+  app.shell.currentChanged?.connect(check);
+  check();
+}
+
+// ------------------------------------------------------------------------------------ idle sessions
+interface Idle {
+  limit_s: number | null;
+  idle_s: number;
+  stop_in_s: number;
+}
+
+function watchIdle(app: JupyterFrontEnd, notify: Notify): void {
+  // The hub stops a session nobody uses for its partition's idle limit (GPUs go back to the
+  // queue): say so before it happens, with a button that counts as use. Reading this API does
+  // not count as use, so an open tab does not keep the session alive by itself.
+  let shown: Promise<string> | null = null;
+  const dismiss = () => {
+    shown?.then(id => id && app.commands.execute('apputils:dismiss-notification', { id }));
+    shown = null;
+  };
+  const look = async () => {
+    let idle: Idle;
+    try {
+      idle = await api<Idle>('GET', 'idle');
+    } catch {
+      window.setTimeout(look, 60_000);
+      return;
+    }
+    if (!idle.limit_s) {
+      return;
+    }
+    const warnFrom = Math.min(600, Math.floor(idle.limit_s / 2));
+    if (idle.stop_in_s <= warnFrom && shown === null) {
+      shown = notify(
+        `This session has not been used for ${duration(idle.idle_s)}: it will be stopped in about ${duration(idle.stop_in_s)} ` +
+          `so its resources go back to others (limit ${duration(idle.limit_s)}). Running code, even silently, counts as use.`,
+        'warning',
+        [{ label: 'Keep my session', commandId: COMMANDS.keep, displayType: 'accent' }]
+      );
+    } else if (idle.stop_in_s > warnFrom && shown !== null) {
+      dismiss();
+    }
+    state.idle = idle;
+    window.setTimeout(look, 1000 * Math.max(5, Math.min(60, Math.floor(idle.limit_s / 4))));
+  };
+  app.commands.addCommand(COMMANDS.keep, {
+    label: 'Keep my session',
+    execute: async () => {
+      await api('POST', 'idle');
+      dismiss();
+      notify('Your session is kept: the idle clock starts again.', 'info');
+    }
+  });
+  void look();
+}
+
+// ------------------------------------------------------------------------------------ plugins
+const main: JupyterFrontEndPlugin<void> = {
+  id: 'dsportal-lab:plugin',
+  description: 'dsportal: the Jobs panel, TensorBoard on folders, template copies, idle warnings',
+  autoStart: true,
+  optional: [ILauncher, ICommandPalette, ILayoutRestorer],
+  activate: (app: JupyterFrontEnd, launcher: ILauncher | null, palette: ICommandPalette | null, restorer: ILayoutRestorer | null) => {
+    const notify = notifier(app);
+    const tracker = new WidgetTracker<JobsPanel>({ namespace: 'dsportal-jobs' });
+
+    app.commands.addCommand(COMMANDS.jobs, {
+      label: 'Multi-node jobs',
+      caption: 'Launch, follow and cancel multi-node jobs (Horovod/MPI, torchrun)',
+      icon: jobsIcon,
+      execute: async () => {
+        let panel = tracker.currentWidget;
+        if (!panel || panel.isDisposed) {
+          panel = new JobsPanel();
+          panel.title.icon = jobsIcon;
+          await tracker.add(panel);
+          app.shell.add(panel, 'main');
+        }
+        app.shell.activateById(panel.id);
+        return panel;
+      }
+    });
+    app.commands.addCommand(COMMANDS.tensorboard, {
+      label: 'Open TensorBoard',
+      caption: "TensorBoard for this folder's logs, in a new tab",
+      icon: tensorboardIcon,
+      execute: () => {
+        const browser = fileBrowser(app);
+        let folder: string = browser?.model?.path ?? '';
+        const item = browser?.selectedItems?.().next();
+        if (item && !item.done && item.value?.type === 'directory') {
+          folder = item.value.path;
+        }
+        openTensorBoard(folder);
+      }
+    });
+    app.commands.addCommand(COMMANDS.tensorboardHere, {
+      label: 'TensorBoard (this folder)',
+      caption: "TensorBoard for the file browser's current folder",
+      icon: tensorboardIcon,
+      execute: () => openTensorBoard(fileBrowser(app)?.model?.path ?? '')
+    });
+    app.commands.addCommand(COMMANDS.freshCopy, {
+      label: 'Open a fresh copy',
+      caption: "Copy the template's current version beside your earlier copy",
+      execute: args => openTemplateCopy(app, notify, String(args.path), true, null)
+    });
+
+    app.contextMenu.addItem({ command: COMMANDS.tensorboard, selector: '.jp-DirListing-item[data-isdir="true"]', rank: 3 });
+    app.contextMenu.addItem({ command: COMMANDS.tensorboardHere, selector: '.jp-DirListing-content', rank: 100 });
+    if (launcher) {
+      launcher.add({ command: COMMANDS.jobs, category: 'Other', rank: 1 });
+      launcher.add({ command: COMMANDS.tensorboardHere, category: 'Other', rank: 2 });
+    }
+    if (palette) {
+      for (const command of [COMMANDS.jobs, COMMANDS.tensorboardHere]) {
+        palette.addItem({ command, category: 'dsportal' });
+      }
+    }
+    if (restorer) {
+      void restorer.restore(tracker, { command: COMMANDS.jobs, name: () => 'jobs' });
+    }
+    state.loaded = true;
+    void app.restored.then(() => {
+      watchIdle(app, notify);
+      return watchTemplates(app, notify);
+    });
+  }
+};
+
+const slice: JupyterFrontEndPlugin<void> = {
+  id: 'dsportal-lab:slice',
+  description: "The session's Slurm slice and walltime left, in the status bar",
+  autoStart: true,
+  optional: [IStatusBar],
+  activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null) => {
+    if (!statusBar) {
+      return;
+    }
+    statusBar.registerStatusItem('dsportal-lab:slice', { item: new SliceStatus(), align: 'left', rank: 50 });
+  }
+};
+
+export default [main, slice];
