@@ -273,6 +273,31 @@ def ensure_accounting() -> None:
         _say(f"slurmdbd started on 127.0.0.1:{DBD_PORT}")
 
 
+def ensure_slurm_associations() -> None:
+    """What slurm.conf's AccountingStorageEnforce asks for: the cluster, the QoS with their limits,
+    and an association (account + user) for each demo user, from users.yaml. Idempotent."""
+    env = slurm_env()
+    data = directory()
+
+    def sacctmgr(*args: str) -> None:
+        result = subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True)
+        if result.returncode != 0 and not ("Nothing new added" in result.stdout or "already exists" in result.stdout):
+            raise DemoError(f"sacctmgr {' '.join(args)} failed: {(result.stderr or result.stdout).strip()}")
+
+    sacctmgr("add", "cluster", "dsportal")
+    for qos in data["slurm_qos"]:
+        sacctmgr("add", "qos", qos["name"])
+        sacctmgr("modify", "qos", "where", f"name={qos['name']}", "set", f"Description={qos['description']}",
+                 f"MaxTRESPerUser={qos['max_tres_per_user']}", f"Flags={qos['flags']}")
+    for account in data["slurm_accounts"]:
+        users = ",".join(account["users"])
+        sacctmgr("add", "account", account["name"], f"Description={account['description']}", "Organization=dsportal")
+        sacctmgr("add", "user", users, f"Account={account['name']}")
+        if account.get("qos"):
+            sacctmgr("modify", "user", "where", f"name={users}", f"account={account['name']}", "set",
+                     f"QOS={','.join(account['qos'])}", "DefaultQOS=normal")
+
+
 def slurm_env() -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": str(slurm_conf_path())}
 
@@ -282,6 +307,7 @@ def ensure_slurm() -> None:
     ensure_gpus()
     write_slurm_conf()
     ensure_accounting()
+    ensure_slurm_associations()
     env = slurm_env()
     ctld_pidfile = p.run / "slurmctld.pid"
     if _alive(ctld_pidfile) and slurm_conf_path().stat().st_mtime > ctld_pidfile.stat().st_mtime:
@@ -509,8 +535,8 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     (STATE / "log").mkdir(exist_ok=True)
     ensure_hosts()
     ensure_munge()
+    ensure_accounts()  # Unix accounts first: Slurm's associations name them
     ensure_slurm()
-    ensure_accounts()
     ensure_firewall()
     ensure_ldap()
     ensure_images(config_path)

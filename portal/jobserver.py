@@ -31,6 +31,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web, websocket
 
 from . import activity, jobs
+from .slurm import refusal_hint
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming
@@ -58,7 +59,7 @@ class _JobsAPI(MessageAPIHandler):
         if isinstance(error, jobs.SchedulerUnavailable):
             raise web.HTTPError(503, f"The cluster scheduler is not answering right now, please retry: {error}")
         if isinstance(error, jobs.SlurmRefused):
-            raise web.HTTPError(400, f"Slurm refused the job: {error}")
+            raise web.HTTPError(400, f"Slurm refused the job: {error}{refusal_hint(str(error))}")
         if isinstance(error, jobs.JobRequestError):
             raise web.HTTPError(400, f"Your job request was refused: {error}")
         raise error

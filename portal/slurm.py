@@ -44,6 +44,19 @@ UNREACHABLE_HINTS = (
 )
 
 
+def refusal_hint(message: str, account: str | None = None, qos: str | None = None) -> str:
+    """Plain words to put after Slurm's own refusal, for the refusals accounting brings (sbatch)."""
+    if "accounting/QOS policy" in message or "QOSMax" in message:
+        return (f" The limits of the Slurm QoS{f' {qos}' if qos else ''} do not allow this request (they count "
+                "everything you run): ask for fewer GPUs or less time, or ask your admin.")
+    if "Invalid qos" in message:
+        return f" Your Slurm account may not use the QoS {qos or '(default)'}: ask your admin."
+    if "Invalid account" in message:
+        return (f" You have no Slurm association with the account {account or '(default)'} on this partition: "
+                "ask your admin to add you (sacctmgr add user).")
+    return ""
+
+
 @dataclass(frozen=True)
 class Job:
     job_id: int

@@ -21,7 +21,7 @@ from traitlets import Dict, Float, Integer, List, Unicode, default
 
 from portal import metrics
 from portal.settings import Profile, human_duration, parse_walltime
-from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable
+from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint
 from portal.templating import render
 
 from .form import RequestError, session_slice
@@ -220,7 +220,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None
         except SlurmError as error:
-            raise SpawnFailed(f"Slurm refused the session job: {error}", reason="submit-refused",
+            profile = self.session_slice().profile
+            hint = refusal_hint(str(error), profile.account, profile.qos)
+            raise SpawnFailed(f"Slurm refused the session job: {error}{hint}", reason="submit-refused",
                               status_code=400) from None
         self.log.info("Submitted session job %s for %s", job_id, self.user.name)
         self.job_id = str(job_id)

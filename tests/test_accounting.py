@@ -74,3 +74,52 @@ def test_final_states_come_from_accounting_once_slurmctld_forgot_them(alice):
     # The hub's Slurm client, for a session that ended while slurmctld forgot it.
     record = asyncio.run(Slurm(conf=SLURM_CONF).accounting(job_id, "alice"))
     assert record is not None and record.state == "COMPLETED" and record.user == "alice", record
+
+
+def test_course_qos_allows_two_gpus_per_user_and_refuses_more_in_slurms_words(bob, alice):
+    """bob is a student of carol's course: its profile charges the Slurm account intro-dl under the QoS
+    course (2 GPUs per user, enforced by Slurm through slurmdbd). Slurm's refusal reaches the spawn page."""
+    from conftest import HUB
+    from test_profiles import scontrol
+
+    qos = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "course", "format=name,maxtrespu,flags"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert qos == ["course|gres/gpu=2|DenyOnLimit"], qos
+
+    # Three GPUs at once: refused at submission; the form comes back with Slurm's words.
+    page = bob.web.post(f"{HUB}/hub/spawn", data={"_xsrf": bob.web.cookies.get("_xsrf"), "profile": "course",
+                                                  "gpus.course": "3"}, allow_redirects=False)
+    assert page.status_code == 400, page.status_code
+    text = page.text.replace("&#39;", "'")
+    assert "Slurm refused the session job" in text and "Job violates accounting/QOS policy" in text, text[-3000:]
+    assert "The limits of the Slurm QoS course do not allow this request" in text
+    assert 'name="profile"' in text  # the form again, to ask for less
+    assert active_jobs("bob") == []
+
+    # Two GPUs are within the QoS: the session runs, charged to the course's account.
+    bob.spawn({"profile": "course", "gpus": 2})
+    job = scontrol(active_jobs("bob")[0]["job_id"])
+    assert (job["Account"], job["QOS"], job["TresPerNode"]) == ("intro-dl", "course", "gres:gpu:2"), job
+
+    # A third GPU from inside the session (a job under the same QoS) waits, with Slurm's reason.
+    third = jobs_api(bob, "POST", json={"code": "print('third')", "nodes": 1, "gpus_per_node": 1, "profile": "course"})
+    assert third.status_code == 201, third.text
+    third_id = int(third.json()["job"]["job_id"])
+    deadline = time.monotonic() + 30
+    while (info := jobs_api(bob, "GET", f"/{third_id}").json()["job"])["reason"] != "QOSMaxGRESPerUser":
+        assert time.monotonic() < deadline, info
+        time.sleep(1)
+    assert info["state"] == "PENDING", info
+    assert jobs_api(bob, "DELETE", f"/{third_id}").status_code == 202
+    # Four GPUs in one job: refused at submission, in Slurm's words plus what to do.
+    four = jobs_api(bob, "POST", json={"code": "print(4)", "nodes": 2, "gpus_per_node": 2, "profile": "course"})
+    assert four.status_code == 400, four.text
+    assert "Job violates accounting/QOS policy" in four.json()["message"], four.text
+    assert "ask for fewer GPUs" in four.json()["message"]
+
+    # alice is not in the course: the portal does not offer its profile, and Slurm would refuse her too.
+    refused = alice.start_server({"profile": "course", "gpus": 1})
+    assert refused.status_code == 400 and "reserved for members" in refused.json()["message"], refused.text
+    direct = subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "-p", "gpu", "--account=intro-dl", "--wrap", "true"],
+                            capture_output=True, text=True, cwd="/tmp")
+    assert direct.returncode != 0 and "Invalid account" in direct.stderr, direct
