@@ -111,12 +111,20 @@ def cmd_usage(args) -> int:
 
     settings = settings_module.load(args.config)
     try:
-        rows = usage.collect(args.days, args.user, env={**os.environ, **settings.slurm_env()})
+        since = usage.since_time(args.since) if args.days is None else usage.since_time(f"{args.days}d")
+        by = tuple(part.strip() for part in args.by.split(",") if part.strip())
+        if not by or any(part not in usage.KEYS for part in by):
+            raise ValueError(f"--by takes some of {', '.join(usage.KEYS)} (comma-separated), not {args.by!r}")
+    except ValueError as error:
+        print(f"dsportal usage: {error}", file=sys.stderr)
+        return 2
+    try:
+        rows = usage.collect(since, args.user, env={**os.environ, **settings.slurm_env()})
     except usage.UsageUnavailable as error:
         print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
               "(AccountingStorageType=accounting_storage/slurmdbd); see docs/admin.md.", file=sys.stderr)
         return 1
-    print(usage.report(rows, args.days))
+    print(usage.report(rows, since, by))
     return 0
 
 
@@ -144,9 +152,13 @@ def main(argv=None) -> int:
     firewall_parser.add_argument("users", nargs="*", help="account names or uids (up: all portal users of the "
                                  "node; add-user: e.g. $SLURM_JOB_UID from the Slurm Prolog)")
     firewall_parser.set_defaults(func=cmd_firewall)
-    usage_parser = sub.add_parser("usage", help="GPU-hours per user and partition, from Slurm accounting (sacct)")
-    usage_parser.add_argument("--days", type=int, default=30, help="how far back (default 30)")
-    usage_parser.add_argument("--user", help="only this account")
+    usage_parser = sub.add_parser("usage", help="sessions, GPU-hours and CPU-hours per user, Slurm account (course) "
+                                  "and profile, from Slurm accounting (sacct)")
+    usage_parser.add_argument("--since", default="30d", help="7d, 12h, 2w or a date such as 2026-11-01 (default 30d)")
+    usage_parser.add_argument("--days", type=int, help="the same as --since Nd")
+    usage_parser.add_argument("--by", default="user,account,profile",
+                              help="rows per these, comma-separated: user, account, profile (default all three)")
+    usage_parser.add_argument("--user", help="only this user's jobs")
     usage_parser.set_defaults(func=cmd_usage)
     args = parser.parse_args(argv)
     try:

@@ -1,7 +1,11 @@
-"""`dsportal usage`: who used which GPUs, from Slurm accounting (slurmdbd, `sacct`).
+"""`dsportal usage`: who used which GPUs and CPUs, from Slurm accounting (slurmdbd, `sacct`).
 
-Sessions (jobs named dsportal-<user>) and multi-node jobs are counted apart. GPU-hours are the
-job's allocated GPUs (AllocTRES gres/gpu, all nodes) times its elapsed time. One sacct call.
+Rows are per user, Slurm account (a course or group is charged to its own account) and portal
+profile. The profile comes from the job's comment (`dsportal-profile=NAME`, which session and
+multi-node jobs carry; slurm.conf needs `AccountingStoreFlags=job_comment`); jobs without one show
+their partition in brackets. Sessions (jobs named dsportal-<user>) and multi-node jobs are counted
+apart. GPU-hours are the job's allocated GPUs (AllocTRES gres/gpu, all nodes) times its elapsed
+time, CPU-hours likewise with AllocTRES cpu. One sacct call.
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-FIELDS = ("JobID", "User", "JobName", "Partition", "State", "ElapsedRaw", "AllocTRES")
+FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
+KEYS = ("user", "account", "profile")
+PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
 _GPUS = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
+_CPUS = re.compile(r"(?:^|,)cpu=(\d+)")
+_SINCE = re.compile(r"^(\d+)([hdw])$")
 
 
 class UsageUnavailable(RuntimeError):
@@ -22,16 +30,40 @@ class UsageUnavailable(RuntimeError):
 @dataclass
 class Row:
     user: str
-    partition: str
+    account: str
+    profile: str
     sessions: int = 0
     session_gpu_s: float = 0.0
     jobs: int = 0
     job_gpu_s: float = 0.0
+    cpu_s: float = 0.0
     states: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu_hours(self) -> float:
         return (self.session_gpu_s + self.job_gpu_s) / 3600
+
+    def add(self, other: "Row") -> None:
+        self.sessions += other.sessions
+        self.session_gpu_s += other.session_gpu_s
+        self.jobs += other.jobs
+        self.job_gpu_s += other.job_gpu_s
+        self.cpu_s += other.cpu_s
+        for state, n in other.states.items():
+            self.states[state] = self.states.get(state, 0) + n
+
+
+def since_time(text: str, now: datetime | None = None) -> datetime:
+    """'7d', '12h', '2w' (back from now) or a date '2026-11-01' -> the start of the report."""
+    now = now or datetime.now()
+    match = _SINCE.match(text.strip())
+    if match:
+        number, unit = int(match.group(1)), match.group(2)
+        return now - {"h": timedelta(hours=number), "d": timedelta(days=number), "w": timedelta(weeks=number)}[unit]
+    try:
+        return datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time like 7d, 12h, 2w or 2026-11-01") from None
 
 
 def gpus_of(tres: str) -> int:
@@ -40,8 +72,8 @@ def gpus_of(tres: str) -> int:
     return int(untyped.group(1)) if untyped else sum(int(n) for n in _GPUS.findall(tres or ""))
 
 
-def parse(text: str) -> dict[tuple[str, str], Row]:
-    rows: dict[tuple[str, str], Row] = {}
+def parse(text: str) -> dict[tuple[str, str, str], Row]:
+    rows: dict[tuple[str, str, str], Row] = {}
     for line in text.splitlines():
         values = line.split("|")
         if len(values) != len(FIELDS):
@@ -49,8 +81,14 @@ def parse(text: str) -> dict[tuple[str, str], Row]:
         record = dict(zip(FIELDS, values))
         if not record["JobID"].isdigit():
             continue
-        row = rows.setdefault((record["User"], record["Partition"]), Row(record["User"], record["Partition"]))
-        gpu_s = gpus_of(record["AllocTRES"]) * int(record["ElapsedRaw"] or 0)
+        found = PROFILE_COMMENT.search(record["Comment"])
+        profile = found.group(1) if found else f"({record['Partition']})"
+        key = (record["User"], record["Account"] or "-", profile)
+        row = rows.setdefault(key, Row(*key))
+        elapsed = int(record["ElapsedRaw"] or 0)
+        gpu_s = gpus_of(record["AllocTRES"]) * elapsed
+        cpus = _CPUS.search(record["AllocTRES"] or "")
+        row.cpu_s += (int(cpus.group(1)) if cpus else 0) * elapsed
         if record["JobName"].startswith("dsportal-"):
             row.sessions += 1
             row.session_gpu_s += gpu_s
@@ -62,9 +100,19 @@ def parse(text: str) -> dict[tuple[str, str], Row]:
     return rows
 
 
-def collect(days: int, user: str | None = None, env: dict | None = None) -> dict[tuple[str, str], Row]:
-    since = (datetime.now() - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S")
-    argv = ["sacct", "-X", "-n", "-P", "-S", since, "-E", "now", "-o", ",".join(FIELDS)]
+def grouped(rows: dict[tuple[str, str, str], Row], by: tuple[str, ...]) -> dict[tuple[str, ...], Row]:
+    """The rows summed over what `by` leaves out (by: some of user, account, profile)."""
+    result: dict[tuple[str, ...], Row] = {}
+    for key, row in rows.items():
+        named = dict(zip(KEYS, key))
+        short = tuple(named[k] for k in by)
+        target = result.setdefault(short, Row(*(named[k] if k in by else "*" for k in KEYS)))
+        target.add(row)
+    return result
+
+
+def collect(since: datetime, user: str | None = None, env: dict | None = None) -> dict[tuple[str, str, str], Row]:
+    argv = ["sacct", "-X", "-n", "-P", "-S", since.strftime("%Y-%m-%dT%H:%M:%S"), "-E", "now", "-o", ",".join(FIELDS)]
     argv += ["-u", user] if user else ["-a"]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
@@ -75,14 +123,19 @@ def collect(days: int, user: str | None = None, env: dict | None = None) -> dict
     return parse(result.stdout)
 
 
-def report(rows: dict[tuple[str, str], Row], days: int) -> str:
-    lines = [f"{'user':<12} {'partition':<10} {'sessions':>8} {'session GPU-h':>13} {'jobs':>5} {'job GPU-h':>9}  states"]
-    for (user, partition), row in sorted(rows.items(), key=lambda item: (-item[1].gpu_hours, item[0])):
+def report(rows: dict[tuple[str, str, str], Row], since: datetime, by: tuple[str, ...] = KEYS) -> str:
+    widths = {"user": 12, "account": 12, "profile": 14}
+    table = grouped(rows, by)
+    lines = [" ".join(f"{k:<{widths[k]}}" for k in by) +
+             f" {'sessions':>8} {'session GPU-h':>13} {'jobs':>5} {'job GPU-h':>9} {'CPU-h':>9}  states"]
+    for key, row in sorted(table.items(), key=lambda item: (-item[1].gpu_hours, -item[1].cpu_s, item[0])):
         states = ", ".join(f"{state} {n}" for state, n in sorted(row.states.items()))
-        lines.append(f"{user:<12} {partition:<10} {row.sessions:>8} {row.session_gpu_s / 3600:>13.3f} "
-                     f"{row.jobs:>5} {row.job_gpu_s / 3600:>9.3f}  {states}")
-    total = sum(row.gpu_hours for row in rows.values())
-    users = len({user for user, _ in rows})
-    lines.append(f"usage: {total:.3f} GPU-hours by {users} user(s) in the last {days} day(s) "
-                 f"({sum(r.sessions for r in rows.values())} sessions, {sum(r.jobs for r in rows.values())} jobs)")
+        lines.append(" ".join(f"{value:<{widths[k]}}" for k, value in zip(by, key)) +
+                     f" {row.sessions:>8} {row.session_gpu_s / 3600:>13.3f} {row.jobs:>5} {row.job_gpu_s / 3600:>9.3f}"
+                     f" {row.cpu_s / 3600:>9.3f}  {states}")
+    users = len({user for user, _, _ in rows})
+    lines.append(f"usage: {sum(r.gpu_hours for r in rows.values()):.3f} GPU-hours and "
+                 f"{sum(r.cpu_s for r in rows.values()) / 3600:.3f} CPU-hours by {users} user(s) since "
+                 f"{since:%Y-%m-%d %H:%M} ({sum(r.sessions for r in rows.values())} sessions, "
+                 f"{sum(r.jobs for r in rows.values())} jobs)")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ SLURM_CONF = Path("/var/lib/dsportal-demo/slurm/slurm.conf")
 
 
 def sacct(job_id: int, user: str = "alice") -> dict[str, str]:
-    fields = ("JobID", "User", "JobName", "State", "AllocTRES")
+    fields = ("JobID", "User", "JobName", "State", "AllocTRES", "Comment")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # slurmctld hands records to slurmdbd asynchronously
         out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-u", user, "-o", ",".join(fields)],
@@ -41,14 +41,45 @@ def test_sessions_are_accounted_with_their_gpus_and_reported_per_user(alice):
     assert record["State"].startswith("CANCELLED"), record
     assert "gres/gpu=2" in record["AllocTRES"], record
 
-    report = subprocess.run([DSPORTAL, "usage", "--days", "1", "--user", "alice"], capture_output=True, text=True)
+    assert record["Comment"] == "dsportal-profile=gpu", record
+
+    report = subprocess.run([DSPORTAL, "usage", "--since", "1d", "--user", "alice"], capture_output=True, text=True)
     assert report.returncode == 0, report.stderr
     lines = report.stdout.strip().splitlines()
-    row = next(line for line in lines if line.split()[:2] == ["alice", "gpu"])
-    assert int(row.split()[2]) >= 1, row  # sessions
-    assert lines[-1].startswith("usage: ") and "GPU-hours by 1 user(s) in the last 1 day(s)" in lines[-1]
+    print(report.stdout)
+    assert lines[0].split()[:4] == ["user", "account", "profile", "sessions"], lines[0]
+    row = next(line.split() for line in lines if line.split()[:3] == ["alice", "demo", "gpu"])
+    # Checked against sacct itself: alice's gpu-profile sessions, GPU-hours and CPU-hours.
+    expected = sacct_totals("alice", "demo", "gpu")
+    assert int(row[3]) == expected["sessions"] >= 1, (row, expected)
+    assert abs(float(row[4]) - expected["session_gpu_h"]) < 0.002, (row, expected)
+    assert float(row[4]) > 0 and float(row[7]) > 0, row
+    assert lines[-1].startswith("usage: ") and "CPU-hours by 1 user(s) since" in lines[-1], lines[-1]
     # Somebody else's usage is not in alice's report.
     assert all(line.split()[0] == "alice" for line in lines[1:-1])
+    # Per profile and per account (course) alone.
+    by_profile = subprocess.run([DSPORTAL, "usage", "--since", "1d", "--by", "profile"], capture_output=True, text=True)
+    assert by_profile.returncode == 0 and by_profile.stdout.splitlines()[0].split()[:2] == ["profile", "sessions"]
+    assert any(line.split()[0] == "gpu" for line in by_profile.stdout.splitlines()[1:-1]), by_profile.stdout
+    bad = subprocess.run([DSPORTAL, "usage", "--since", "yesterday"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "is not a time like 7d" in bad.stderr, bad.stderr
+
+
+def sacct_totals(user: str, account: str, profile: str) -> dict:
+    fields = ("JobID", "JobName", "Account", "Comment", "ElapsedRaw", "AllocTRES")
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 86400))
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-u", user, "-S", since, "-E", "now", "-o", ",".join(fields)],
+                         capture_output=True, text=True, check=True).stdout
+    totals = {"sessions": 0, "session_gpu_h": 0.0}
+    for line in out.splitlines():
+        record = dict(zip(fields, line.split("|")))
+        if (record["Account"], record["Comment"]) != (account, f"dsportal-profile={profile}") or \
+                not record["JobName"].startswith("dsportal-"):
+            continue
+        gpus = next((int(part.split("=")[1]) for part in record["AllocTRES"].split(",") if part.startswith("gres/gpu=")), 0)
+        totals["sessions"] += 1
+        totals["session_gpu_h"] += gpus * int(record["ElapsedRaw"]) / 3600
+    return totals
 
 
 def test_final_states_come_from_accounting_once_slurmctld_forgot_them(alice):
@@ -100,6 +131,11 @@ def test_course_qos_allows_two_gpus_per_user_and_refuses_more_in_slurms_words(bo
     bob.spawn({"profile": "course", "gpus": 2})
     job = scontrol(active_jobs("bob")[0]["job_id"])
     assert (job["Account"], job["QOS"], job["TresPerNode"]) == ("intro-dl", "course", "gres:gpu:2"), job
+    # The course's usage, per account: bob's session is charged to intro-dl.
+    time.sleep(2)
+    report = subprocess.run([DSPORTAL, "usage", "--since", "1d", "--by", "account,user"], capture_output=True, text=True)
+    row = next(line.split() for line in report.stdout.splitlines() if line.split()[:2] == ["intro-dl", "bob"])
+    assert int(row[2]) >= 1 and float(row[3]) > 0, report.stdout
 
     # A third GPU from inside the session (a job under the same QoS) waits, with Slurm's reason.
     third = jobs_api(bob, "POST", json={"code": "print('third')", "nodes": 1, "gpus_per_node": 1, "profile": "course"})
