@@ -26,10 +26,29 @@ SESSIONS_ENDED = Counter(
     ["partition", "how"])
 IDLE_GPUS_RECLAIMED = Counter(
     "dsportal_idle_gpus_reclaimed", "GPUs given back to the queue by stopping unused sessions.", ["partition"])
+SPAWN_FAILURES = Counter(
+    "dsportal_spawn_failures", "Session starts that failed, by profile and reason (invalid-request: refused by the "
+    "portal; submit-refused: refused by sbatch, e.g. a QoS limit; scheduler-unavailable; job-failed: the job ended "
+    "before JupyterLab answered).", ["profile", "reason"])
+SPAWN_PENDING = Histogram(
+    "dsportal_spawn_pending_seconds", "How long session jobs waited in Slurm's queue before they started, by profile.",
+    ["profile"], buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400))
 PORT_REPORTS_REFUSED = Counter(
     "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
 
 SESSION_JOB = re.compile(r"^dsportal-")
+IDLE_AFTER_S = 900  # a running GPU session unused this long counts as holding its GPUs idle
+
+# Running sessions' GPUs and how long each has been unused, kept up to date by the spawners' polls.
+_idle: dict[int, tuple[str, int, float]] = {}
+
+
+def session_idle(key: int, partition: str, gpus: int, idle_seconds: float | None) -> None:
+    """Called on each poll of a running session (None: starting, stopping or gone)."""
+    if idle_seconds is None:
+        _idle.pop(key, None)
+    else:
+        _idle[key] = (partition, gpus, idle_seconds)
 
 
 class SlurmCollector:
@@ -51,11 +70,31 @@ class SlurmCollector:
             entry = counts.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += job.gpus
+        by_profile: dict[tuple[str, str], int] = {}
+        for job in self.slurm._squeue.value.values():
+            if SESSION_JOB.match(job.name) and not job.finished:
+                key = (job.profile or "(unknown)", "running" if job.running else "pending")
+                by_profile[key] = by_profile.get(key, 0) + 1
         for (partition, state), (n, g) in sorted(counts.items()):
             jobs.add_metric([partition, state], n)
             gpus.add_metric([partition, state], g)
         yield jobs
         yield gpus
+        profiles = GaugeMetricFamily("dsportal_sessions", "Session jobs by portal profile and state (from the "
+                                     "hub's last squeue snapshot).", labels=["profile", "state"])
+        for (profile, state), n in sorted(by_profile.items()):
+            profiles.add_metric([profile, state], n)
+        yield profiles
+        idle = GaugeMetricFamily("dsportal_gpus_held_idle", f"GPUs of running sessions unused for at least "
+                                 f"{IDLE_AFTER_S} s (no browser, kernel or GPU activity), by partition.",
+                                 labels=["partition"])
+        held: dict[str, int] = {}
+        for partition, n, seconds in list(_idle.values()):
+            if n and seconds >= IDLE_AFTER_S:
+                held[partition] = held.get(partition, 0) + n
+        for partition, n in sorted(held.items()):
+            idle.add_metric([partition], n)
+        yield idle
         capacity = GaugeMetricFamily("dsportal_partition_gpus", "GPUs of each partition's usable nodes: total and "
                                      "free (from the hub's last sinfo snapshot).", labels=["partition", "kind"])
         from .slurm import partition_resources

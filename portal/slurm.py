@@ -72,6 +72,7 @@ class Job:
     start_time: int
     submit_time: int
     gpus: int = 0  # per node, as requested (tres_per_node)
+    profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
 
     @property
     def pending(self) -> bool:
@@ -101,7 +102,13 @@ class Job:
             start_time=int(item.get("start_time") or 0),
             submit_time=int(item.get("submit_time") or 0),
             gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
+            profile=_profile_of(item.get("comment") or ""),
         )
+
+
+def _profile_of(comment: str) -> str:
+    found = re.search(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)", comment)
+    return found.group(1) if found else ""
 
 
 def _exit_status(raw) -> int:

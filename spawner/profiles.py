@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from traitlets import Float, List, Unicode, default
 from wrapspawner import WrapSpawner
 
+from portal import metrics
 from portal.settings import Profile, parse_memory_mb
 from portal.slurm import SlurmError
 from portal.templating import render
@@ -145,6 +146,9 @@ class PartitionSpawner(WrapSpawner):
         try:
             chosen = self.validated_slice(self.user_options)
         except RequestRefused:
+            asked = (self.user_options or {}).get("profile")
+            known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
+            metrics.SPAWN_FAILURES.labels(asked if asked in known else "(other)", "invalid-request").inc()
             # JupyterHub already saved these options as the defaults of the next start;
             # a refused request must not stick to the user's later plain starts.
             if self.orm_spawner is not None:
@@ -164,10 +168,20 @@ class PartitionSpawner(WrapSpawner):
             self.child_spawner._check_pending = self._check_pending
         status = await super().poll()
         idle = self.idle_seconds() if status is None else None
+        self._report_idle(idle)
         if idle is not None and idle > (self.child_spawner.idle_limit() or float("inf")):
             await self.child_spawner.reclaim(idle)
             return 1
         return status
+
+    def _report_idle(self, idle: float | None) -> None:
+        """For the metric of GPUs held idle (portal.metrics.session_idle)."""
+        try:
+            chosen = self.child_spawner.session_slice() if idle is not None else None
+        except (RequestError, ValueError):
+            chosen = None
+        metrics.session_idle(id(self), chosen.profile.partition if chosen else "", chosen.gpus if chosen else 0,
+                             idle if chosen else None)
 
     def idle_seconds(self) -> float | None:
         """How long the running session has been unused (JupyterHub's last activity: the browser

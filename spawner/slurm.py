@@ -322,18 +322,24 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.port = 0
         if self.server:
             self.server.port = self.port
-        await self.submit_batch_script()
-        self._awaiting_port = True  # the job may report before we see it running
         try:
-            return await self._wait_until_serving()
-        finally:
-            self._awaiting_port = False
+            await self.submit_batch_script()
+            self._awaiting_port = True  # the job may report before we see it running
+            try:
+                return await self._wait_until_serving()
+            finally:
+                self._awaiting_port = False
+        except SpawnFailed as failure:
+            metrics.SPAWN_FAILURES.labels(self.profile.get("name", ""), failure.reason).inc()
+            raise
 
     async def _wait_until_serving(self):
         # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails.
         while True:
             status = await self.query_job_status()
             if status == JobStatus.RUNNING:
+                metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(
+                    time.monotonic() - self._submitted_at)
                 break
             if status == JobStatus.NOTFOUND:
                 # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.

@@ -30,6 +30,8 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     assert HubUser(HUB, "bob").login("wrong").status_code == 403
     bob = HubUser(HUB, "bob").must_login(PASSWORDS["bob"])
     alice.spawn({"profile": "gpu", "gpus": "2"})
+    refused = bob.start_server({"profile": "gpu", "gpus": 3})  # not offered: refused before Slurm
+    assert refused.status_code == 400, refused.text
     assert "Free now" in bob.web.get(f"{HUB}/hub/spawn").text  # the form reads the free resources (sinfo)
     after = scrape(admin)
 
@@ -45,6 +47,12 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     assert after['dsportal_session_gpus{partition="gpu",state="running"}'] >= 2
     assert after['dsportal_partition_gpus{kind="total",partition="gpu"}'] == 8
     assert after['dsportal_partition_gpus{kind="free",partition="gpu"}'] <= 6
+    # Per profile: sessions by state, the queue wait of each start, failed starts by reason.
+    assert after['dsportal_sessions{profile="gpu",state="running"}'] >= 1
+    assert grew('dsportal_spawn_pending_seconds_count{profile="gpu"}') == 1
+    assert grew('dsportal_spawn_failures_total{profile="gpu",reason="invalid-request"}') == 1
+    text = admin.api("GET", "/hub/metrics").text
+    assert "# HELP dsportal_gpus_held_idle GPUs of running sessions unused for at least 900 s" in text
 
 
 def test_metrics_need_a_token_with_the_metrics_scope(alice):
