@@ -8,6 +8,7 @@ the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -39,16 +40,17 @@ PORT_REPORTS_REFUSED = Counter(
 SESSION_JOB = re.compile(r"^dsportal-")
 IDLE_AFTER_S = 900  # a running GPU session unused this long counts as holding its GPUs idle
 
-# Running sessions' GPUs and how long each has been unused, kept up to date by the spawners' polls.
-_idle: dict[int, tuple[str, int, float]] = {}
+# Running sessions' partition, GPUs and when each was last used (monotonic clock), kept up to date
+# by the spawners' polls and dropped when a session stops.
+_last_use: dict[int, tuple[str, int, float]] = {}
 
 
 def session_idle(key: int, partition: str, gpus: int, idle_seconds: float | None) -> None:
     """Called on each poll of a running session (None: starting, stopping or gone)."""
     if idle_seconds is None:
-        _idle.pop(key, None)
+        _last_use.pop(key, None)
     else:
-        _idle[key] = (partition, gpus, idle_seconds)
+        _last_use[key] = (partition, gpus, time.monotonic() - idle_seconds)
 
 
 class SlurmCollector:
@@ -63,18 +65,15 @@ class SlurmCollector:
         gpus = GaugeMetricFamily("dsportal_session_gpus", "GPUs of session jobs, by partition and state.",
                                  labels=["partition", "state"])
         counts: dict[tuple[str, str], list[int]] = {}
+        by_profile: dict[tuple[str, str], int] = {}
         for job in self.slurm._squeue.value.values():
             if not SESSION_JOB.match(job.name) or job.finished:
                 continue
-            key = (job.partition, "running" if job.running else "pending")
-            entry = counts.setdefault(key, [0, 0])
+            state = "running" if job.running else "pending"
+            entry = counts.setdefault((job.partition, state), [0, 0])
             entry[0] += 1
             entry[1] += job.gpus
-        by_profile: dict[tuple[str, str], int] = {}
-        for job in self.slurm._squeue.value.values():
-            if SESSION_JOB.match(job.name) and not job.finished:
-                key = (job.profile or "(unknown)", "running" if job.running else "pending")
-                by_profile[key] = by_profile.get(key, 0) + 1
+            by_profile[(job.profile or "(unknown)", state)] = by_profile.get((job.profile or "(unknown)", state), 0) + 1
         for (partition, state), (n, g) in sorted(counts.items()):
             jobs.add_metric([partition, state], n)
             gpus.add_metric([partition, state], g)
@@ -89,8 +88,9 @@ class SlurmCollector:
                                  f"{IDLE_AFTER_S} s (no browser, kernel or GPU activity), by partition.",
                                  labels=["partition"])
         held: dict[str, int] = {}
-        for partition, n, seconds in list(_idle.values()):
-            if n and seconds >= IDLE_AFTER_S:
+        now = time.monotonic()
+        for partition, n, last_use in list(_last_use.values()):
+            if n and now - last_use >= IDLE_AFTER_S:
                 held[partition] = held.get(partition, 0) + n
         for partition, n in sorted(held.items()):
             idle.add_metric([partition], n)

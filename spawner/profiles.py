@@ -138,6 +138,7 @@ class PartitionSpawner(WrapSpawner):
         # A job that ended outside the portal (the child's poll saw it): say why on the next page.
         if self.child_spawner is not None and self.child_spawner.last_end:
             self.session_ended = self.child_spawner.last_end
+        metrics.session_idle(id(self), "", 0, None)
         super().clear_state()
         self.child_profile = ""
 
