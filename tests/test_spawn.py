@@ -12,7 +12,9 @@ from hubclient import active_jobs, squeue_jobs
 
 
 def test_session_runs_as_the_user_inside_a_slurm_job(alice):
-    alice.spawn()
+    # The profile alone: its default slice. (A start with no options at all repeats the user's last
+    # options, as JupyterHub does, so an earlier test's 2-GPU start would carry over.)
+    alice.spawn({"profile": "gpu"})
 
     jobs = active_jobs("alice")
     assert len(jobs) == 1, jobs
