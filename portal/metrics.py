@@ -73,7 +73,8 @@ class SlurmCollector:
             entry = counts.setdefault((job.partition, state), [0, 0])
             entry[0] += 1
             entry[1] += job.gpus
-            by_profile[(job.profile or "(unknown)", state)] = by_profile.get((job.profile or "(unknown)", state), 0) + 1
+            key = (job.profile or "(unknown)", state)
+            by_profile[key] = by_profile.get(key, 0) + 1
         for (partition, state), (n, g) in sorted(counts.items()):
             jobs.add_metric([partition, state], n)
             gpus.add_metric([partition, state], g)

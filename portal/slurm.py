@@ -102,12 +102,16 @@ class Job:
             start_time=int(item.get("start_time") or 0),
             submit_time=int(item.get("submit_time") or 0),
             gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
-            profile=_profile_of(item.get("comment") or ""),
+            profile=profile_of(item.get("comment") or ""),
         )
 
 
-def _profile_of(comment: str) -> str:
-    found = re.search(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)", comment)
+PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
+
+
+def profile_of(comment: str) -> str:
+    """The portal profile a job's comment names (the batch scripts' --comment=dsportal-profile=NAME)."""
+    found = PROFILE_COMMENT.search(comment)
     return found.group(1) if found else ""
 
 

@@ -15,9 +15,10 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from .slurm import profile_of
+
 FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
 KEYS = ("user", "account", "profile")
-PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
 _GPUS = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)")
 _CPUS = re.compile(r"(?:^|,)cpu=(\d+)")
 _SINCE = re.compile(r"^(\d+)([hdw])$")
@@ -81,8 +82,7 @@ def parse(text: str) -> dict[tuple[str, str, str], Row]:
         record = dict(zip(FIELDS, values))
         if not record["JobID"].isdigit():
             continue
-        found = PROFILE_COMMENT.search(record["Comment"])
-        profile = found.group(1) if found else f"({record['Partition']})"
+        profile = profile_of(record["Comment"]) or f"({record['Partition']})"
         key = (record["User"], record["Account"] or "-", profile)
         row = rows.setdefault(key, Row(*key))
         elapsed = int(record["ElapsedRaw"] or 0)

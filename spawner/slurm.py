@@ -210,7 +210,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             script = self.job_script()
         except (RequestError, ValueError) as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        self._launch_policy = self.launch_policy(self.session_slice().profile.name)
+        profile = self.session_slice().profile
+        self._launch_policy = self.launch_policy(profile.name)
         self._submitted_wall = time.time()
         try:
             await self.slurm.make_private_dir_as_user(self.user.name, self._expand(self.log_dir))
@@ -220,7 +221,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None
         except SlurmError as error:
-            profile = self.session_slice().profile
             hint = refusal_hint(str(error), profile.account, profile.qos)
             raise SpawnFailed(f"Slurm refused the session job: {error}{hint}", reason="submit-refused",
                               status_code=400) from None
