@@ -153,6 +153,75 @@ def check_firewall() -> Result:
     return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own")
 
 
+def proc_hidepid(mounts: str = "/proc/mounts") -> str | None:
+    """The hidepid option of /proc ('invisible', 'noaccess', 'ptraceable', '0'-'2'), or None."""
+    for line in open(mounts).read().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "/proc" and fields[2] == "proc":
+            options = dict(o.partition("=")[::2] for o in fields[3].split(","))
+            return options.get("hidepid")
+    return None
+
+
+def slurm_config(settings) -> dict[str, str]:
+    """`scontrol show config` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
+    result = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, **settings.slurm_env()})
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise OSError(lines[-1] if lines else f"scontrol exited {result.returncode}")
+    found = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            found[key.strip()] = value.strip()
+    return found
+
+
+def check_confinement(settings) -> list[Result]:
+    """What keeps slices that share a node apart beyond files and ports: Slurm's confinement of
+    each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
+    try:
+        config = slurm_config(settings)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        config = {}
+        problem = str(error)
+    else:
+        problem = "" if config else "scontrol show config printed nothing"
+    results = []
+    if problem:
+        results.append(Result("job confinement", True, f"not known ({problem})", warning=True))
+    else:
+        missing = [what for what, ok in (
+            ("ProctrackType=proctrack/cgroup (processes a job leaves behind keep running)",
+             config.get("ProctrackType") == "proctrack/cgroup"),
+            ("TaskPlugin=task/cgroup", "task/cgroup" in config.get("TaskPlugin", "")),
+            ("ConstrainDevices=yes in cgroup.conf (a job can open every GPU of its node)",
+             config.get("ConstrainDevices") == "yes"),
+            ("ConstrainRAMSpace=yes in cgroup.conf (a job can take its neighbours' memory)",
+             config.get("ConstrainRAMSpace") == "yes"),
+        ) if not ok]
+        if missing:
+            results.append(Result("job confinement", True, "Slurm does not confine jobs that share a node: "
+                                  + "; ".join(missing) + " (see docs/admin.md)", warning=True))
+        else:
+            results.append(Result("job confinement", True, "Slurm keeps each job's processes, GPUs and memory "
+                                  "to itself (proctrack/cgroup, task/cgroup, ConstrainDevices, ConstrainRAMSpace)"))
+        if config.get("JobContainerType") == "job_container/tmpfs":
+            results.append(Result("private /tmp", True, "each job has its own /tmp and /dev/shm (job_container/tmpfs)"))
+        else:
+            results.append(Result("private /tmp", True, "jobs share the node's /tmp and /dev/shm "
+                                  "(JobContainerType=job_container/tmpfs, PrologFlags=Contain; sessions still keep "
+                                  "their files in a private folder of their own)", warning=True))
+    hidepid = proc_hidepid()
+    if hidepid in ("invisible", "2", "noaccess", "1", "ptraceable", "4"):
+        results.append(Result("private processes", True, f"/proc has hidepid={hidepid}: users see only their own processes"))
+    else:
+        results.append(Result("private processes", True, "users see each other's processes and command lines "
+                              "(mount /proc with hidepid=invisible, see docs/admin.md)", warning=True))
+    return results
+
+
 def check_accounting(settings) -> Result:
     import os
     import subprocess
@@ -183,5 +252,6 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results += check_templates(settings)
     results.append(check_homes())
     results.append(check_firewall())
+    results += check_confinement(settings)
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

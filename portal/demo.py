@@ -32,9 +32,11 @@ STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
 NODES = 2
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
-MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room; memory is not enforced on the demo
+MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room (each job's own memory limit is enforced, cgroup.conf)
+GPU_MAJOR = 195  # the NVIDIA driver's character-device major: node N's GPU k is 195:(N-1)*4+k
 CTLD_PORT, SLURMD_PORT, FIRST_NODE_PORT = 6817, 6818, 17001
 DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd and its MariaDB, on 127.0.0.1 only
+SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")
 
 
 class DemoError(RuntimeError):
@@ -177,14 +179,21 @@ def link_default_munge_socket() -> None:
 
 
 def ensure_gpus() -> None:
+    """Fake GPUs: character devices with the NVIDIA driver's numbers (no driver behind them, so
+    opening one gives ENXIO). Each has its own number, as real GPUs do, so Slurm's device cgroup
+    can let a job open its own GPUs and refuse the others (EPERM): on a shared node a user who
+    unsets CUDA_VISIBLE_DEVICES still cannot reach another slice's GPU."""
     gpus = paths().gpus
     gpus.mkdir(parents=True, exist_ok=True)
+    os.chmod(gpus, 0o755)
     for node in range(1, NODES + 1):
         for index in range(GPUS_PER_NODE):
             device = gpus / f"node{node}-gpu{index}"
+            number = os.makedev(GPU_MAJOR, (node - 1) * GPUS_PER_NODE + index)
+            if device.exists() and device.stat().st_rdev != number:
+                device.unlink()  # an earlier demo's device (all were 1:3, /dev/null's number)
             if not device.exists():
-                # A character device like /dev/null: real enough for Slurm's GRES bookkeeping.
-                os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))
+                os.mknod(device, 0o666 | 0o020000, number)
             os.chmod(device, 0o666)
 
 
@@ -215,8 +224,10 @@ def write_slurm_conf() -> bool:
     gres = "".join(
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
     )
+    cgroup = _render("cgroup.conf.j2")
+    job_container = _render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     changed = False
-    for name, text in (("slurm.conf", conf), ("gres.conf", gres)):
+    for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container)):
         target = p.slurm / name
         if not target.exists() or target.read_text() != text:
             target.write_text(text)
@@ -274,8 +285,8 @@ def ensure_accounting() -> None:
 
 
 def ensure_slurm_associations() -> None:
-    """What slurm.conf's AccountingStorageEnforce asks for: the cluster, the QoS with their limits,
-    and an association (account + user) for each demo user, from users.yaml. Idempotent."""
+    """What slurm.conf's AccountingStorageEnforce asks for: the QoS with their limits and an
+    association (account + user) for each demo user, from users.yaml. Idempotent."""
     env = slurm_env()
     data = directory()
 
@@ -284,11 +295,14 @@ def ensure_slurm_associations() -> None:
         if result.returncode != 0 and not ("Nothing new added" in result.stdout or "already exists" in result.stdout):
             raise DemoError(f"sacctmgr {' '.join(args)} failed: {(result.stderr or result.stdout).strip()}")
 
-    sacctmgr("add", "cluster", "dsportal")
     for qos in data["slurm_qos"]:
         sacctmgr("add", "qos", qos["name"])
-        sacctmgr("modify", "qos", "where", f"name={qos['name']}", "set", f"Description={qos['description']}",
-                 f"MaxTRESPerUser={qos['max_tres_per_user']}", f"Flags={qos['flags']}")
+        # A limit on gres/gpu needs that TRES in the database, which slurmctld adds when it first
+        # registers (AccountingStorageTRES): on a fresh machine that is a moment after it starts.
+        _wait_for(lambda: sacctmgr("modify", "qos", "where", f"name={qos['name']}", "set",
+                                   f"Description={qos['description']}", f"MaxTRESPerUser={qos['max_tres_per_user']}",
+                                   f"Flags={qos['flags']}") or True,
+                  f"the limits of QoS {qos['name']}", timeout=60, interval=1)
     for account in data["slurm_accounts"]:
         users = ",".join(account["users"])
         sacctmgr("add", "account", account["name"], f"Description={account['description']}", "Organization=dsportal")
@@ -307,10 +321,12 @@ def ensure_slurm() -> None:
     ensure_gpus()
     write_slurm_conf()
     ensure_accounting()
-    ensure_slurm_associations()
     env = slurm_env()
+    # The cluster is in the accounting database before slurmctld registers with it.
+    subprocess.run(["sacctmgr", "-i", "add", "cluster", "dsportal"], env=env, capture_output=True, text=True)
     ctld_pidfile = p.run / "slurmctld.pid"
-    if _alive(ctld_pidfile) and slurm_conf_path().stat().st_mtime > ctld_pidfile.stat().st_mtime:
+    newest_conf = max((p.slurm / name).stat().st_mtime for name in SLURM_CONF_FILES)
+    if _alive(ctld_pidfile) and newest_conf > ctld_pidfile.stat().st_mtime:
         # A new slurm.conf (e.g. accounting turned on): restart the daemons; running jobs are kept.
         _stop_pid(p.run / "slurmctld.pid", "slurmctld")
         for i in range(1, NODES + 1):
@@ -320,6 +336,7 @@ def ensure_slurm() -> None:
         _say("slurmctld started")
     _wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
               "slurmctld", timeout=30)
+    ensure_slurm_associations()
     restarted_at = None
     for i in range(1, NODES + 1):
         if not _alive(p.run / f"slurmd-node{i}.pid"):
@@ -399,6 +416,22 @@ def ensure_firewall() -> None:
     except firewall.FirewallUnavailable as error:
         _say(f"node firewall unavailable ({error}): users' TCP ports stay reachable from other users' "
              "processes (sessions' /proxy/ and files are still private)")
+
+
+def ensure_private_processes() -> None:
+    """/proc with hidepid=invisible: a user sees only their own processes (with their command
+    lines and working folders), as on a machine of their own; root (slurmd, the hub) sees all.
+    A node setting, like the firewall; a cluster puts it in /etc/fstab (docs/admin.md)."""
+    from .check import proc_hidepid
+
+    if proc_hidepid() in ("invisible", "2"):
+        return
+    result = subprocess.run(["mount", "-o", "remount,hidepid=invisible", "/proc"], capture_output=True, text=True)
+    if result.returncode == 0:
+        _say("/proc: users see only their own processes (hidepid=invisible)")
+    else:
+        _say(f"/proc could not be remounted with hidepid=invisible ({(result.stderr or '').strip()}): "
+             "users see each other's processes and command lines (files, ports and GPUs stay private)")
 
 
 def ensure_ldap() -> None:
@@ -538,6 +571,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_accounts()  # Unix accounts first: Slurm's associations name them
     ensure_slurm()
     ensure_firewall()
+    ensure_private_processes()
     ensure_ldap()
     ensure_images(config_path)
     ensure_courses(config_path)

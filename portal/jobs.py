@@ -42,6 +42,7 @@ REQUEST_FIELDS = ("script", "code", "args", "nodes", "gpus_per_node", "tasks_per
 LAUNCHERS = ("mpi", "torchrun")  # mpi: the profile's MPI launcher (srun --mpi=... or mpirun)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NODE_TMPDIR_ENV = "DSPORTAL_NODE_TMPDIR"  # the TMPDIR Slurm gave the session job (session.sbatch.j2)
 _RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_|TORCHELASTIC_)")
 # Set by torchrun for each process of a torchrun job (and RANK names each rank's log file).
 _TORCHRUN_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
@@ -292,6 +293,13 @@ def _submit_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    # The session's TMPDIR is a private folder on its own node that ends with it: a job gets the
+    # TMPDIR the session job itself was given (none: the node's /tmp, private to the job where
+    # Slurm's job_container/tmpfs is on).
+    env.pop("TMPDIR", None)
+    if os.environ.get(NODE_TMPDIR_ENV):
+        env["TMPDIR"] = os.environ[NODE_TMPDIR_ENV]
+    env.pop(NODE_TMPDIR_ENV, None)
     return env
 
 

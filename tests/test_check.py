@@ -15,7 +15,8 @@ def test_check_passes_on_the_demo_cluster(portal):
     result = check(CONFIG)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
-    for name in ("configuration", "Slurm controller", "profile gpu", "profile cpu", "LDAP", "user environment"):
+    for name in ("configuration", "Slurm controller", "profile gpu", "profile cpu", "LDAP", "user environment",
+                 "node firewall", "job confinement", "private /tmp", "private processes"):
         assert f"[ok] {name}" in result.stdout
 
 
@@ -44,6 +45,7 @@ def test_check_reports_slurm_outage_and_invalid_config(portal, tmp_path):
     result = check(path)
     assert result.returncode == 1
     assert "[FAIL] Slurm controller: not reachable" in result.stdout
+    assert "[WARN] job confinement: not known (" in result.stdout
 
     config["profiles"][0]["cpus_per_gpu"] = -8
     path.write_text(yaml.safe_dump(config))

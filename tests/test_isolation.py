@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -18,7 +19,7 @@ import time
 import pytest
 import requests
 
-from conftest import HUB, PASSWORDS, login
+from conftest import HUB, PASSWORDS, login, wait_no_jobs
 from hubclient import HubUser, active_jobs
 from portal import demo, firewall
 
@@ -101,6 +102,172 @@ def test_bob_cannot_read_alices_files_from_kernel_container_or_terminal(two_sess
         assert set(again.values()) == {"PermissionError"}, again
     finally:
         os.chmod("/home/alice", 0o700)
+
+
+CONFINEMENT = """
+import errno, glob, json, os, pwd, tempfile
+node = os.environ["SLURMD_NODENAME"]
+opened = {}
+for device in sorted(glob.glob(f"/var/lib/dsportal-demo/gpus/{node}-gpu*")):
+    index = int(device.rsplit("gpu", 1)[1])
+    try:  # no driver behind the demo's GPUs: ENXIO means the device cgroup let the open through
+        os.close(os.open(device, os.O_RDONLY))
+        opened[index] = "allowed"
+    except OSError as error:
+        opened[index] = "allowed" if error.errno in (errno.ENXIO, errno.ENODEV) else errno.errorcode[error.errno]
+limits = []
+for line in open("/proc/self/cgroup").read().splitlines():
+    _, controllers, path = line.split(":", 2)
+    if controllers in ("memory", ""):
+        root = "/sys/fs/cgroup/memory" if controllers == "memory" else "/sys/fs/cgroup"
+        while True:
+            for name in ("memory.limit_in_bytes", "memory.max"):
+                try:
+                    value = open(f"{root}{path}/{name}").read().strip()
+                    if value != "max":
+                        limits.append(int(value))
+                except OSError:
+                    pass
+            if path == "/":
+                break
+            path = os.path.dirname(path)
+tmp = tempfile.gettempdir()
+me = pwd.getpwuid(os.getuid()).pw_name
+for folder in ("/tmp", "/dev/shm"):  # left for a neighbour to find
+    with open(f"{folder}/left-by-{me}", "w") as f:
+        f.write("x")
+owners = set()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        owners.add(os.stat(f"/proc/{pid}").st_uid)
+    except OSError:
+        pass
+print(json.dumps({"node": node, "job_gpus": sorted(int(g) for g in os.environ["SLURM_JOB_GPUS"].split(",")),
+                  "process_owners": sorted(owners), "found": os.listdir("/tmp") + os.listdir("/dev/shm"),
+                  "devices": opened, "memory_limit": min(limits, default=None),
+                  "tmp": tmp, "tmp_owner": os.stat(tmp).st_uid, "tmp_mode": oct(os.stat(tmp).st_mode & 0o777)}))
+"""
+
+
+def test_slices_on_one_node_hold_only_their_own_gpus_memory_tmp_and_processes(two_sessions):
+    """Unsetting CUDA_VISIBLE_DEVICES does not reach a neighbour's GPU: the job's device cgroup
+    refuses it (EPERM). Memory is the slice's own, enforced by the kernel (cgroup.conf). /tmp and
+    /dev/shm are the job's own (job_container/tmpfs), and /proc shows only one's own processes."""
+    alice, bob, nodes = two_sessions
+    assert nodes["alice"] == nodes["bob"], nodes
+    seen = {user.name: json.loads(user.run_code(CONFINEMENT)) for user in (alice, bob)}
+    seen["alice"] = json.loads(alice.run_code(CONFINEMENT))  # again, after bob left his files
+    # 1 GPU x 48 GB, or the whole machine where it has less (Slurm caps a limit at the RAM it finds).
+    host_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 ** 20
+    slice_memory = min(48 * 1024, host_mb) * 2 ** 20
+    print(json.dumps(seen))
+    for name, probe in seen.items():
+        allowed = sorted(int(i) for i, state in probe["devices"].items() if state == "allowed")
+        assert allowed == probe["job_gpus"] and len(allowed) == 1, (name, probe)
+        assert {state for state in probe["devices"].values()} == {"allowed", "EPERM"}, (name, probe)
+        assert probe["memory_limit"] == slice_memory, (name, probe)
+        # Temporary files (TensorBoard's info files, Python's tempfile) go to a folder of the session's own.
+        assert probe["tmp"].startswith(f"/tmp/dsportal-{name}-") and probe["tmp_mode"] == "0o700", probe
+        assert probe["tmp_owner"] == pwd.getpwnam(name).pw_uid
+        # Only one's own files in /tmp and /dev/shm, only one's own processes in /proc.
+        assert {f for f in probe["found"] if f.startswith("left-by-")} == {f"left-by-{name}"}, probe["found"]
+        assert probe["process_owners"] == [pwd.getpwnam(name).pw_uid], probe["process_owners"]
+    alices_gpu = seen["alice"]["job_gpus"][0]
+    assert seen["bob"]["devices"][str(alices_gpu)] == "EPERM"
+
+
+PLANT = """
+import json, os
+mine = int(os.environ["SLURM_JOB_ID"])
+planted = []
+for job in range(mine + 1, mine + 41):  # job ids are sequential: alice's next session is one of these
+    folder = f"/tmp/dsportal-alice-{job}"
+    spec = f"{folder}/kernels/python3"
+    os.makedirs(spec, exist_ok=True)
+    with open(f"{spec}/kernel.json", "w") as f:
+        json.dump({"argv": ["/bin/sh", "-c", "touch $HOME/bob-was-here; sleep 600"],
+                   "display_name": "Python 3", "language": "python"}, f)
+    for path in (folder, f"{folder}/kernels", spec):
+        os.chmod(path, 0o777)
+    planted.append(job)
+print(json.dumps(planted))
+"""
+
+
+def test_a_neighbour_cannot_plant_files_in_the_next_sessions_folders(alice, bob):
+    """bob knows how job ids go and fills /tmp with the folders alice's next session would use,
+    with a kernelspec of his own in each. Her session makes folders no one can guess."""
+    subprocess.run("rm -rf /tmp/dsportal-alice-* /home/alice/bob-was-here", shell=True, check=True)
+    bob.spawn({"profile": "cpu"})
+    planted = json.loads(bob.run_code(PLANT))
+    try:
+        alice.spawn({"profile": "cpu"})
+        job_id = active_jobs("alice")[0]["job_id"]
+        assert job_id in planted, (job_id, planted)
+        assert alice.run_code("print('mine')").strip() == "mine"
+        assert not os.path.exists("/home/alice/bob-was-here"), "bob's kernelspec ran as alice"
+        seen = json.loads(alice.run_code(
+            "import json, os; r = os.environ['JUPYTER_RUNTIME_DIR']; d = os.path.dirname(r)\n"
+            "print(json.dumps({'runtime': r, 'path': os.environ['JUPYTER_PATH'].split(':')[0],"
+            " 'owner': os.stat(d).st_uid, 'mode': oct(os.stat(d).st_mode & 0o777)}))"))
+        assert seen["path"] != f"/tmp/dsportal-alice-{job_id}" and seen["owner"] == pwd.getpwnam("alice").pw_uid
+        assert seen["mode"] == "0o700", seen
+    finally:
+        subprocess.run("rm -rf /tmp/dsportal-alice-* /home/alice/bob-was-here", shell=True)
+
+
+LEAVE_BEHIND = """
+import subprocess
+subprocess.Popen(["/bin/sh", "-c", "sleep 3600 & exec sleep 3601"], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("started")
+"""
+
+
+def test_nothing_a_session_started_outlives_it(bob):
+    """A daemon (new session, parent gone) started from a kernel ends with the job: it cannot keep
+    a GPU, CPU or a port of the node after the slice is given to someone else."""
+    bob.spawn({"profile": "cpu"})
+    assert bob.run_code(LEAVE_BEHIND).strip() == "started"
+    running = subprocess.run(["pgrep", "-u", "bob", "-f", "^sleep 36"], capture_output=True, text=True).stdout.split()
+    assert len(running) == 2, running
+    bob.stop_server()
+    assert wait_no_jobs("bob") == []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and subprocess.run(["pgrep", "-u", "bob", "-f", "^sleep 36"]).returncode == 0:
+        time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-u", "bob", "-af", "^sleep 36"], capture_output=True, text=True).stdout
+    assert left == "", f"still running after bob's session ended: {left}"
+
+
+SESSION_MEMORY = """
+import os
+path = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1] == "memory"][0]
+limits = []
+while path != "/":  # the job's and the step's cgroups hold the limit
+    limits.append(int(open(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes").read()))
+    path = os.path.dirname(path)
+print(min(limits))
+"""
+
+
+def test_a_slice_that_outgrows_its_memory_is_stopped_alone(bob):
+    """bob's CPU session holds exactly its 16 GB. A job of alice's on the same node that touches
+    more than it asked for is killed by the kernel (OUT_OF_MEMORY); bob's session keeps working."""
+    bob.spawn({"profile": "cpu"})
+    assert int(bob.run_code(SESSION_MEMORY).strip()) == 16 * 2 ** 30
+    node = active_jobs("bob")[0]["nodes"]
+    hog = subprocess.run(
+        ["runuser", "-u", "alice", "--", "sbatch", "--parsable", "--wait", "--partition=cpu", f"--nodelist={node}",
+         "--mem=256M", "--time=5", "--output=/dev/null", "--chdir=/tmp",
+         "--wrap", "/usr/bin/python3 -c 'x = b\"x\" * (1 << 30); print(len(x))'"],
+        capture_output=True, text=True, timeout=120)
+    job_id = hog.stdout.strip().split(";")[0]
+    state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+                           capture_output=True, text=True).stdout.strip()
+    print(f"alice's 1 GiB in a 256 MB job {job_id} on {node}: {state}")
+    assert state == "OUT_OF_MEMORY", (hog.stdout, hog.stderr, state)
+    assert bob.run_code("print('still here')").strip() == "still here"
 
 
 ALICE_SERVES = """

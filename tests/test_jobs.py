@@ -192,9 +192,9 @@ BAD_JOBS = [
     ({"code": "print(1)", "image": "pytorch"}, "image pytorch is unavailable"),
     ({"code": "print(1)", "profile": "staff"}, "not permitted partition profile 'staff'"),
     ({"code": "print(1)", "walltime": "99:00:00"}, "longer than the 12:00:00"),
-    ({"script": "train.py; touch /tmp/dsportal-pwned"}, "no such script"),
+    ({"script": "train.py; touch /var/tmp/dsportal-pwned"}, "no such script"),
     ({"script": "x.py", "code": "print(1)"}, "either 'script'"),
-    ({"code": "print(1)", "env": {"A; touch /tmp/dsportal-pwned": "1"}}, "is not valid"),
+    ({"code": "print(1)", "env": {"A; touch /var/tmp/dsportal-pwned": "1"}}, "is not valid"),
     ({"code": "print(1)", "env": {"SLURM_JOB_UID": "0"}}, "cannot be overridden"),
     ({"code": "print(1)", "name": "x\n#SBATCH --uid=0"}, "may hold only letters"),
     ({"code": "print(1)", "uid": 0}, "unknown field(s) 'uid'"),
@@ -214,7 +214,7 @@ def test_bad_job_requests_are_refused_and_submit_nothing(alice_session):
     response = jobs_api(alice, "POST", data="not json")
     assert response.status_code == 400 and "not JSON" in response.json()["message"]
     assert probe_job_id() == before + 1, "a refused job request reached Slurm"
-    assert not os.path.exists("/tmp/dsportal-pwned")
+    assert not os.path.exists("/var/tmp/dsportal-pwned")
 
 
 def test_only_the_owner_reaches_the_launcher(alice_session, bob):
@@ -282,13 +282,13 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
     monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
     policy = _policy()
     plan = jobs.plan_job({"code": "print(1)", "nodes": 4, "gpus_per_node": 4, "image": "ngc",
-                          "env": {"NCCL_DEBUG": "INFO", "MY_VAR": "$(touch /tmp/dsportal-pwned)"},
+                          "env": {"NCCL_DEBUG": "INFO", "MY_VAR": "$(touch /var/tmp/dsportal-pwned)"},
                           "args": ["--lr", "0.1; rm -rf ~"]}, policy, tmp_path)
     script = jobs.render_script(plan, policy, "/home/u/.dsportal/jobs/x", "/home/u/.dsportal/jobs/x/cell.py",
                                 "/home/u")
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=4", "#SBATCH --cpus-per-task=8",
                  "#SBATCH --gres=gpu:4", "#SBATCH --mem=196608M", "#SBATCH --account=proj1",
-                 "export NCCL_DEBUG=INFO", "export MY_VAR='$(touch /tmp/dsportal-pwned)'",
+                 "export NCCL_DEBUG=INFO", "export MY_VAR='$(touch /var/tmp/dsportal-pwned)'",
                  "export NCCL_SOCKET_IFNAME='^lo,docker0'"):
         assert line in script, line
     launch = next(line for line in script.splitlines() if line.strip().startswith("apptainer"))

@@ -126,8 +126,8 @@ BAD_REQUESTS = [
     ({"walltime": 3600}, "walltime must be text"),
     ({"profile": "gpu\n#SBATCH --uid=0"}, "unknown partition profile"),
     ({"walltime": "08:00:00\n#SBATCH --uid=0"}, "is not a walltime"),
-    ({"gpus": "1; touch /tmp/dsportal-pwned"}, "must be a whole number"),
-    ({"walltime": "$(touch /tmp/dsportal-pwned)"}, "is not a walltime"),
+    ({"gpus": "1; touch /var/tmp/dsportal-pwned"}, "must be a whole number"),
+    ({"walltime": "$(touch /var/tmp/dsportal-pwned)"}, "is not a walltime"),
     ({"partition": "gpu", "extra_sbatch": "--uid=0"}, "unknown option(s)"),
 ]
 
@@ -155,7 +155,7 @@ def test_bad_requests_are_refused_and_submit_nothing(alice):
 
     assert probe_job_id() == before + 1, "a refused request reached Slurm"
     assert active_jobs("alice") == []
-    assert not __import__("os").path.exists("/tmp/dsportal-pwned")
+    assert not __import__("os").path.exists("/var/tmp/dsportal-pwned")
 
     # A refused request does not become the default of the next start (JupyterHub keeps the
     # last options for a start without any): a plain start gets the profile's default slice.
