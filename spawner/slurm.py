@@ -251,6 +251,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.job_status = ""
             return JobStatus.NOTFOUND
         self.job_status = f"{job.state} {job.batch_host}".strip()
+        if job.state == "COMPLETING":  # Slurm is ending the job's processes: the session no longer serves
+            return JobStatus.NOTFOUND
         if job.running:
             return JobStatus.RUNNING
         if job.pending:
@@ -308,6 +310,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         job_id = self.job_id
         log_path = f"{self._expand(self.log_dir)}/session-{job_id}.log"
         # Job ids come round again after a Slurm reset: a log from before this submission is another job's.
+        job = await self._final(job)
         tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines),
                                               not_before=getattr(self, "_submitted_wall", None))).strip()
         state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
@@ -371,14 +374,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
-        job = self._current_job
-        if job is None:  # slurmctld forgot it already (MinJobAge): accounting remembers how it ended
-            job = await self.slurm.accounting(int(self.job_id), self.user.name)
+        job = await self._final(self._current_job)
         self.last_end = self.end_message(job)
         self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         metrics.SESSIONS_ENDED.labels(job.partition if job else "", job.state if job else "GONE").inc()
         self.clear_state()
         return 1
+
+    async def _final(self, job: Job | None) -> Job | None:
+        """How the job ended: squeue's record, or accounting's where slurmctld forgot it already
+        (MinJobAge) or still shows it COMPLETING (which hides whether it was cancelled, failed...)."""
+        if job is None or job.state == "COMPLETING":
+            return await self.slurm.accounting(int(self.job_id), self.user.name) or job
+        return job
 
     async def _confirm_after_hub_restart(self):
         """The hub's startup check of a session it had running: is its server still there?

@@ -52,6 +52,13 @@ def cancel_jobs_of(users) -> None:
         time.sleep(0.5)
 
 
+def stop_and_wait(admin: HubUser, name: str) -> None:
+    """Stop the user's session and wait until Slurm has ended its job (no longer COMPLETING):
+    the next test starts on nodes nobody's job still holds."""
+    admin.stop_server(name)
+    wait_no_jobs(name)
+
+
 def login(base: str, name: str) -> HubUser:
     return HubUser(base, name).must_login(PASSWORDS[name])
 
@@ -65,21 +72,21 @@ def admin(portal) -> HubUser:
 def alice(portal, admin):
     user = login(portal, "alice")
     yield user
-    admin.stop_server("alice")
+    stop_and_wait(admin, "alice")
 
 
 @pytest.fixture
 def bob(portal, admin):
     user = login(portal, "bob")
     yield user
-    admin.stop_server("bob")
+    stop_and_wait(admin, "bob")
 
 
 @pytest.fixture
 def carol(portal, admin):
     user = login(portal, "carol")
     yield user
-    admin.stop_server("carol")
+    stop_and_wait(admin, "carol")
 
 
 def wait_no_jobs(user: str, timeout: float = 30) -> list:

@@ -9,6 +9,7 @@ rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
 (cd .devcarry/debs && apt-get download libmunge2 munge libslurm38 slurm-client slurm-wlm-basic-plugins slurmctld slurmd \
    libhwloc15 libnuma1 libjson-c5 liblua5.1-0 libyaml-0-2 liblz4-1 libreadline8 libdbus-1-3 libsystemd0 libudev1 \
    libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6)
+[ "${1:-}" = debs ] && { du -sh .devcarry; exit 0; }  # isolation.sh needs only Slurm
 PY=/opt/dsportal/env/bin/python
 $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform any \

@@ -20,6 +20,17 @@ for b in /usr/sbin/slurmd /usr/sbin/slurmctld /opt/sl/usr/bin/sbatch; do ldd $b 
 mkdir -p /etc/munge /var/lib/munge /var/log/munge /run/munge && chmod 700 /etc/munge /var/lib/munge /var/log/munge && chmod 755 /run/munge
 dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; chmod 400 /etc/munge/munge.key
 /opt/sl/usr/sbin/munged --force || { echo "munged failed"; cat /var/log/munge/munged.log; exit 1; }
+# CONFINE=1: the confinement the demo cluster uses (slurm.conf, cgroup.conf, job_container.conf of
+# config/demo): a job's processes, GPUs and memory are its own, /tmp and /dev/shm too.
+PROCTRACK=proctrack/linuxproc TASKPLUGIN=task/none JOBCONTAINER="" CONFINEMENT=""
+if [ "${CONFINE:-0}" = 1 ]; then
+  PROCTRACK=proctrack/cgroup TASKPLUGIN=task/cgroup JOBCONTAINER=$'JobContainerType=job_container/tmpfs\nPrologFlags=Contain'
+  [ "${JOB_CONTAINER:-yes}" = no ] && JOBCONTAINER=""
+  CONFINEMENT=$'ConstrainDevices=yes\n'
+  # CONSTRAIN_RAM=no: this VM's cgroup v2 (no systemd) gave slurmstepd no memory controller.
+  [ "${CONSTRAIN_RAM:-yes}" = yes ] && CONFINEMENT+=$'ConstrainRAMSpace=yes\nAllowedRAMSpace=100\n'
+  # (No ConstrainSwapSpace: the VM has no swap, and slurmd refuses it there.)
+fi
 HOST=$(hostname); grep -q gpunode1 /etc/hosts || echo "127.0.0.1 gpunode1" >> /etc/hosts
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
 cat > /etc/slurm/slurm.conf <<CONF
@@ -34,8 +45,9 @@ SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmdPidFile=/var/run/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=$PROCTRACK
+TaskPlugin=$TASKPLUGIN
+$JOBCONTAINER
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
@@ -62,13 +74,22 @@ chmod 755 /etc/slurm/taskprolog.sh
 for n in $(seq $NODES); do echo "NodeName=gpunode$n Name=gpu File=/dev/nvidia[$(( (n - 1) * PER ))-$(( n * PER - 1 ))]"; done > /etc/slurm/gres.conf
 grep -q gpunode2 /etc/hosts || echo "127.0.0.1 gpunode2" >> /etc/hosts
 # Firecracker VM: cgroup v2 without systemd/dbus; slurmd makes its scope itself
-printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n' > /etc/slurm/cgroup.conf
+printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n%s' "$CONFINEMENT" > /etc/slurm/cgroup.conf
+{ echo "AutoBasePath=true"; for n in $(seq $NODES); do echo "NodeName=gpunode$n BasePath=/var/spool/slurmd/jobtmp/gpunode$n"; done; } > /etc/slurm/job_container.conf
 echo "+cpuset +cpu +memory" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || echo "(could not enable cgroup controllers)"
 mkdir -p /sys/fs/cgroup/system.slice && echo "+cpuset +cpu +memory" > /sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null
 export SLURM_CONF=/etc/slurm/slurm.conf
 pkill -x slurmd; pkill -x slurmctld; sleep 1; rm -rf /var/spool/slurmctld/* /var/log/slurm/*
 mkdir -p $(for n in $(seq $NODES); do echo /var/spool/slurmd/gpunode$n; done)
-slurmctld -c -i; sleep 2; for n in $(seq $NODES); do slurmd -N gpunode$n; done
+# slurmd starts in a cgroup of its own under system.slice, whose controllers (memory for
+# task/cgroup) its job cgroups then inherit; the runner's cgroup does not delegate them.
+mkdir -p /sys/fs/cgroup/system.slice/slurmd.service
+slurmctld -c -i; sleep 2
+for n in $(seq $NODES); do (echo $BASHPID > /sys/fs/cgroup/system.slice/slurmd.service/cgroup.procs; exec slurmd -N gpunode$n); done
+sleep 1
+# slurmd enables in its stepd scope only what it found there; the job cgroups below need memory.
+for f in /sys/fs/cgroup/system.slice/*_slurmstepd.scope/cgroup.subtree_control; do echo "+cpuset +cpu +memory" > $f; done
+for f in /sys/fs/cgroup/system.slice/cgroup.subtree_control /sys/fs/cgroup/system.slice/*/cgroup.subtree_control; do echo "$f: $(cat $f)"; done
 for i in $(seq 30); do [ "$(sinfo -h -N -o %T | grep -cE "idle|mix")" = "$NODES" ] && break; sleep 1; done
 sinfo -N -o "%N %T %c %m %G"
 sinfo -h -N -o %T | grep -qE "idle|mix" || { for f in /var/log/slurm/*.log; do tail -n 30 $f; done; exit 1; }
