@@ -35,9 +35,13 @@ def report_port(port: int) -> None:
     )
     if response.status_code != 201:
         try:
-            reason = response.json().get("message", response.text)
+            reason = response.json().get("message") or ""
         except ValueError:
-            reason = response.text
+            reason = response.text.strip()
+        if not reason and response.status_code == 403:
+            # The hub revoked this session's token: its start was given up (e.g. sbatch timed out
+            # while slurmctld hung, and Slurm took the job in later). Nobody waits for this job.
+            reason = "the hub no longer knows this session (its start was given up); this job ends"
         sys.exit(f"dsportal: the hub refused this session's port ({response.status_code}): {reason}")
 
 

@@ -1,8 +1,11 @@
 """Scheduler outages: running sessions are kept, new requests get a message a person understands."""
 
+import os
+import signal
 import time
+from pathlib import Path
 
-from conftest import login
+from conftest import login, wait_no_jobs
 from portal import demo
 
 
@@ -27,3 +30,41 @@ def test_slurmctld_outage_keeps_sessions_and_explains_new_spawns(second_hub):
     assert alice.model()["servers"][""]["ready"]
     assert "ok" in alice.run_code("print('ok')")
     alice.stop_server()
+
+
+def test_hung_slurmctld_gets_a_message_keeps_sessions_and_leaves_no_job_behind(alice, bob):
+    """slurmctld frozen (SIGSTOP: it accepts connections and never answers), not down: bob's start
+    fails with a message a person understands, alice's running session and the hub keep answering,
+    and a session job that Slurm takes in once it wakes up (nobody waits for it any more) ends
+    itself instead of holding the slice."""
+    alice.spawn({"profile": "cpu"})
+    ctld = int((demo.paths().run / "slurmctld.pid").read_text().split()[0])
+    started_wall = time.time()
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        response = bob.start_server({"profile": "cpu"})
+        if response.status_code in (201, 202):  # the hub answered before sbatch gave up: the spawn goes on
+            events = bob.progress_events(timeout=120)
+            failure = next((e for e in events if e.get("failed")), {})
+            message, code = failure.get("message", f"no failure in {events}"), 0
+        else:
+            message, code = response.json()["message"], response.status_code
+        seconds = time.monotonic() - started
+        # Meanwhile: alice's session and the hub's own pages answer.
+        assert alice.api("GET", "/user/alice/api/status").status_code == 200
+        assert alice.model()["servers"][""]["ready"]
+        assert bob.api("GET", "/hub/api/user").status_code == 200
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    print(f"bob's start with slurmctld frozen failed after {seconds:.1f} s ({code or 'in progress'}): {message}")
+    assert code in (0, 503), (code, message)
+    assert "scheduler is not answering" in message, message
+    assert bob.model()["servers"] == {}
+    # Slurm may have queued the submission it never answered: that job is refused its port and ends.
+    assert wait_no_jobs("bob", timeout=90) == [], "a session job nobody waits for still holds the node"
+    for log in sorted(Path("/home/bob/.dsportal/logs").glob("session-*.log"), key=lambda p: p.stat().st_mtime)[-1:]:
+        if log.stat().st_mtime > started_wall and "refused this session's port" in log.read_text():
+            print(f"the job Slurm took in after waking up ended itself: {log.read_text().splitlines()[-1]}")
+    assert "ok" in alice.run_code("print('ok')")
+    bob.spawn({"profile": "cpu"})  # and the next start works
