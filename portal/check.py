@@ -153,6 +153,10 @@ def check_firewall() -> Result:
     return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own")
 
 
+# /proc mount options under which a user sees only their own processes (root sees all).
+HIDEPID_INVISIBLE = ("invisible", "2", "ptraceable", "4")
+
+
 def proc_hidepid(mounts: str = "/proc/mounts") -> str | None:
     """The hidepid option of /proc ('invisible', 'noaccess', 'ptraceable', '0'-'2'), or None."""
     for line in open(mounts).read().splitlines():
@@ -165,17 +169,41 @@ def proc_hidepid(mounts: str = "/proc/mounts") -> str | None:
 
 def slurm_config(settings) -> dict[str, str]:
     """`scontrol show config` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
-    result = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30,
-                            env={**os.environ, **settings.slurm_env()})
-    if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        raise OSError(lines[-1] if lines else f"scontrol exited {result.returncode}")
+    slurm = Slurm.from_settings(settings)
+    out = asyncio.run(slurm.run([slurm.tool("scontrol"), "show", "config"]))
     found = {}
-    for line in result.stdout.splitlines():
+    for line in out.splitlines():
         key, sep, value = line.partition("=")
         if sep and key.strip() and " " not in key.strip():
             found[key.strip()] = value.strip()
+    if not found:
+        raise SlurmError("scontrol show config printed nothing")
     return found
+
+
+def _job_confinement(config: dict[str, str]) -> Result:
+    missing = [what for what, ok in (
+        ("ProctrackType=proctrack/cgroup (processes a job leaves behind keep running)",
+         config.get("ProctrackType") == "proctrack/cgroup"),
+        ("TaskPlugin=task/cgroup", "task/cgroup" in config.get("TaskPlugin", "")),
+        ("ConstrainDevices=yes in cgroup.conf (a job can open every GPU of its node)",
+         config.get("ConstrainDevices") == "yes"),
+        ("ConstrainRAMSpace=yes in cgroup.conf (a job can take its neighbours' memory)",
+         config.get("ConstrainRAMSpace") == "yes"),
+    ) if not ok]
+    if missing:
+        return Result("job confinement", True, "Slurm does not confine jobs that share a node: "
+                      + "; ".join(missing) + " (see docs/admin.md)", warning=True)
+    return Result("job confinement", True, "Slurm keeps each job's processes, GPUs and memory "
+                  "to itself (proctrack/cgroup, task/cgroup, ConstrainDevices, ConstrainRAMSpace)")
+
+
+def _private_tmp(config: dict[str, str]) -> Result:
+    if config.get("JobContainerType") == "job_container/tmpfs":
+        return Result("private /tmp", True, "each job has its own /tmp and /dev/shm (job_container/tmpfs)")
+    return Result("private /tmp", True, "jobs share the node's /tmp and /dev/shm "
+                  "(JobContainerType=job_container/tmpfs, PrologFlags=Contain; sessions still keep "
+                  "their files in a private folder of their own)", warning=True)
 
 
 def check_confinement(settings) -> list[Result]:
@@ -183,39 +211,16 @@ def check_confinement(settings) -> list[Result]:
     each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
     try:
         config = slurm_config(settings)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        config = {}
-        problem = str(error)
+    except SlurmError as error:
+        results = [Result("job confinement", True, f"not known ({error})", warning=True)]
     else:
-        problem = "" if config else "scontrol show config printed nothing"
-    results = []
-    if problem:
-        results.append(Result("job confinement", True, f"not known ({problem})", warning=True))
-    else:
-        missing = [what for what, ok in (
-            ("ProctrackType=proctrack/cgroup (processes a job leaves behind keep running)",
-             config.get("ProctrackType") == "proctrack/cgroup"),
-            ("TaskPlugin=task/cgroup", "task/cgroup" in config.get("TaskPlugin", "")),
-            ("ConstrainDevices=yes in cgroup.conf (a job can open every GPU of its node)",
-             config.get("ConstrainDevices") == "yes"),
-            ("ConstrainRAMSpace=yes in cgroup.conf (a job can take its neighbours' memory)",
-             config.get("ConstrainRAMSpace") == "yes"),
-        ) if not ok]
-        if missing:
-            results.append(Result("job confinement", True, "Slurm does not confine jobs that share a node: "
-                                  + "; ".join(missing) + " (see docs/admin.md)", warning=True))
-        else:
-            results.append(Result("job confinement", True, "Slurm keeps each job's processes, GPUs and memory "
-                                  "to itself (proctrack/cgroup, task/cgroup, ConstrainDevices, ConstrainRAMSpace)"))
-        if config.get("JobContainerType") == "job_container/tmpfs":
-            results.append(Result("private /tmp", True, "each job has its own /tmp and /dev/shm (job_container/tmpfs)"))
-        else:
-            results.append(Result("private /tmp", True, "jobs share the node's /tmp and /dev/shm "
-                                  "(JobContainerType=job_container/tmpfs, PrologFlags=Contain; sessions still keep "
-                                  "their files in a private folder of their own)", warning=True))
+        results = [_job_confinement(config), _private_tmp(config)]
     hidepid = proc_hidepid()
-    if hidepid in ("invisible", "2", "noaccess", "1", "ptraceable", "4"):
+    if hidepid in HIDEPID_INVISIBLE:
         results.append(Result("private processes", True, f"/proc has hidepid={hidepid}: users see only their own processes"))
+    elif hidepid in ("noaccess", "1"):
+        results.append(Result("private processes", True, f"/proc has hidepid={hidepid}: users cannot read others' "
+                              "processes but still see that they exist (hidepid=invisible hides them)"))
     else:
         results.append(Result("private processes", True, "users see each other's processes and command lines "
                               "(mount /proc with hidepid=invisible, see docs/admin.md)", warning=True))

@@ -422,9 +422,9 @@ def ensure_private_processes() -> None:
     """/proc with hidepid=invisible: a user sees only their own processes (with their command
     lines and working folders), as on a machine of their own; root (slurmd, the hub) sees all.
     A node setting, like the firewall; a cluster puts it in /etc/fstab (docs/admin.md)."""
-    from .check import proc_hidepid
+    from .check import HIDEPID_INVISIBLE, proc_hidepid
 
-    if proc_hidepid() in ("invisible", "2"):
+    if proc_hidepid() in HIDEPID_INVISIBLE:
         return
     result = subprocess.run(["mount", "-o", "remount,hidepid=invisible", "/proc"], capture_output=True, text=True)
     if result.returncode == 0:

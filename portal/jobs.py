@@ -296,10 +296,10 @@ def _submit_env() -> dict[str, str]:
     # The session's TMPDIR is a private folder on its own node that ends with it: a job gets the
     # TMPDIR the session job itself was given (none: the node's /tmp, private to the job where
     # Slurm's job_container/tmpfs is on).
+    node_tmpdir = env.pop(NODE_TMPDIR_ENV, "")
     env.pop("TMPDIR", None)
-    if os.environ.get(NODE_TMPDIR_ENV):
-        env["TMPDIR"] = os.environ[NODE_TMPDIR_ENV]
-    env.pop(NODE_TMPDIR_ENV, None)
+    if node_tmpdir:
+        env["TMPDIR"] = node_tmpdir
     return env
 
 

@@ -83,6 +83,12 @@ class Job:
         return self.state in RUNNING_STATES
 
     @property
+    def ending(self) -> bool:
+        """Slurm is ending the job's processes (COMPLETING): its batch script is over, though the
+        job still holds its resources, and the state hides how it ended (cancelled, failed...)."""
+        return self.state == "COMPLETING"
+
+    @property
     def finished(self) -> bool:
         return not (self.pending or self.running)
 

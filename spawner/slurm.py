@@ -251,7 +251,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.job_status = ""
             return JobStatus.NOTFOUND
         self.job_status = f"{job.state} {job.batch_host}".strip()
-        if job.state == "COMPLETING":  # Slurm is ending the job's processes: the session no longer serves
+        if job.ending:  # the session's server is gone with its batch script
             return JobStatus.NOTFOUND
         if job.running:
             return JobStatus.RUNNING
@@ -384,7 +384,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def _final(self, job: Job | None) -> Job | None:
         """How the job ended: squeue's record, or accounting's where slurmctld forgot it already
         (MinJobAge) or still shows it COMPLETING (which hides whether it was cancelled, failed...)."""
-        if job is None or job.state == "COMPLETING":
+        if job is None or job.ending:
             return await self.slurm.accounting(int(self.job_id), self.user.name) or job
         return job
 

@@ -104,17 +104,10 @@ def test_bob_cannot_read_alices_files_from_kernel_container_or_terminal(two_sess
         os.chmod("/home/alice", 0o700)
 
 
-CONFINEMENT = """
-import errno, glob, json, os, pwd, tempfile
-node = os.environ["SLURMD_NODENAME"]
-opened = {}
-for device in sorted(glob.glob(f"/var/lib/dsportal-demo/gpus/{node}-gpu*")):
-    index = int(device.rsplit("gpu", 1)[1])
-    try:  # no driver behind the demo's GPUs: ENXIO means the device cgroup let the open through
-        os.close(os.open(device, os.O_RDONLY))
-        opened[index] = "allowed"
-    except OSError as error:
-        opened[index] = "allowed" if error.errno in (errno.ENXIO, errno.ENODEV) else errno.errorcode[error.errno]
+# The memory limit of the calling process: the smallest of its cgroup's and its parents' (the
+# job's and the step's cgroups hold it; cgroup v1 or v2).
+MEMORY_LIMIT = """
+import os
 limits = []
 for line in open("/proc/self/cgroup").read().splitlines():
     _, controllers, path = line.split(":", 2)
@@ -131,6 +124,20 @@ for line in open("/proc/self/cgroup").read().splitlines():
             if path == "/":
                 break
             path = os.path.dirname(path)
+memory_limit = min(limits, default=None)
+"""
+
+CONFINEMENT = MEMORY_LIMIT + """
+import errno, glob, json, os, pwd, tempfile
+node = os.environ["SLURMD_NODENAME"]
+opened = {}
+for device in sorted(glob.glob(f"/var/lib/dsportal-demo/gpus/{node}-gpu*")):
+    index = int(device.rsplit("gpu", 1)[1])
+    try:  # no driver behind the demo's GPUs: ENXIO means the device cgroup let the open through
+        os.close(os.open(device, os.O_RDONLY))
+        opened[index] = "allowed"
+    except OSError as error:
+        opened[index] = "allowed" if error.errno in (errno.ENXIO, errno.ENODEV) else errno.errorcode[error.errno]
 tmp = tempfile.gettempdir()
 me = pwd.getpwuid(os.getuid()).pw_name
 for folder in ("/tmp", "/dev/shm"):  # left for a neighbour to find
@@ -144,7 +151,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         pass
 print(json.dumps({"node": node, "job_gpus": sorted(int(g) for g in os.environ["SLURM_JOB_GPUS"].split(",")),
                   "process_owners": sorted(owners), "found": os.listdir("/tmp") + os.listdir("/dev/shm"),
-                  "devices": opened, "memory_limit": min(limits, default=None),
+                  "devices": opened, "memory_limit": memory_limit,
                   "tmp": tmp, "tmp_owner": os.stat(tmp).st_uid, "tmp_mode": oct(os.stat(tmp).st_mode & 0o777)}))
 """
 
@@ -240,15 +247,7 @@ def test_nothing_a_session_started_outlives_it(bob):
     assert left == "", f"still running after bob's session ended: {left}"
 
 
-SESSION_MEMORY = """
-import os
-path = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1] == "memory"][0]
-limits = []
-while path != "/":  # the job's and the step's cgroups hold the limit
-    limits.append(int(open(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes").read()))
-    path = os.path.dirname(path)
-print(min(limits))
-"""
+SESSION_MEMORY = MEMORY_LIMIT + "print(memory_limit)\n"
 
 
 def test_a_slice_that_outgrows_its_memory_is_stopped_alone(bob):
