@@ -55,7 +55,8 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, steps: int | None = None) -> None:
     sys.path.insert(0, str(HERE.parent))
-    from portal import jobs, settings
+    from portal import settings
+    from portal.session import jobs
 
     gpu = settings.load(HERE.parent / "config" / "portal.yaml").profile("gpu")
     profile = gpu.model_copy(update={

@@ -54,7 +54,7 @@ SLICE = {"profile": "gpu", "gpus": 1}
 STOCK_CONFIG = """
 import batchspawner  # noqa: F401  (registers the port API: without it no session ever reports)
 from portal import settings
-from portal.auth import configure_ldap
+from portal.hub.auth import configure_ldap
 
 s = settings.load({config!r})
 configure_ldap(c, s)
@@ -113,9 +113,9 @@ def broken_environment(workdir: Path) -> Path:
     prefix = workdir / "broken-env"
     (prefix / "bin").mkdir(parents=True, exist_ok=True)
     real = Path(yaml.safe_load(CONFIG.read_text())["session"]["environment"])
-    # dsportal's job starts the server with `python -m portal.singleuser`: that one crashes.
+    # dsportal's job starts the server with `python -m portal.session.singleuser`: that one crashes.
     (prefix / "bin" / "python").write_text(
-        f'#!/bin/sh\nif [ "$2" = portal.singleuser ]; then\n{CRASH_STEPS}fi\nexec {real}/bin/python "$@"\n')
+        f'#!/bin/sh\nif [ "$2" = portal.session.singleuser ]; then\n{CRASH_STEPS}fi\nexec {real}/bin/python "$@"\n')
     for name in ("batchspawner-singleuser", "jupyterhub-singleuser"):
         (prefix / "bin" / name).write_text(CRASH)
     for path in (workdir, prefix, prefix / "bin", *(prefix / "bin").iterdir()):

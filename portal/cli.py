@@ -9,6 +9,9 @@ from importlib import resources
 from pathlib import Path
 
 from . import settings as settings_module
+from .cluster import demo, firewall, images, templatecheck, usage
+from .cluster.check import run_checks
+from .templatesources import notebooks
 
 
 def _hub_config_file() -> str:
@@ -24,14 +27,12 @@ def cmd_hub(args) -> int:
     data_dir = Path(settings.hub.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chdir(data_dir)
-    from jupyterhub.app import main as jupyterhub_main
+    from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
 
 
 def cmd_check(args) -> int:
-    from .check import run_checks
-
     ok, report = run_checks(args.config)
     print("dsportal check")
     print(report)
@@ -40,8 +41,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import demo
-
     try:
         if args.action == "up":
             demo.up(args.config)
@@ -58,19 +57,13 @@ def cmd_demo(args) -> int:
 
 
 def cmd_images(args) -> int:
-    from . import images
-
     return images.main(settings_module.load(args.config), args.action, args.name)
 
 
 def cmd_templates(args) -> int:
     settings = settings_module.load(args.config)
     if args.action == "check":
-        from .templatecheck import check
-
-        return check(settings, user=args.user, sources=args.source, timeout=args.timeout)
-    from .nbtemplates import notebooks
-
+        return templatecheck.check(settings, user=args.user, sources=args.source, timeout=args.timeout)
     print(f"Template sources (shown read-only as ~/{settings.templates.folder}/ in every session; "
           f"copies go to ~/{settings.templates.copies}/):")
     for source in settings.templates.sources:
@@ -85,8 +78,6 @@ def cmd_templates(args) -> int:
 
 
 def cmd_firewall(args) -> int:
-    from . import firewall
-
     try:
         if args.action == "up":
             firewall.up(firewall.uid_of(u) for u in args.users)
@@ -107,8 +98,6 @@ def cmd_firewall(args) -> int:
 
 
 def cmd_usage(args) -> int:
-    from . import usage
-
     settings = settings_module.load(args.config)
     try:
         since = usage.since_time(args.since) if args.days is None else usage.since_time(f"{args.days}d")

@@ -67,6 +67,12 @@ def human_duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
 
 
+def shown(value) -> str:
+    """A value someone sent, quoted for a message and cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def parse_memory_mb(text: str | int) -> int:
     """'48G', '512M', '1T' or a bare number of megabytes -> megabytes."""
     match = _MEMORY.match(str(text).strip())

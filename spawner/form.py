@@ -1,13 +1,17 @@
 """What a session asks for, checked against the admin's profile before anything reaches Slurm.
 
-Shared by the spawn form, the hub REST API (``user_options``) and, later, the job launcher.
+Shared by the spawn form, the hub REST API (``user_options``) and the session's job launcher
+(portal/session/jobs.py); who may use a profile goes by the user's Unix groups.
 """
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 from dataclasses import dataclass
 
-from portal.settings import Profile, format_walltime, parse_memory_mb, parse_walltime
+from portal.settings import Profile, format_walltime, parse_memory_mb, parse_walltime, shown
 
 
 class RequestError(ValueError):
@@ -63,9 +67,19 @@ def session_slice(profile: Profile, gpus=None, walltime=None) -> SessionSlice:
 OPTIONS = ("profile", "gpus", "walltime")
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def unix_groups(username: str) -> set[str]:
+    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
+    try:
+        entry = pwd.getpwnam(username)
+    except KeyError:
+        return set()
+    names = set()
+    for gid in os.getgrouplist(username, entry.pw_gid):
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names
 
 
 def may_use(profile: Profile, user_groups: set[str]) -> bool:
@@ -78,22 +92,22 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
         raise RequestError("options must be an object like {'profile': 'gpu', 'gpus': 1}")
     unknown = sorted(str(k) for k in options if k not in OPTIONS)
     if unknown:
-        raise RequestError(f"unknown option(s) {', '.join(map(_shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+        raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
     name = options.get("profile") or default_profile
     by_name = {p.name: p for p in profiles}
     if not isinstance(name, str) or name not in by_name:
         offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
-        raise RequestError(f"unknown partition profile {_shown(name)}: choose one of {offered}")
+        raise RequestError(f"unknown partition profile {shown(name)}: choose one of {offered}")
     profile = by_name[name]
     if not may_use(profile, user_groups):
         raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
     gpus, walltime = options.get("gpus"), options.get("walltime")
     if walltime is not None and not isinstance(walltime, str):
-        raise RequestError(f"walltime must be text like 08:00:00, not {_shown(walltime)}")
+        raise RequestError(f"walltime must be text like 08:00:00, not {shown(walltime)}")
     try:
         return session_slice(profile, gpus, walltime)
     except RequestError as error:
-        raise RequestError(str(error).replace(repr(gpus), _shown(gpus))) from None
+        raise RequestError(str(error).replace(repr(gpus), shown(gpus))) from None
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:

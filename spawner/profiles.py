@@ -12,37 +12,19 @@ leaves on JupyterHub 6 filled in here:
 from __future__ import annotations
 
 import asyncio
-import grp
-import os
-import pwd
 import time
 from datetime import datetime, timezone
 
 from traitlets import Float, List, Unicode, default
 from wrapspawner import WrapSpawner
 
-from portal import metrics
+from portal.cluster.slurm import SlurmError
+from portal.hub import metrics
 from portal.settings import Profile, parse_memory_mb
-from portal.slurm import SlurmError
 from portal.templating import render
 
-from .form import RequestError, may_use, options_from_form, parse_options
+from .form import RequestError, may_use, options_from_form, parse_options, unix_groups
 from .slurm import RequestRefused, SlurmGPUSpawner
-
-
-def unix_groups(username: str) -> set[str]:
-    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
-    try:
-        entry = pwd.getpwnam(username)
-    except KeyError:
-        return set()
-    names = set()
-    for gid in os.getgrouplist(username, entry.pw_gid):
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return names
 
 
 class PartitionSpawner(WrapSpawner):
@@ -176,7 +158,7 @@ class PartitionSpawner(WrapSpawner):
         return status
 
     def _report_idle(self, idle: float | None) -> None:
-        """For the metric of GPUs held idle (portal.metrics.session_idle)."""
+        """For the metric of GPUs held idle (portal.hub.metrics.session_idle)."""
         try:
             chosen = self.child_spawner.session_slice() if idle is not None else None
         except (RequestError, ValueError):

@@ -1,7 +1,7 @@
 """SlurmGPUSpawner: a JupyterLab session as a Slurm job holding the user's GPU slice.
 
 Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
-which the job reports its port) but talking to Slurm through :mod:`portal.slurm`: argv
+which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurm`: argv
 lists instead of shell strings, one shared ``squeue --json`` for all sessions, and a start
 that fails fast with the job's own error text when the job dies before its server answers.
 """
@@ -19,12 +19,14 @@ from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
 from traitlets import Dict, Float, Integer, List, Unicode, default
 
-from portal import metrics
+from portal.cluster.slurm import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint
+from portal.hub import metrics
+from portal.launchpolicy import POLICY_ENV, LaunchPolicy
 from portal.settings import Profile, human_duration, parse_walltime
-from portal.slurm import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint
+from portal.templatesources import SPEC_ENV, Spec
 from portal.templating import render
 
-from .form import RequestError, session_slice
+from .form import RequestError, session_slice, unix_groups
 
 _clients: dict[tuple, Slurm] = {}
 
@@ -153,7 +155,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def job_script(self) -> str:
         chosen = self.session_slice()
         env_prefix = self.python_prefix.rstrip("/")
-        command = [f"{env_prefix}/bin/python", "-m", "portal.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
+        command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
             "session.sbatch.j2",
             job_name=f"dsportal-{self.user.name}",
@@ -172,7 +174,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         )
 
     def kernel_catalog(self, profile: str) -> str:
-        """JSON for `python -m portal.kernels` in the job: this profile's images, the data mounts."""
+        """JSON for `python -m portal.session.kernels` in the job: this profile's images, the data mounts."""
         images = [i for i in self.images if not i.get("profiles") or profile in i["profiles"]]
         if not images:
             return ""
@@ -181,8 +183,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def launch_policy(self, chosen_profile: str) -> str:
         """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
         may use, the images and data mounts. Live node limits the session reads itself."""
-        from portal.jobs import LaunchPolicy
-
         policy = LaunchPolicy(profiles=self.launch_profiles or [self.profile], default_profile=chosen_profile,
                               images=self.images, data_mounts=self.data_mounts, environment=self.python_prefix)
         return policy.to_env()
@@ -195,12 +195,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.profile and self.user_options is not None and (limit := self.idle_limit()):
             env["DSPORTAL_IDLE_LIMIT"] = str(limit)
         if getattr(self, "_launch_policy", None):
-            env["DSPORTAL_LAUNCH_POLICY"] = self._launch_policy
+            env[POLICY_ENV] = self._launch_policy
         if self.templates.get("sources"):
-            from portal.nbtemplates import SPEC_ENV, Spec
-
-            from .profiles import unix_groups
-
             env[SPEC_ENV] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
         return env
 

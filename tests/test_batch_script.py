@@ -14,7 +14,7 @@ def script(**overrides):
     context = dict(job_name="dsportal-alice", partition=profile.partition, gpus=chosen.gpus, cpus=chosen.cpus,
                    mem_mb=chosen.mem_mb, walltime=chosen.walltime, log_path="/home/alice/.dsportal/logs/session-%j.log",
                    workdir="/home/alice", profile=profile.model_dump(), environment="/opt/dsportal/env",
-                   command=["/opt/dsportal/env/bin/python", "-m", "portal.singleuser",
+                   command=["/opt/dsportal/env/bin/python", "-m", "portal.session.singleuser",
                             "/opt/dsportal/env/bin/jupyterhub-singleuser"],
                    catalog="", umask="077")
     context.update(overrides)
@@ -60,4 +60,4 @@ def test_walltimes_outside_the_limit_are_refused(walltime):
 def test_session_runs_with_a_private_umask():
     lines = script().splitlines()
     assert "umask 077" in lines
-    assert lines.index("umask 077") < next(i for i, line in enumerate(lines) if "portal.singleuser" in line)
+    assert lines.index("umask 077") < next(i for i, line in enumerate(lines) if "portal.session.singleuser" in line)

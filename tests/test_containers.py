@@ -3,7 +3,7 @@
 import json
 import pwd
 
-from portal.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
+from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 from hubclient import active_jobs
 
 PROBE = """
@@ -96,7 +96,8 @@ def test_charliecloud_binds_onto_folders_the_image_has():
 
 
 def test_corrupt_images_are_reported_unreadable(tmp_path):
-    from portal.kernels import image_status, kernel_spec
+    from portal.cluster.images import image_status
+    from portal.session.kernels import kernel_spec
     from portal.settings import Image
 
     not_an_image = tmp_path / "half-built"

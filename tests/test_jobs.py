@@ -266,7 +266,7 @@ def test_policy_and_slice_are_served_to_the_owner(alice_session, bob):
 
 # -- the batch script itself (no cluster needed) ------------------------------------------
 def _policy(**jobs_settings):
-    from portal.jobs import LaunchPolicy
+    from portal.launchpolicy import LaunchPolicy
     from portal.settings import Image, Profile
 
     profile = Profile(name="gpu", partition="gpu", display_name="GPU", account="proj1",
@@ -277,7 +277,7 @@ def _policy(**jobs_settings):
 
 
 def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
-    from portal import jobs
+    from portal.session import jobs
 
     monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
     policy = _policy()
@@ -304,7 +304,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
 
 def test_job_list_is_newest_first_even_when_slurm_ids_restart(portal, tmp_path):
     """A reset Slurm state starts job ids again at 1: the newest job must still head the list."""
-    from portal import jobs
+    from portal.session import jobs
 
     root = jobs.jobs_root(str(tmp_path))
     root.mkdir(parents=True)

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from conftest import login, wait_no_jobs
-from portal import demo
+from portal.cluster import demo
 
 
 def test_slurmctld_outage_keeps_sessions_and_explains_new_spawns(second_hub):
@@ -14,7 +14,7 @@ def test_slurmctld_outage_keeps_sessions_and_explains_new_spawns(second_hub):
     alice, bob = login(base, "alice"), login(base, "bob")
     alice.spawn()
     try:
-        demo._stop_pid(demo.paths().run / "slurmctld.pid", "slurmctld")
+        demo.stop_pid(demo.paths().run / "slurmctld.pid", "slurmctld")
         time.sleep(8)  # the hub checks alice's session every 2 s: each squeue now fails
         assert alice.model()["servers"][""]["ready"], "a session was dropped because squeue failed"
         assert alice.api("GET", "/user/alice/api/status").status_code == 200

@@ -99,7 +99,7 @@ def test_hub_api_token_of_another_user_cannot_start_or_stop_alices_server(alice,
 
 
 def test_hub_restart_keeps_running_sessions(alice, portal):
-    from portal import demo
+    from portal.cluster import demo
 
     alice.spawn()
     before = active_jobs("alice")
@@ -114,7 +114,7 @@ def test_hub_restart_keeps_running_sessions(alice, portal):
 
 def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):
     """JupyterHub alone would wait http_timeout (60 s) for the dead server; Slurm already knows."""
-    from portal import demo
+    from portal.cluster import demo
 
     alice.spawn()
     job_id = active_jobs("alice")[0]["job_id"]

@@ -223,7 +223,8 @@ def test_templates_check_reports_a_failing_notebook(portal, tmp_path):
 def test_publishing_never_deletes_what_the_user_had(tmp_path):
     """The templates folder is (re)made at every session start: a file of the user's in the way
     is renamed, the user's own entries stay, links of sources no longer offered go."""
-    from portal.nbtemplates import Source, Spec, publish
+    from portal.session.nbtemplates import publish
+    from portal.templatesources import Source, Spec
 
     course = tmp_path / "course"
     course.mkdir()

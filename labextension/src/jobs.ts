@@ -1,6 +1,6 @@
 // The Jobs panel, docked in JupyterLab's main area: launch a multi-node job (Horovod/MPI or
 // torchrun), list mine with their state, follow one job's log live with a rank filter, cancel.
-// Everything goes through the session's REST API and websocket (portal/jobserver.py), which
+// Everything goes through the session's REST API and websocket (portal/session/jobs_api.py), which
 // check each request against the user's launch policy: this panel only offers what may pass.
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';

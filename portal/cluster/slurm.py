@@ -19,9 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from . import metrics
+from prometheus_client import Counter, Histogram
 
 log = logging.getLogger(__name__)
+
+# Served with the hub's metrics (/hub/metrics, portal/hub/metrics.py).
+SLURM_COMMANDS = Counter(
+    "dsportal_slurm_commands", "Slurm client commands the hub ran, by command and outcome "
+    "(ok, error: Slurm refused, unavailable: slurmctld did not answer).", ["command", "outcome"])
+SLURM_SECONDS = Histogram(
+    "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "SUSPENDED"}
@@ -119,6 +127,12 @@ def profile_of(comment: str) -> str:
     """The portal profile a job's comment names (the batch scripts' --comment=dsportal-profile=NAME)."""
     found = PROFILE_COMMENT.search(comment)
     return found.group(1) if found else ""
+
+
+def job_gpus(environ=os.environ) -> set[int]:
+    """The job's GPUs as device minor numbers (/dev/nvidiaN), as Slurm names them."""
+    value = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
+    return {int(part) for part in value.split(",") if part.strip().isdigit()}
 
 
 def _exit_status(raw) -> int:
@@ -292,18 +306,18 @@ class Slurm:
         return str(self.bin_dir / name)
 
     async def run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
-        command, started = metrics.command_name(argv), time.monotonic()
+        command, started = command_name(argv), time.monotonic()
         try:
             out = await self._run(argv, input=input, env=env)
         except SlurmUnavailable:
-            metrics.SLURM_COMMANDS.labels(command, "unavailable").inc()
+            SLURM_COMMANDS.labels(command, "unavailable").inc()
             raise
         except SlurmError:
-            metrics.SLURM_COMMANDS.labels(command, "error").inc()
+            SLURM_COMMANDS.labels(command, "error").inc()
             raise
         finally:
-            metrics.SLURM_SECONDS.labels(command).observe(time.monotonic() - started)
-        metrics.SLURM_COMMANDS.labels(command, "ok").inc()
+            SLURM_SECONDS.labels(command).observe(time.monotonic() - started)
+        SLURM_COMMANDS.labels(command, "ok").inc()
         return out
 
     async def _run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
@@ -423,3 +437,12 @@ class Slurm:
     async def partitions(self) -> list[str]:
         out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])
         return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def command_name(argv: list[str]) -> str:
+    """'squeue' for [.../squeue, --json] and for [runuser, -u, alice, --, .../sbatch, ...]."""
+    for part in argv:
+        name = Path(part).name
+        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail", "stat"):
+            return name
+    return Path(argv[0]).name if argv else "?"

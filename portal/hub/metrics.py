@@ -1,7 +1,7 @@
 """The portal's Prometheus metrics, served with JupyterHub's own at /hub/metrics.
 
-Counters are counted where things happen (Slurm commands, logins, sessions ending, idle
-reclaims, refused port reports). The session and capacity gauges are read at scrape time from
+Counters are counted where things happen (logins, sessions ending, idle reclaims, refused port
+reports; the Slurm client's command counters are defined beside it, in portal/cluster/slurm.py). The session and capacity gauges are read at scrape time from
 the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of its own.
 """
 
@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-SLURM_COMMANDS = Counter(
-    "dsportal_slurm_commands", "Slurm client commands the hub ran, by command and outcome "
-    "(ok, error: Slurm refused, unavailable: slurmctld did not answer).", ["command", "outcome"])
-SLURM_SECONDS = Histogram(
-    "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+from ..cluster.slurm import partition_resources
+
 LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable).", ["outcome"])
 SESSIONS_ENDED = Counter(
     "dsportal_sessions_ended_outside", "Session jobs that ended without a stop through the portal, by how: "
@@ -98,8 +93,6 @@ class SlurmCollector:
         yield idle
         capacity = GaugeMetricFamily("dsportal_partition_gpus", "GPUs of each partition's usable nodes: total and "
                                      "free (from the hub's last sinfo snapshot).", labels=["partition", "kind"])
-        from .slurm import partition_resources
-
         for partition, resources in sorted(partition_resources(self.slurm._sinfo.value).items()):
             capacity.add_metric([partition, "total"], resources.gpus)
             capacity.add_metric([partition, "free"], resources.free_gpus)
@@ -114,12 +107,3 @@ def register_slurm(slurm) -> None:
     if id(slurm) not in _registered:
         REGISTRY.register(SlurmCollector(slurm))
         _registered.add(id(slurm))
-
-
-def command_name(argv: list[str]) -> str:
-    """'squeue' for [.../squeue, --json] and for [runuser, -u, alice, --, .../sbatch, ...]."""
-    for part in argv:
-        name = Path(part).name
-        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail", "stat"):
-            return name
-    return Path(argv[0]).name if argv else "?"

@@ -22,6 +22,7 @@ All are stopped with the session's server (and Slurm ends the job's processes an
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import json
 import os
@@ -33,10 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import ProxyHandler
 from tornado import web
+
+from .api import MessageAPIHandler
 
 START_TIMEOUT = 60.0
 
@@ -96,7 +99,7 @@ class TensorBoards:
         log = open(self.folder / f"{name}.log", "ab")
         prefix = self.url_for(name).rstrip("/")
         process = subprocess.Popen(
-            [sys.executable, "-m", "portal.tensorboards", "--logdir", str(path), "--socket", str(sock),
+            [sys.executable, "-m", "portal.session.tensorboards", "--logdir", str(path), "--socket", str(sock),
              "--path-prefix", prefix],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
@@ -140,7 +143,7 @@ def _boards(handler) -> TensorBoards:
     return handler.settings["dsportal_tensorboards"]
 
 
-class BoardsHandler(APIHandler):
+class BoardsHandler(MessageAPIHandler):
     @web.authenticated
     def get(self):
         boards = _boards(self)
@@ -159,7 +162,7 @@ class BoardsHandler(APIHandler):
         self.finish(json.dumps({"tensorboard": board.as_dict()}))
 
 
-class BoardHandler(APIHandler):
+class BoardHandler(MessageAPIHandler):
     @web.authenticated
     def delete(self, name):
         if not _boards(self).stop(name):
@@ -206,22 +209,19 @@ class BoardProxyHandler(ProxyHandler):
         return self.proxy("localhost", 0, path)
 
 
-def setup(server_app) -> None:
-    web_app = server_app.web_app
-    base = web_app.settings["base_url"]
+def setup(server_app) -> list[tuple]:
+    """Start the session's TensorBoard registry; its routes, below the base URL."""
+    base = server_app.web_app.settings["base_url"]
     runtime_dir = os.environ.get("JUPYTER_RUNTIME_DIR") or server_app.runtime_dir
     boards = TensorBoards(server_app.root_dir, base, runtime_dir)
-    web_app.settings["dsportal_tensorboards"] = boards
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "dsportal/api/tensorboards"), BoardsHandler),
-        (url_path_join(base, r"dsportal/api/tensorboards/([A-Za-z0-9_-]+)"), BoardHandler),
-        (url_path_join(base, "dsportal/tensorboard-open"), OpenHandler),
-        (url_path_join(base, r"dsportal/tensorboard/([A-Za-z0-9_-]+)(/.*|)"), BoardProxyHandler,
-         {"absolute_url": True}),
-    ])
-    import atexit
-
+    server_app.web_app.settings["dsportal_tensorboards"] = boards
     atexit.register(boards.stop_all)
+    return [
+        ("dsportal/api/tensorboards", BoardsHandler),
+        (r"dsportal/api/tensorboards/([A-Za-z0-9_-]+)", BoardHandler),
+        ("dsportal/tensorboard-open", OpenHandler),
+        (r"dsportal/tensorboard/([A-Za-z0-9_-]+)(/.*|)", BoardProxyHandler, {"absolute_url": True}),
+    ]
 
 
 # ------------------------------------------------------------------ the TensorBoard process

@@ -25,15 +25,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from spawner import form
 
+from ..cluster.images import image_status
+from ..cluster.slurm import UNREACHABLE_HINTS, job_gpus, parse_sinfo_json, partition_resources
+from ..launchpolicy import POLICY_ENV, JobRequestError, LaunchPolicy
+from ..settings import Image, Profile, parse_walltime, shown
+from ..templating import render
 from .containers import Bind, Launch, runtime
-from .kernels import image_status
-from .slurm import UNREACHABLE_HINTS, parse_sinfo_json, partition_resources
-from .settings import DataMount, Image, Profile
-from .templating import render
 
-POLICY_ENV = "DSPORTAL_LAUNCH_POLICY"
 JOBS_DIR = ".dsportal/jobs"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"}
@@ -49,50 +49,11 @@ _TORCHRUN_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 MAX_CODE = 1_000_000
 
 
-class JobRequestError(ValueError):
-    """A job request the policy does not allow; the message is meant for the user."""
-
-
 class JobNotFound(LookupError):
     pass
 
 
 # ------------------------------------------------------------------------------ policy
-class LaunchPolicy(BaseModel):
-    """What this user may launch: written by the hub into the session's environment."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    profiles: list[Profile]
-    default_profile: str
-    images: list[Image] = []
-    data_mounts: list[DataMount] = []
-    environment: str = "/opt/dsportal/env"
-    node_gpus: dict[str, int] = {}  # partition -> most GPUs any one of its nodes has (from sinfo)
-    node_count: dict[str, int] = {}  # partition -> usable nodes
-
-    def to_env(self) -> str:
-        return self.model_dump_json(exclude_defaults=False)
-
-    @classmethod
-    def from_env(cls, environ=None) -> "LaunchPolicy":
-        raw = (environ if environ is not None else os.environ).get(POLICY_ENV)
-        if not raw:
-            raise JobRequestError("this session has no job launch policy (it was not started by dsportal's hub)")
-        return cls.model_validate_json(raw)
-
-    def profile(self, name: str | None) -> Profile:
-        wanted = name or self.default_profile
-        for profile in self.profiles:
-            if profile.name == wanted:
-                return profile
-        offered = ", ".join(p.name for p in self.profiles)
-        raise JobRequestError(f"unknown or not permitted partition profile {_shown(wanted)}: choose one of {offered}")
-
-    def images_for(self, profile: Profile) -> list[Image]:
-        return [i for i in self.images if not i.profiles or profile.name in i.profiles]
-
-
 _limits_cache: dict[str, tuple[float, dict]] = {}
 
 
@@ -141,36 +102,29 @@ class JobPlan:
                 f"{where}, {self.launcher}, walltime {self.walltime}")
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _whole(name: str, value, default: int) -> int:
     if value is None or value == "":
         return default
     if isinstance(value, bool) or not (isinstance(value, int) or str(value).strip().lstrip("-").isdigit()):
-        raise JobRequestError(f"{name} must be a whole number, not {_shown(value)}")
+        raise JobRequestError(f"{name} must be a whole number, not {shown(value)}")
     return int(value)
 
 
 def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
     """Check a request (REST body, magic options, Python API) and return the job to submit."""
-    from spawner.form import RequestError, session_slice
-
     if not isinstance(request, dict):
         raise JobRequestError("a job request is an object like {'script': 'train.py', 'nodes': 2}")
     unknown = sorted(str(k) for k in request if k not in REQUEST_FIELDS)
     if unknown:
-        raise JobRequestError(f"unknown field(s) {', '.join(map(_shown, unknown))}: allowed are "
+        raise JobRequestError(f"unknown field(s) {', '.join(map(shown, unknown))}: allowed are "
                               f"{', '.join(REQUEST_FIELDS)}")
     profile_name = request.get("profile")
     if profile_name is not None and not isinstance(profile_name, str):
-        raise JobRequestError(f"profile must be a name, not {_shown(profile_name)}")
+        raise JobRequestError(f"profile must be a name, not {shown(profile_name)}")
     profile = policy.profile(profile_name)
     launcher = request.get("launcher") or "mpi"
     if launcher not in LAUNCHERS:
-        raise JobRequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {_shown(launcher)}")
+        raise JobRequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {shown(launcher)}")
     if launcher == "torchrun" and not profile.jobs.torchrun:
         raise JobRequestError(f"{profile.display_name} does not offer torchrun jobs")
     launcher = profile.jobs.launcher if launcher == "mpi" else launcher
@@ -191,10 +145,10 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
                               f"({node_gpus})")
     walltime = request.get("walltime") or profile.jobs.default_walltime
     if not isinstance(walltime, str):
-        raise JobRequestError(f"walltime must be text like 01:00:00, not {_shown(walltime)}")
+        raise JobRequestError(f"walltime must be text like 01:00:00, not {shown(walltime)}")
     try:
-        chosen = session_slice(profile, gpus, walltime)
-    except RequestError as error:
+        chosen = form.session_slice(profile, gpus, walltime)
+    except form.RequestError as error:
         raise JobRequestError(str(error).replace("GPUs is not offered", "GPUs per node is not offered")) from None
 
     tasks = _whole("tasks_per_node", request.get("tasks_per_node"), gpus or 1)
@@ -207,7 +161,7 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
         allowed = {i.name: i for i in policy.images_for(profile)}
         if not isinstance(image_name, str) or image_name not in allowed:
             offered = ", ".join(allowed) or "none"
-            raise JobRequestError(f"unknown image {_shown(image_name)} for {profile.display_name}: choose one of "
+            raise JobRequestError(f"unknown image {shown(image_name)} for {profile.display_name}: choose one of "
                                   f"{offered}")
         image = allowed[image_name]
         status, detail = image_status(image)
@@ -223,7 +177,7 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
         script = None
     else:
         if not isinstance(script, str) or "\0" in script or "\n" in script:
-            raise JobRequestError(f"script must be a file name, not {_shown(script)}")
+            raise JobRequestError(f"script must be a file name, not {shown(script)}")
         path = Path(os.path.expanduser(script))
         path = path if path.is_absolute() else Path(base_dir) / path
         if not path.is_file():
@@ -241,7 +195,7 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
         raise JobRequestError("env must be an object of NAME: value")
     for key, value in overrides.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise JobRequestError(f"environment variable name {_shown(key)} is not valid (letters, digits, _)")
+            raise JobRequestError(f"environment variable name {shown(key)} is not valid (letters, digits, _)")
         if _RESERVED_ENV.match(key) or key in _TORCHRUN_ENV:
             raise JobRequestError(f"{key} is set by Slurm/MPI/torchrun for each rank and cannot be overridden")
         if not isinstance(value, (str, int, float)) or "\n" in str(value) or "\0" in str(value):
@@ -254,7 +208,7 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
         prefix = "ddp-" if launcher == "torchrun" else "hvd-"
         name = prefix + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")
     elif not isinstance(name, str) or not _NAME.match(name):
-        raise JobRequestError(f"job name {_shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
+        raise JobRequestError(f"job name {shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
 
     return JobPlan(
         profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
@@ -407,9 +361,6 @@ def _scontrol_jobs(job_id: int | None = None) -> dict[int, dict[str, str]]:
 def session_slice(environ=os.environ) -> dict:
     """What this session's own job holds (the JupyterLab status bar): GPUs, CPUs, memory, and the
     walltime left as Slurm counts it (TimeLimit - RunTime, so no clock or time zone is involved)."""
-    from .activity import job_gpus
-    from .settings import parse_walltime
-
     job_id = environ.get("SLURM_JOB_ID", "")
     cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SLURM_CPUS_ON_NODE") or "0"
     mem = environ.get("SLURM_MEM_PER_NODE") or "0"

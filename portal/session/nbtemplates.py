@@ -23,12 +23,15 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-SPEC_ENV = "DSPORTAL_TEMPLATES"
+from tornado import web
+
+from ..templatesources import Source, Spec, TemplateError, files
+from .api import MessageAPIHandler
+
 LEDGER = ".dsportal/template-copies.json"  # copy -> the template and its content when copied
-_SKIPPED = {".ipynb_checkpoints", "__pycache__"}
 _README = """# Templates
 
 Notebooks from your instructors and the portal team, always their latest version.
@@ -38,53 +41,6 @@ template changes after you copied it, opening it again tells you, and offers a f
 
 {sources}
 """
-
-
-class TemplateError(ValueError):
-    """A request about a template that cannot be served; the message is meant for the user."""
-
-
-@dataclass
-class Source:
-    name: str
-    path: str
-    display_name: str = ""
-    description: str = ""
-
-
-@dataclass
-class Spec:
-    """What a session publishes: its folder names and the sources this user sees."""
-
-    folder: str = "templates"
-    copies: str = "notebooks"
-    sources: list[Source] = field(default_factory=list)
-
-    @classmethod
-    def for_user(cls, templates: dict, groups: set[str]) -> "Spec":
-        """From portal.yaml's ``templates`` section, keeping the sources this user's groups see."""
-        sources = [Source(name=s["name"], path=str(s["path"]), display_name=s.get("display_name") or "",
-                          description=s.get("description") or "")
-                   for s in templates.get("sources", []) if not s.get("groups") or groups & set(s["groups"])]
-        return cls(folder=templates.get("folder", "templates"), copies=templates.get("copies", "notebooks"),
-                   sources=sources)
-
-    def to_env(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_env(cls, environ=None) -> "Spec | None":
-        raw = (environ if environ is not None else os.environ).get(SPEC_ENV)
-        if not raw:
-            return None
-        data = json.loads(raw)
-        return cls(folder=data["folder"], copies=data["copies"], sources=[Source(**s) for s in data["sources"]])
-
-    def source(self, name: str) -> Source:
-        for source in self.sources:
-            if source.name == name:
-                return source
-        raise TemplateError(f"there is no template source {name!r} in your {self.folder}/ folder")
 
 
 # ------------------------------------------------------------------ the read-only folder
@@ -120,18 +76,6 @@ def publish(root: Path, spec: Spec, log=None) -> Path:
     finally:
         os.chmod(view, 0o555)
     return view
-
-
-def _files(folder: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIPPED)
-        found += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
-    return found
-
-
-def notebooks(folder: Path) -> list[Path]:
-    return [f for f in _files(folder) if f.suffix == ".ipynb"]
 
 
 def _digest(path: Path) -> str:
@@ -215,58 +159,59 @@ class Copies:
         sources = []
         for source in self.spec.sources:
             folder = Path(source.path)
-            files = []
-            for file in _files(folder) if folder.is_dir() else []:
+            listed = []
+            for file in files(folder) if folder.is_dir() else []:
                 rest = file.relative_to(folder).as_posix()
                 copy = self.copy_of(source, rest)
                 has_copy = (self.root / copy).exists()
-                files.append({"path": f"{self.spec.folder}/{source.name}/{rest}", "copy": copy if has_copy else None,
+                listed.append({"path": f"{self.spec.folder}/{source.name}/{rest}", "copy": copy if has_copy else None,
                               "template_updated": has_copy and self._updated(copy, _digest(file), ledger)})
-            sources.append({**asdict(source), "available": folder.is_dir(), "files": files})
+            sources.append({**asdict(source), "available": folder.is_dir(), "files": listed})
         return {"folder": self.spec.folder, "copies": self.spec.copies, "sources": sources}
 
 
 # ------------------------------------------------------------------ the server extension part
-def setup(server_app) -> None:
-    """Publish ~/templates and add the API (called by portal.jobserver's extension loader)."""
-    from jupyter_server.utils import url_path_join
-    from tornado import web
+class _TemplatesAPI(MessageAPIHandler):
+    @property
+    def copies(self) -> Copies:
+        return self.settings["dsportal_template_copies"]
 
-    from .jobserver import MessageAPIHandler
 
+class TemplatesHandler(_TemplatesAPI):
+    @web.authenticated
+    def get(self):
+        self.finish(json.dumps(self.copies.listing()))
+
+
+class OpenHandler(_TemplatesAPI):
+    @web.authenticated
+    def post(self):
+        body = self.get_json_body() or {}
+        if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+            raise web.HTTPError(400, 'expected {"path": "templates/<source>/<file>", "fresh": false}')
+        try:
+            answer = self.copies.open(body["path"], fresh=bool(body.get("fresh")))
+        except TemplateError as error:
+            raise web.HTTPError(400, str(error))
+        except FileNotFoundError as error:
+            raise web.HTTPError(404, str(error))
+        except OSError as error:
+            raise web.HTTPError(500, f"could not make your copy: {error.strerror or error}")
+        self.set_status(201 if answer["created"] else 200)
+        self.finish(json.dumps(answer))
+
+
+def setup(server_app) -> list[tuple]:
+    """Publish ~/templates; the API's routes, below the base URL (none without template sources)."""
     spec = Spec.from_env()
     if spec is None:
         server_app.log.info("dsportal: no template sources for this session")
-        return
+        return []
     root = Path(server_app.root_dir).expanduser()
     try:
         publish(root, spec, server_app.log)
     except OSError as error:  # a session without its templates still beats no session
         server_app.log.error("dsportal: could not publish templates in %s: %s", root, error)
-    copies = Copies(root, spec)
-
-    class TemplatesHandler(MessageAPIHandler):
-        @web.authenticated
-        def get(self):
-            self.finish(json.dumps(copies.listing()))
-
-    class OpenHandler(MessageAPIHandler):
-        @web.authenticated
-        def post(self):
-            body = self.get_json_body() or {}
-            if not isinstance(body, dict) or not isinstance(body.get("path"), str):
-                raise web.HTTPError(400, 'expected {"path": "templates/<source>/<file>", "fresh": false}')
-            try:
-                answer = copies.open(body["path"], fresh=bool(body.get("fresh")))
-            except TemplateError as error:
-                raise web.HTTPError(400, str(error))
-            except FileNotFoundError as error:
-                raise web.HTTPError(404, str(error))
-            except OSError as error:
-                raise web.HTTPError(500, f"could not make your copy: {error.strerror or error}")
-            self.set_status(201 if answer["created"] else 200)
-            self.finish(json.dumps(answer))
-
-    api = url_path_join(server_app.web_app.settings["base_url"], "dsportal/api/templates")
-    server_app.web_app.add_handlers(".*$", [(api, TemplatesHandler), (url_path_join(api, "open"), OpenHandler)])
+    server_app.web_app.settings["dsportal_template_copies"] = Copies(root, spec)
     server_app.log.info("dsportal: templates of %s in %s/", ", ".join(s.name for s in spec.sources), spec.folder)
+    return [("dsportal/api/templates", TemplatesHandler), ("dsportal/api/templates/open", OpenHandler)]

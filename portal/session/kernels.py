@@ -1,7 +1,7 @@
 """Kernelspecs for the container images a session may use, written at session start in the job.
 
 The hub puts the catalog (the profile's images and the data mounts) into the batch script;
-inside the job ``python -m portal.kernels`` writes one kernelspec per image into a folder only
+inside the job ``python -m portal.session.kernels`` writes one kernelspec per image into a folder only
 this session reads (``JUPYTER_PATH``), with the job's own CUDA_VISIBLE_DEVICES passed in. An
 image that is missing or unreadable still gets a kernelspec that says why, so the launcher
 shows it as unavailable and starting it fails with that reason; the session keeps working.
@@ -15,29 +15,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..cluster.images import image_status
+from ..settings import DataMount, Image
 from .containers import Bind, Launch, runtime
-from .settings import DataMount, Image
-
-
-def image_status(image: Image) -> tuple[str, str]:
-    """('built' | 'missing' | 'unreadable', detail) as the calling user sees it."""
-    path = Path(image.path)
-    if not path.exists():
-        return "missing", f"no image at {path}"
-    if image.runtime == "charliecloud":
-        python = path / image.python.lstrip("/") if image.python.startswith("/") else path / "usr/bin" / image.python
-        if not path.is_dir() or not (path / "etc/os-release").exists():
-            return "unreadable", f"{path} is not an image directory (no etc/os-release)"
-        if not os.access(path, os.R_OK | os.X_OK) or not os.access(python, os.X_OK):
-            return "unreadable", f"{path} has no usable {image.python}"
-    else:
-        if not os.access(path, os.R_OK):
-            return "unreadable", f"{path} is not readable"
-        with open(path, "rb") as handle:
-            head = handle.read(64)
-        if b"singularity" not in head.lower() and not head.startswith(b"#!"):
-            return "unreadable", f"{path} is not a SIF image"
-    return "built", str(path)
 
 
 def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None) -> dict:

@@ -2,57 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
-from jupyterhub.apihandlers import APIHandler, default_handlers
-from tornado import web
+from spawner.profiles import PartitionSpawner
+from spawner.slurm import SlurmGPUSpawner
 
+from .. import settings as settings_module
+from .. import templating
 from . import metrics
-from . import settings as settings_module
-from . import templating
 from .auth import configure_ldap
-
-
-class SessionPortHandler(APIHandler):
-    """POST /hub/api/batchspawner from a session job: its port, once.
-
-    Replaces batchspawner's handler, which sets *any* attribute the job sends on the spawner
-    (a user holding the session token could rewrite the spawner's commands) and takes any number
-    of reports: any process of the user can read the session's token, so a later post could move
-    the route to another port. Here the spawner accepts one port, while it waits for it, from the
-    job it started (its Slurm job id); everything else is refused with 409 and logged.
-    """
-
-    @web.authenticated
-    async def post(self):
-        user = self.current_user
-        token = self.get_auth_token()
-        spawners = list(getattr(user, "spawners", {}).values())
-        spawner = next((s for s in spawners if s.api_token == token), None)
-        if spawner is None and not any(s.active for s in spawners):
-            raise web.HTTPError(403, "this token belongs to no session of yours")
-        body = self.get_json_body() or {}
-        port = body.get("port")
-        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}")
-        if spawner is None:
-            # A running session whose spawner was rebuilt by a hub restart: it is not starting.
-            refusal = "the session is running, not starting: port reports are accepted once"
-        else:
-            session = getattr(spawner, "child_spawner", None) or spawner
-            accept = getattr(session, "accept_port", None)
-            refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
-        if refusal:
-            self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
-                             user.name, refusal)
-            metrics.PORT_REPORTS_REFUSED.inc()
-            raise web.HTTPError(409, refusal)
-        self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
-        self.set_status(201)
-        self.finish(json.dumps({"message": "port registered"}))
+from .portreport import install_port_handler
 
 
 def session_ended(user) -> str:
@@ -62,13 +23,6 @@ def session_ended(user) -> str:
         return ""
     spawner = user.spawner
     return "" if spawner.active else getattr(spawner, "session_ended", "")
-
-
-def install_port_handler() -> None:
-    import batchspawner.api  # noqa: F401  (registers its own handler on import; we take its place)
-
-    default_handlers[:] = [h for h in default_handlers if h[0] != r"/api/batchspawner"]
-    default_handlers.append((r"/api/batchspawner", SessionPortHandler))
 
 
 def _proxy_command(command: list[str]) -> list[str]:
@@ -105,8 +59,6 @@ def configure(c, settings=None) -> None:
     c.Authenticator.admin_users = set(hub.admin_users)
 
     install_port_handler()
-    from spawner import PartitionSpawner, SlurmGPUSpawner
-
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
     c.PartitionSpawner.default_profile = settings.profile().name
@@ -120,7 +72,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval
     if any(p.idle_timeout or p.idle_timeout_without_gpu for p in settings.profiles):
         # The proxy counts every request as activity, an open tab's polling included; idle limits
-        # go by the sessions' own reports instead (portal/activity.py: what changes or computes).
+        # go by the sessions' own reports instead (portal/session/activity.py: what changes or computes).
         c.JupyterHub.last_activity_interval = 0
     c.SlurmGPUSpawner.gpu_busy_percent = settings.session.gpu_busy_percent
     c.SlurmGPUSpawner.workdir = settings.session.workdir
@@ -132,7 +84,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
     c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
     c.Spawner.poll_interval = settings.slurm.session_check_interval
-    # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/metrics.py)
+    # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/hub/metrics.py)
     metrics.register_slurm(SlurmGPUSpawner.shared_client(c))
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the
     # user-side PATH from the batch script.

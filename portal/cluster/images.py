@@ -1,4 +1,5 @@
-"""`dsportal images`: the image catalog of portal.yaml: list, build (Apptainer/Singularity), build-demo."""
+"""The image catalog of portal.yaml: whether each image is there (``image_status``, also asked by
+sessions before they launch one) and `dsportal images`: list, build (Apptainer/Singularity), build-demo."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .kernels import image_status
-from .settings import Image
+from ..settings import Image
 
 DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are
@@ -18,6 +18,27 @@ MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and
 
 class ImageError(RuntimeError):
     pass
+
+
+def image_status(image: Image) -> tuple[str, str]:
+    """('built' | 'missing' | 'unreadable', detail) as the calling user sees it."""
+    path = Path(image.path)
+    if not path.exists():
+        return "missing", f"no image at {path}"
+    if image.runtime == "charliecloud":
+        python = path / image.python.lstrip("/") if image.python.startswith("/") else path / "usr/bin" / image.python
+        if not path.is_dir() or not (path / "etc/os-release").exists():
+            return "unreadable", f"{path} is not an image directory (no etc/os-release)"
+        if not os.access(path, os.R_OK | os.X_OK) or not os.access(python, os.X_OK):
+            return "unreadable", f"{path} has no usable {image.python}"
+    else:
+        if not os.access(path, os.R_OK):
+            return "unreadable", f"{path} is not readable"
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+        if b"singularity" not in head.lower() and not head.startswith(b"#!"):
+            return "unreadable", f"{path} is not a SIF image"
+    return "built", str(path)
 
 
 def size_of(path: Path) -> int:

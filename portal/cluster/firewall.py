@@ -1,6 +1,6 @@
 """Node firewall: on a shared node, a user's TCP connections reach only their own listeners.
 
-File permissions keep slices apart on disk and :mod:`portal.portguard` keeps each session's
+File permissions keep slices apart on disk and :mod:`portal.session.portguard` keeps each session's
 ``/proxy/<port>/`` to its own user's services, but a plain ``curl 127.0.0.1:<port>`` from bob's
 kernel would still reach alice's web app or TensorBoard. This nftables table stops that:
 

@@ -22,7 +22,10 @@ import time
 import uuid
 from pathlib import Path
 
-from . import nbtemplates
+from spawner.form import may_use, unix_groups
+
+from ..launchpolicy import POLICY_ENV, LaunchPolicy
+from ..templatesources import notebooks
 
 CHECK_ENV = "DSPORTAL_TEMPLATE_CHECK"
 RUN_MARK = "DSPORTAL_TEMPLATE_RUN"
@@ -75,7 +78,7 @@ def _stop_leftovers(mark: str) -> None:
 
 
 def _runner_main(argv: list[str]) -> int:
-    """``python -m portal.templatecheck TIMEOUT NOTEBOOK...``: one JSON line per notebook."""
+    """``python -m portal.cluster.templatecheck TIMEOUT NOTEBOOK...``: one JSON line per notebook."""
     timeout, paths = int(argv[0]), argv[1:]
     for path in paths:
         print(json.dumps(run_one(Path(path), timeout)), flush=True)
@@ -89,17 +92,12 @@ def _user_env(settings, user: str | None) -> dict[str, str]:
     env[CHECK_ENV] = "1"
     env["PATH"] = f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin"
     if user:
-        from spawner.form import may_use
-        from spawner.profiles import unix_groups
-
-        from .jobs import LaunchPolicy
-
         entry = pwd.getpwnam(user)
         env.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
         profiles = [p for p in settings.profiles if may_use(p, unix_groups(user))]
         if profiles:  # what the hub would give this user's session: the job launcher works in templates
             default = settings.profile().name if settings.profile() in profiles else profiles[0].name
-            env["DSPORTAL_LAUNCH_POLICY"] = LaunchPolicy(
+            env[POLICY_ENV] = LaunchPolicy(
                 profiles=profiles, default_profile=default, images=settings.images,
                 data_mounts=settings.data_mounts, environment=prefix).to_env()
     return env
@@ -118,11 +116,11 @@ def check(settings, user: str | None = None, sources: list[str] | None = None, t
         if not folder.is_dir():
             problems.append(f"{source.name}: {folder} is not a folder")
             continue
-        rows += [(source.name, folder, nb) for nb in nbtemplates.notebooks(folder)]
+        rows += [(source.name, folder, nb) for nb in notebooks(folder)]
     if not rows and not problems:
         print("dsportal templates check: no template notebooks found", file=out)
         return 1
-    command = [f"{settings.session.environment}/bin/python", "-m", "portal.templatecheck", str(timeout),
+    command = [f"{settings.session.environment}/bin/python", "-m", "portal.cluster.templatecheck", str(timeout),
                *[str(nb) for _, _, nb in rows]]
     if user and user != pwd.getpwuid(os.geteuid()).pw_name:
         command = [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", *command]

@@ -1,4 +1,4 @@
-"""Jupyter server extension of every session: launch, list, cancel and follow multi-node jobs.
+"""The session's job launcher API: launch, list, cancel and follow multi-node jobs.
 
 REST (under the session's base URL, e.g. /user/alice/):
   GET    dsportal/api/jobs               my jobs, newest first, with their state
@@ -9,8 +9,6 @@ REST (under the session's base URL, e.g. /user/alice/):
                                          live, then {"type": "state", ...} once the job ended
   GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
   GET    dsportal/api/slice              this session's slice: GPUs, CPUs, memory, walltime left
-  GET    dsportal/api/idle               how long the session is unused, when the hub stops it
-  POST   dsportal/api/idle               "Keep my session": counts as use
 
 The session's server answers its owner only (JupyterHub's token/cookie check), so another
 user's token is refused before any of this runs; jobs are the ones in the owner's own
@@ -26,12 +24,12 @@ import time
 from pathlib import Path
 
 from jupyter_server.auth.decorator import ws_authenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
-from jupyter_server.utils import url_path_join
+from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
-from . import activity, jobs
-from .slurm import refusal_hint
+from ..cluster.slurm import refusal_hint
+from . import jobs
+from .api import MessageAPIHandler
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming
@@ -39,16 +37,6 @@ STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while stream
 
 def _policy() -> jobs.LaunchPolicy:
     return jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
-
-
-class MessageAPIHandler(APIHandler):
-    """An API whose errors are ``{"message": <the reason, for a person>}``."""
-
-    def write_error(self, status_code, **kwargs):
-        self.set_header("Content-Type", "application/json")
-        reason = kwargs.get("exc_info", (None, None))[1]
-        message = getattr(reason, "log_message", None) or self._reason
-        self.finish(json.dumps({"message": message}))
 
 
 class _JobsAPI(MessageAPIHandler):
@@ -188,29 +176,3 @@ class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
                 await asyncio.sleep(POLL_SECONDS)
         except asyncio.CancelledError:
             return
-
-
-def _jupyter_server_extension_points():
-    return [{"module": "portal.jobserver"}]
-
-
-def _load_jupyter_server_extension(server_app):
-    web_app = server_app.web_app
-    base = web_app.settings["base_url"]
-    api = url_path_join(base, "dsportal/api")
-    web_app.add_handlers(".*$", [
-        (url_path_join(api, "jobs"), JobsHandler),
-        (url_path_join(api, r"jobs/(\d+)"), JobHandler),
-        (url_path_join(api, r"jobs/(\d+)/stream"), JobStreamHandler),
-        (url_path_join(api, "policy"), PolicyHandler),
-        (url_path_join(api, "slice"), SliceHandler),
-        (url_path_join(api, "idle"), activity.IdleHandler),
-    ])
-    server_app.log.info("dsportal: job launcher at %s", api)
-    from . import nbtemplates, portguard, tensorboards
-
-    activity.setup(server_app)
-
-    portguard.install(web_app, base, server_app.log)
-    tensorboards.setup(server_app)
-    nbtemplates.setup(server_app)

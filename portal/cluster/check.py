@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import stat
 import subprocess
 from dataclasses import dataclass
 
-from . import settings as settings_module
+import ldap3
+
+from .. import settings as settings_module
+from ..templatesources import notebooks
+from . import firewall
 from .slurm import Slurm, SlurmError
 
-USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.singleuser"
+USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
 
 @dataclass
@@ -40,8 +46,6 @@ def check_slurm(settings) -> list[Result]:
 
 
 def check_ldap(settings) -> Result:
-    import ldap3
-
     ldap = settings.ldap
     where = f"{ldap.server_address}:{ldap.server_port}"
     try:
@@ -81,10 +85,6 @@ def check_user_environment(settings) -> Result:
 
 def check_templates(settings) -> list[Result]:
     """Each template source: a folder users can read, owned by its instructor when one is named."""
-    import pwd
-
-    from .nbtemplates import notebooks
-
     results = []
     for source in settings.templates.sources:
         folder, name = source.path, f"templates {source.name}"
@@ -121,9 +121,6 @@ def _login_uid_range() -> range:
 
 def check_homes() -> Result:
     """People's homes must not be open to others: sessions of other users share the nodes."""
-    import pwd
-    import stat
-
     uids, open_homes, seen = _login_uid_range(), [], 0
     for entry in pwd.getpwall():
         if entry.pw_uid not in uids:
@@ -144,8 +141,6 @@ def check_homes() -> Result:
 
 
 def check_firewall() -> Result:
-    from . import firewall
-
     separated = firewall.users()
     if separated is None:
         return Result("node firewall", True, "not in place on this host: users' TCP ports are reachable from other "
@@ -228,9 +223,6 @@ def check_confinement(settings) -> list[Result]:
 
 
 def check_accounting(settings) -> Result:
-    import os
-    import subprocess
-
     try:
         result = subprocess.run(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], capture_output=True,
                                 text=True, timeout=30, env={**os.environ, **settings.slurm_env()})

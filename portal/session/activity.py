@@ -22,15 +22,11 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
+from ..cluster.slurm import job_gpus
+
 KEY = "dsportal_last_activity"
 LIMIT_ENV = "DSPORTAL_IDLE_LIMIT"  # seconds, from the hub: the profile's idle limit for this slice
 NVIDIA_SMI_QUERY = ["--query-gpu=minor_number,utilization.gpu", "--format=csv,noheader,nounits"]
-
-
-def job_gpus(environ=os.environ) -> set[int]:
-    """The job's GPUs as device minor numbers (/dev/nvidiaN), as Slurm names them."""
-    value = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
-    return {int(part) for part in value.split(",") if part.strip().isdigit()}
 
 
 def busy_gpus(smi_output: str, mine: set[int], threshold: int) -> list[int]:
@@ -69,8 +65,6 @@ def count_only_changes_as_use() -> None:
     (PUT lab/api/workspaces, every 10 s) for as long as it is open: that must not keep GPUs held
     over a weekend. Requests that change something else (save a file, start a kernel, rename)
     count; so do kernel and terminal traffic, tracked apart."""
-    from jupyter_server.base.handlers import APIHandler
-
     if getattr(APIHandler.update_api_activity, "_dsportal", False):
         return
     tracked = APIHandler.update_api_activity

@@ -1,0 +1,73 @@
+"""The embedded one-machine cluster: munge, slurmctld, slurmd per node, slapd, demo users, hub.
+
+Every daemon is real and started by this package; all of their state lives under one
+directory (``$DSPORTAL_DEMO_DIR``, default /var/lib/dsportal-demo). ``up`` is idempotent:
+what already runs is left alone. Outside that directory it touches only /etc/hosts (node
+names) and the demo users' Unix accounts, which must match LDAP for jobs to run as them.
+
+The parts: base.py (state folder, pid files, config files), slurm.py (munge, GPUs, slurmctld,
+slurmd), accounting.py (MariaDB, slurmdbd, associations), directory.py (LDAP, Unix accounts),
+node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .accounting import accounting_status, stop_accounting
+from .base import STATE, DemoError, alive, directory, paths, stop_pid
+from .content import ensure_courses, ensure_images
+from .directory import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
+from .hub import ensure_hub, hub_pidfile, stop_hub
+from .node import ensure_firewall, ensure_private_processes
+from .slurm import ensure_hosts, ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
+
+__all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm", "paths", "status", "stop_hub",
+           "stop_pid", "up"]
+
+
+def up(config_path: Path | None = None, with_hub: bool = True) -> None:
+    if os.geteuid() != 0:
+        raise DemoError("the demo cluster runs its daemons as root: run it as root (sudo make demo)")
+    STATE.mkdir(parents=True, exist_ok=True)
+    os.chmod(STATE, 0o755)
+    (STATE / "run").mkdir(exist_ok=True)
+    (STATE / "log").mkdir(exist_ok=True)
+    ensure_hosts()
+    ensure_munge()
+    ensure_accounts()  # Unix accounts first: Slurm's associations name them
+    ensure_slurm()
+    ensure_firewall()
+    ensure_private_processes()
+    ensure_ldap()
+    ensure_images(config_path)
+    ensure_courses(config_path)
+    if with_hub:
+        ensure_hub(config_path)
+
+
+def down() -> None:
+    stop_hub()
+    stop_slurm()
+    stop_accounting()
+    stop_ldap()
+    stop_munge()
+
+
+def status() -> dict[str, bool]:
+    return {**slurm_status(), **accounting_status(), "slapd": ldap_running(), "hub": bool(alive(hub_pidfile()))}
+
+
+def banner(settings) -> str:
+    data = directory()
+    lines = [
+        "",
+        f"dsportal is up: open {settings.hub.bind_url}",
+        "",
+        "Demo accounts (LDAP):",
+    ]
+    for user in data["users"]:
+        lines.append(f"  {user['name']:<8} password {user['password']:<14} {user['role']}")
+    lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
+    return "\n".join(lines)

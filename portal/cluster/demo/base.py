@@ -1,0 +1,107 @@
+"""What every part of the demo cluster shares: its state folder, its daemons' pid files, its config files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import yaml
+
+STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def demo_file(name: str) -> Path:
+    checkout = Path(__file__).resolve().parents[3] / "config" / "demo" / name
+    return checkout if checkout.exists() else Path(str(resources.files("dsportal_config.demo") / name))
+
+
+def render(name: str, **context) -> str:
+    return jinja2.Template(demo_file(name).read_text(), undefined=jinja2.StrictUndefined).render(**context)
+
+
+def directory() -> dict:
+    return yaml.safe_load(demo_file("users.yaml").read_text())
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise DemoError(f"{' '.join(argv)} failed ({result.returncode}): {(result.stderr or result.stdout).strip()}")
+    return result
+
+
+def alive(pidfile: Path) -> int | None:
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    # A recycled pid of some other program is not our daemon.
+    try:
+        if Path(f"/proc/{pid}/status").read_text().startswith("Name:\tzombie"):
+            return None
+    except OSError:
+        return None
+    return pid
+
+
+def stop_pid(pidfile: Path, name: str, wait: float = 10.0) -> None:
+    pid = alive(pidfile)
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and alive(pidfile):
+        time.sleep(0.2)
+    if alive(pidfile):
+        os.kill(pid, signal.SIGKILL)
+    say(f"stopped {name}")
+    pidfile.unlink(missing_ok=True)
+
+
+def wait_for(check, what: str, timeout: float = 30.0, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as error:  # noqa: BLE001 - any failure means "not yet"
+            last_error = error
+        time.sleep(interval)
+    raise DemoError(f"{what} did not come up within {timeout:.0f} s" + (f": {last_error}" if last_error else ""))
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    def __getattr__(self, name):  # state.munge, state.slurm, state.ldap, state.log, state.run, state.gpus
+        return self.root / name
+
+
+def paths() -> Paths:
+    return Paths(STATE)
+
+
+def slurm_conf_path() -> Path:
+    return paths().slurm / "slurm.conf"
+
+
+def slurm_env() -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(slurm_conf_path())}

@@ -1,0 +1,47 @@
+"""What the demo's sessions see: the container image(s), the shared dataset folder, instructors' course folders."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+from ... import settings as settings_module
+from .. import images
+from .base import demo_file, say
+
+
+def ensure_images(config_path: Path | None = None) -> None:
+    """The demo's container image(s) and the shared dataset folder bound into kernels."""
+    settings = settings_module.load(config_path)
+    for mount in settings.data_mounts:
+        folder = Path(mount.source)
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
+            os.chmod(folder, 0o755)
+    for image in images.unbuilt_demo_images(settings):
+        images.build(image, [m.target for m in settings.data_mounts], force=False)
+
+
+def ensure_courses(config_path: Path | None = None) -> None:
+    """Course folders of the demo's instructors (template sources with an owner): created once,
+    seeded from config/demo/courses/<name>/, then the instructor's own to edit."""
+    settings = settings_module.load(config_path)
+    for source in settings.templates.sources:
+        folder = Path(source.path)
+        if not source.owner or folder.exists():
+            continue
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder.parent, 0o755)
+        seed = demo_file("courses") / source.name
+        if seed.is_dir():
+            shutil.copytree(seed, folder)
+        else:
+            folder.mkdir()
+        entry = pwd.getpwnam(source.owner)
+        for path in [folder, *folder.rglob("*")]:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        say(f"course folder {folder} (owner {source.owner})")

@@ -1,0 +1,82 @@
+"""The demo's JupyterHub (with its configurable-http-proxy): started, restarted on new code, stopped."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import spawner
+
+from ... import settings as settings_module
+from .base import DemoError, alive, paths, say, stop_pid, wait_for
+
+
+def hub_running(settings) -> bool:
+    try:
+        with urllib.request.urlopen(f"{settings.hub.bind_url.rstrip('/')}/hub/api", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def hub_pidfile() -> Path:
+    return paths().run / "dsportal-hub.pid"
+
+
+def code_fingerprint() -> str:
+    """Hash of the installed portal code and the config: a change means the hub must restart."""
+    digest = hashlib.sha256()
+    roots = [Path(__file__).parents[2], Path(spawner.__file__).parent]
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".j2", ".yaml") and path.is_file():
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_hub(config_path: Path | None = None) -> None:
+    settings = settings_module.load(config_path)
+    fingerprint = f"{code_fingerprint()}-{hashlib.sha256(settings.source.read_bytes()).hexdigest()[:8]}"
+    stamp = paths().run / "dsportal-hub.code"
+    if alive(hub_pidfile()) and hub_running(settings):
+        if stamp.exists() and stamp.read_text() == fingerprint:
+            return
+        # New code or config: restart the hub. Sessions are Slurm jobs and survive it.
+        say("portal code or config changed: restarting JupyterHub (running sessions are kept)")
+        stop_hub()
+    log_path = paths().log / "hub.log"
+    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dsportal"), "hub"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+    hub_pidfile().write_text(str(process.pid))
+    stamp.write_text(fingerprint)
+
+    def up():
+        if process.poll() is not None:
+            raise DemoError(f"the hub exited ({process.returncode}); see {log_path}")
+        return hub_running(settings)
+
+    try:
+        wait_for(up, "JupyterHub", timeout=60)
+    except DemoError as error:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise DemoError(f"{error}\n{tail}") from None
+    say(f"JupyterHub started (log {log_path})")
+
+
+def stop_hub() -> None:
+    stop_pid(hub_pidfile(), "JupyterHub")
+    settings = None
+    try:
+        settings = settings_module.load()
+    except settings_module.SettingsError:
+        pass
+    if settings:
+        stop_pid(Path(settings.hub.data_dir) / "proxy.pid", "configurable-http-proxy")

@@ -1,0 +1,222 @@
+"""The demo's Slurm: munge, fake GPUs, slurm.conf and its friends, slurmctld and one slurmd per node."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
+from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for
+
+NODES = 2
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
+MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room (each job's own memory limit is enforced, cgroup.conf)
+GPU_MAJOR = 195  # the NVIDIA driver's character-device major: node N's GPU k is 195:(N-1)*4+k
+CTLD_PORT, SLURMD_PORT, FIRST_NODE_PORT = 6817, 6818, 17001
+SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")
+
+
+def ensure_hosts() -> None:
+    names = [f"node{i}" for i in range(1, NODES + 1)]
+    text = Path("/etc/hosts").read_text()
+    known = {word for line in text.splitlines() if not line.lstrip().startswith("#") for word in line.split()[1:]}
+    missing = [n for n in names if n not in known]
+    if missing:
+        with open("/etc/hosts", "a") as hosts:
+            hosts.write(f"127.0.0.1 {' '.join(missing)}  # dsportal demo nodes\n")
+        say(f"/etc/hosts: {' '.join(missing)} -> 127.0.0.1")
+
+
+def ensure_munge() -> None:
+    p = paths()
+    key_dir, run_dir = p.munge / "key", p.munge / "run"
+    if alive(run_dir / "munged.pid"):
+        link_default_munge_socket()
+        return
+    for folder, mode in ((p.munge, 0o755), (key_dir, 0o700), (run_dir, 0o755)):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, mode)
+    key = key_dir / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+    shutil.chown(p.munge, "munge", "munge")
+    for path in (key_dir, run_dir, key):
+        shutil.chown(path, "munge", "munge")
+    os.chmod(key, 0o400)
+    run([
+        "runuser", "-u", "munge", "--", "/usr/sbin/munged",
+        f"--key-file={key}", f"--socket={run_dir}/munge.socket", f"--pid-file={run_dir}/munged.pid",
+        f"--log-file={key_dir}/munged.log", f"--seed-file={key_dir}/munged.seed",
+    ])
+    wait_for(lambda: (run_dir / "munge.socket").exists(), "munged")
+    say("munged started")
+    link_default_munge_socket()
+
+
+def link_default_munge_socket() -> None:
+    """sacct and sacctmgr authenticate to slurmdbd through munge's default socket, whatever
+    slurm.conf's AuthInfo says: point it at the demo's munged where no system munged runs."""
+    default = Path("/run/munge/munge.socket.2")
+    ours = paths().munge / "run" / "munge.socket"
+    if default.is_symlink() and not default.exists():
+        default.unlink()  # left from an earlier demo
+    if not default.exists():
+        default.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(default.parent, 0o755)
+        default.symlink_to(ours)
+
+
+def ensure_gpus() -> None:
+    """Fake GPUs: character devices with the NVIDIA driver's numbers (no driver behind them, so
+    opening one gives ENXIO). Each has its own number, as real GPUs do, so Slurm's device cgroup
+    can let a job open its own GPUs and refuse the others (EPERM): on a shared node a user who
+    unsets CUDA_VISIBLE_DEVICES still cannot reach another slice's GPU."""
+    gpus = paths().gpus
+    gpus.mkdir(parents=True, exist_ok=True)
+    os.chmod(gpus, 0o755)
+    for node in range(1, NODES + 1):
+        for index in range(GPUS_PER_NODE):
+            device = gpus / f"node{node}-gpu{index}"
+            number = os.makedev(GPU_MAJOR, (node - 1) * GPUS_PER_NODE + index)
+            if device.exists() and device.stat().st_rdev != number:
+                device.unlink()  # an earlier demo's device (all were 1:3, /dev/null's number)
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, number)
+            os.chmod(device, 0o666)
+
+
+def write_slurm_conf() -> bool:
+    p = paths()
+    for folder in (p.slurm / "state", p.slurm / "spool", p.log, p.run):
+        folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(p.root, 0o755)
+    os.chmod(p.slurm, 0o755)
+    nodes = [{"name": f"node{i}", "port": FIRST_NODE_PORT + i - 1} for i in range(1, NODES + 1)]
+    conf = render(
+        "slurm.conf.j2",
+        hostname=socket.gethostname(),
+        state=p.root,
+        ctld_port=CTLD_PORT,
+        slurmd_port=SLURMD_PORT,
+        dbd_port=DBD_PORT,
+        nodes=nodes,
+        node_list=f"node[1-{NODES}]",
+        cpus_per_node=CPUS_PER_NODE,
+        mem_mb_per_node=MEM_MB_PER_NODE,
+        gpus_per_node=GPUS_PER_NODE,
+    )
+    gres = "".join(
+        f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
+    )
+    cgroup = render("cgroup.conf.j2")
+    job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
+    changed = False
+    for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container)):
+        target = p.slurm / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            os.chmod(target, 0o644)
+            changed = True
+    return changed
+
+
+def ensure_slurm() -> None:
+    p = paths()
+    ensure_gpus()
+    write_slurm_conf()
+    ensure_accounting()
+    env = slurm_env()
+    # The cluster is in the accounting database before slurmctld registers with it.
+    subprocess.run(["sacctmgr", "-i", "add", "cluster", "dsportal"], env=env, capture_output=True, text=True)
+    ctld_pidfile = p.run / "slurmctld.pid"
+    newest_conf = max((p.slurm / name).stat().st_mtime for name in SLURM_CONF_FILES)
+    if alive(ctld_pidfile) and newest_conf > ctld_pidfile.stat().st_mtime:
+        # A new slurm.conf (e.g. accounting turned on): restart the daemons; running jobs are kept.
+        stop_pid(p.run / "slurmctld.pid", "slurmctld")
+        for i in range(1, NODES + 1):
+            stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
+    if not alive(p.run / "slurmctld.pid"):
+        run(["/usr/sbin/slurmctld"], env=env)
+        say("slurmctld started")
+    wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
+              "slurmctld", timeout=30)
+    ensure_slurm_associations()
+    restarted_at = None
+    for i in range(1, NODES + 1):
+        if not alive(p.run / f"slurmd-node{i}.pid"):
+            restarted_at = restarted_at or time.time()
+            run(["/usr/sbin/slurmd", "-N", f"node{i}"], env=env)
+            say(f"slurmd node{i} started")
+
+    def nodes_ready():
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        bad = {n: s for n, s in states.items() if s.rstrip("*~#") not in ("idle", "mix", "alloc", "comp")}
+        if bad:
+            for node in bad:  # a node left down by an earlier run comes back
+                subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env, capture_output=True)
+            return False
+        return len(states) == NODES
+
+    wait_for(nodes_ready, "the slurmd nodes", timeout=60, interval=1)
+    if restarted_at:
+        reap_orphaned_jobs(env, before=restarted_at)
+
+
+def reap_orphaned_jobs(env: dict[str, str], before: float) -> None:
+    """Cancel jobs Slurm still counts as running whose processes died with the machine's.
+
+    All demo "nodes" are this host: when the slurmds had to be started again (the processes were
+    killed, not the host rebooted, so Slurm sees no node reboot), a job started earlier with no
+    slurmstepd left is gone. Without this the hub would wait http_timeout on each such session.
+    """
+    out = subprocess.run(["squeue", "-h", "-t", "R,CG", "-o", "%i %S %u"], env=env,
+                         capture_output=True, text=True).stdout
+    live = subprocess.run(["pgrep", "-a", "slurmstepd"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        job_id, start, user = line.split()
+        try:
+            started = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            continue
+        if started >= before or f"[{job_id}." in live:
+            continue
+        subprocess.run(["scancel", job_id], env=env, capture_output=True)
+        say(f"job {job_id} of {user} had no processes left after a restart: cancelled")
+
+
+def stop_slurm() -> None:
+    """Cancel every job (waiting for them to end), then stop the slurmd of each node and slurmctld."""
+    p = paths()
+    env = slurm_env()
+    if alive(p.run / "slurmctld.pid"):
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=env, capture_output=True)
+            say(f"cancelled {len(jobs)} job(s)")
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and subprocess.run(
+                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
+            ).stdout.strip():
+                time.sleep(0.5)
+    for i in range(1, NODES + 1):
+        stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
+    stop_pid(p.run / "slurmctld.pid", "slurmctld")
+
+
+def stop_munge() -> None:
+    stop_pid(paths().munge / "run" / "munged.pid", "munged")
+
+
+def slurm_status() -> dict[str, bool]:
+    p = paths()
+    result = {"munged": bool(alive(p.munge / "run" / "munged.pid")), "slurmctld": bool(alive(p.run / "slurmctld.pid"))}
+    for i in range(1, NODES + 1):
+        result[f"slurmd node{i}"] = bool(alive(p.run / f"slurmd-node{i}.pid"))
+    return result
+

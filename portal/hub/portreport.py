@@ -1,0 +1,55 @@
+"""POST /hub/api/batchspawner: where a session job reports its port, in place of batchspawner's handler."""
+
+from __future__ import annotations
+
+import json
+
+import batchspawner.api  # noqa: F401  (registers its own handler on import; install_port_handler takes its place)
+from jupyterhub.apihandlers import APIHandler, default_handlers
+from tornado import web
+
+from . import metrics
+
+
+class SessionPortHandler(APIHandler):
+    """POST /hub/api/batchspawner from a session job: its port, once.
+
+    Replaces batchspawner's handler, which sets *any* attribute the job sends on the spawner
+    (a user holding the session token could rewrite the spawner's commands) and takes any number
+    of reports: any process of the user can read the session's token, so a later post could move
+    the route to another port. Here the spawner accepts one port, while it waits for it, from the
+    job it started (its Slurm job id); everything else is refused with 409 and logged.
+    """
+
+    @web.authenticated
+    async def post(self):
+        user = self.current_user
+        token = self.get_auth_token()
+        spawners = list(getattr(user, "spawners", {}).values())
+        spawner = next((s for s in spawners if s.api_token == token), None)
+        if spawner is None and not any(s.active for s in spawners):
+            raise web.HTTPError(403, "this token belongs to no session of yours")
+        body = self.get_json_body() or {}
+        port = body.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}")
+        if spawner is None:
+            # A running session whose spawner was rebuilt by a hub restart: it is not starting.
+            refusal = "the session is running, not starting: port reports are accepted once"
+        else:
+            session = getattr(spawner, "child_spawner", None) or spawner
+            accept = getattr(session, "accept_port", None)
+            refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
+        if refusal:
+            self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
+                             user.name, refusal)
+            metrics.PORT_REPORTS_REFUSED.inc()
+            raise web.HTTPError(409, refusal)
+        self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
+        self.set_status(201)
+        self.finish(json.dumps({"message": "port registered"}))
+
+
+def install_port_handler() -> None:
+    default_handlers[:] = [h for h in default_handlers if h[0] != r"/api/batchspawner"]
+    default_handlers.append((r"/api/batchspawner", SessionPortHandler))

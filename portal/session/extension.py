@@ -1,0 +1,39 @@
+"""The Jupyter server extension of every session: the one place that adds dsportal's routes.
+
+Loaded by the session's Jupyter server (jupyter-config/dsportal-jobs.json). Each feature keeps
+its handlers in its own module; this puts them under the session's base URL:
+  dsportal/api/jobs, jobs/<id>, jobs/<id>/stream, policy, slice   the job launcher (jobs_api.py)
+  dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
+  dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
+  dsportal/tensorboard/...                                        TensorBoard (tensorboards.py)
+and guards jupyter-server-proxy's /proxy/ routes (portguard.py).
+"""
+
+from __future__ import annotations
+
+from jupyter_server.utils import url_path_join
+
+from . import activity, jobs_api, nbtemplates, portguard, tensorboards
+
+
+def _load_jupyter_server_extension(server_app):
+    web_app = server_app.web_app
+    base = web_app.settings["base_url"]
+    routes = [
+        ("dsportal/api/jobs", jobs_api.JobsHandler),
+        (r"dsportal/api/jobs/(\d+)", jobs_api.JobHandler),
+        (r"dsportal/api/jobs/(\d+)/stream", jobs_api.JobStreamHandler),
+        ("dsportal/api/policy", jobs_api.PolicyHandler),
+        ("dsportal/api/slice", jobs_api.SliceHandler),
+        ("dsportal/api/idle", activity.IdleHandler),
+    ]
+    activity.setup(server_app)
+    routes += tensorboards.setup(server_app)
+    routes += nbtemplates.setup(server_app)
+    web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
+    portguard.install(web_app, base, server_app.log)
+    server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "portal.session.extension"}]
