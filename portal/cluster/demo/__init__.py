@@ -6,7 +6,7 @@ what already runs is left alone. Outside that directory it touches only /etc/hos
 names) and the demo users' Unix accounts, which must match LDAP for jobs to run as them.
 
 The parts: base.py (state folder, pid files, config files), slurm.py (munge, GPUs, slurmctld,
-slurmd), accounting.py (MariaDB, slurmdbd, associations), directory.py (LDAP, Unix accounts),
+slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
 node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from .accounting import accounting_status, stop_accounting
 from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
-from .directory import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
+from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub
 from .node import ensure_firewall, ensure_private_processes
 from .slurm import ensure_hosts, ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
