@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     images_parser.set_defaults(func=cmd_images)
     templates_parser = sub.add_parser("templates", help="instructor template notebooks")
     templates_parser.add_argument("action", choices=["list", "check"])
-    templates_parser.add_argument("--user", help="run the notebooks as this account (check; default: yourself)")
+    templates_parser.add_argument("--user", help="run every notebook as this account (check; default for root: "
+                                  "each source's owner, else the first member of a group that may open it)")
     templates_parser.add_argument("--source", action="append", help="only this source (repeatable)")
     templates_parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     templates_parser.set_defaults(func=cmd_templates)

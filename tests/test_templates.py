@@ -14,6 +14,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -192,32 +193,123 @@ def test_templates_check_runs_every_template_as_a_user(portal):
     assert lines[-1].startswith("templates check: 6/6 passed in ")
 
 
-def test_templates_check_reports_a_failing_notebook(portal, tmp_path):
-    folder = tmp_path / "broken-course"
-    folder.mkdir()
-    good = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": "print('fine')"}],
+def test_templates_check_without_arguments_runs_each_source_as_a_user_who_may_open_it(portal):
+    """Root's own kernel has no job launch policy: each source runs as its owner or a portal user."""
+    result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "templates", "check"],
+                            capture_output=True, text=True, timeout=1200)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert "  dsportal         as alice (a member of datascience)" in lines
+    assert "  intro-dl         as carol (its owner)" in lines
+    assert any(line.split()[:2] == ["PASS", "dsportal/multinode-horovod.ipynb"] for line in lines)
+    assert lines[-1].startswith("templates check: 6/6 passed in ") and "failed" not in lines[-1]
+
+
+def notebook_of(*sources: str) -> dict:
+    """A notebook with a heading and one code cell per source."""
+    code = [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+            for source in sources]
+    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# A template"}, *code],
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
             "nbformat": 4, "nbformat_minor": 5}
-    bad = json.loads(json.dumps(good))
-    bad["cells"][0]["source"] = "1 / 0"
-    (folder / "ok.ipynb").write_text(json.dumps(good))
-    (folder / "broken.ipynb").write_text(json.dumps(bad))
+
+
+def check_sources(tmp_path, sources: list[dict]) -> subprocess.CompletedProcess:
+    """`dsportal templates check` with the demo's portal.yaml, its template sources replaced."""
     config = yaml.safe_load(CONFIG.read_text())
-    config["templates"]["sources"] = [{"name": "broken-course", "path": str(folder)},
-                                      {"name": "gone", "path": str(tmp_path / "gone")}]
+    config["templates"]["sources"] = sources
     path = tmp_path / "portal.yaml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run([DSPORTAL, "--config", str(path), "templates", "check"],
                             capture_output=True, text=True, timeout=300)
-    print(result.stdout)
+    print(result.stdout, result.stderr)
+    return result
+
+
+def take_log(lines: list[str]) -> str:
+    """The text of the log a failed check names (kept only on failure), removed."""
+    log = Path(next(line for line in lines if "kernels' messages and tracebacks: " in line).split(": ", 1)[1])
+    text = log.read_text()
+    log.unlink()
+    return text
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every account may read, as template sources are: the check runs them as a portal user."""
+    folder = Path(tempfile.mkdtemp(prefix="dsportal-test-templates-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_templates_check_reports_a_failing_notebook(portal, shared_folder, tmp_path):
+    folder = shared_folder / "broken-course"
+    folder.mkdir()
+    (folder / "ok.ipynb").write_text(json.dumps(notebook_of("print('fine')")))
+    (folder / "broken.ipynb").write_text(json.dumps(notebook_of("1 / 0")))
+    result = check_sources(tmp_path, [{"name": "broken-course", "path": str(folder)},
+                                      {"name": "gone", "path": str(tmp_path / "gone")}])
     assert result.returncode == 1
     lines = result.stdout.splitlines()
+    assert "  broken-course    as alice (a member of datascience)" in lines
     assert any(line.split()[:2] == ["PASS", "broken-course/ok.ipynb"] for line in lines)
     failed = next(line for line in lines if line.split()[:2] == ["FAIL", "broken-course/broken.ipynb"])
-    assert "ZeroDivisionError" in failed
+    assert "cell 1 (1 / 0): ZeroDivisionError: division by zero" in failed
     assert any("FAIL  gone:" in line and "is not a folder" in line for line in lines)
     assert lines[-1].startswith("templates check: 1/2 passed in ")
+    assert "ZeroDivisionError" in take_log(lines)
+
+
+def test_templates_check_names_the_failing_cell_and_logs_its_traceback(tmp_path):
+    """Runs as the source's owner, the account running the tests: no demo cluster needed."""
+    folder = tmp_path / "course"
+    folder.mkdir()
+    (folder / "week2.ipynb").write_text(json.dumps(notebook_of("x = 41", "x += 1\nraise ValueError(f'boom {x}')")))
+    me = pwd.getpwuid(os.getuid()).pw_name
+    result = check_sources(tmp_path, [{"name": "course", "path": str(folder), "owner": me}])
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert f"  course           as {me} (its owner)" in lines
+    failed = next(line for line in lines if line.split()[:2] == ["FAIL", "course/week2.ipynb"])
+    assert failed.endswith("cell 2 (x += 1): ValueError: boom 42"), failed
+    text = take_log(lines)
+    assert f"==== {folder / 'week2.ipynb'} (as {me}) ====" in text
+    assert "Traceback (most recent call last)" in text and "raise ValueError(f'boom {x}')" in text
+
+
+def test_check_user_is_the_owner_else_the_first_member_who_may_open_the_source(monkeypatch):
+    """Whom `dsportal templates check` (root, no --user) runs a source as; directory lookups faked."""
+    from portal.cluster import templatecheck
+    from portal.settings import Settings
+
+    directory = {"datascience": ["carol", "bob", "alice"], "intro-dl": ["carol", "bob"],
+                 "instructors": ["carol"], "latecomers": ["aaron", "carol"]}  # aaron may not log in
+    monkeypatch.setattr(templatecheck, "group_members", lambda group: sorted(directory.get(group, [])))
+    monkeypatch.setattr(templatecheck, "unix_groups",
+                        lambda user: {group for group, members in directory.items() if user in members})
+    config = yaml.safe_load(CONFIG.read_text())
+
+    def chosen(source: dict, edit=None):
+        edited = json.loads(json.dumps(config))
+        if edit:
+            edit(edited)
+        settings = Settings.model_validate(edited)
+        return templatecheck.check_user(settings, settings.templates.sources[0].model_copy(update=source))
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert chosen({"owner": me}) == (me, "its owner")
+    assert chosen({}) == ("alice", "a member of datascience")  # who may log in (ldap.allowed_groups)
+    assert chosen({"groups": ["intro-dl"]}) == ("bob", "a member of intro-dl")  # who sees the source
+    assert chosen({"groups": ["latecomers"]}) == ("carol", "a member of latecomers")
+    # A default profile for some groups only: its members (instructors comes first in portal.yaml).
+    assert chosen({}, lambda config: config["session"].update(default_profile="staff")) == (
+        "carol", "a member of instructors")
+    for source, edit in (({"owner": "no-such-account-dsportal"}, None), ({"groups": ["nobody-here"]}, None),
+                         ({}, lambda config: config["ldap"].update(allowed_groups=[]))):
+        with pytest.raises(templatecheck.NoCheckUser, match="pass --user NAME"):
+            chosen(source, edit)
 
 
 def test_publishing_never_deletes_what_the_user_had(tmp_path):
