@@ -15,6 +15,8 @@ Measured, per hub:
               shares one squeue per poll_interval among all sessions)
   dead job    the session job runs, then its server crashes before answering (a broken user
               environment): time until the hub reports the failure (capped by --start-timeout)
+  CPU         a session's start in CPU seconds (its job's processes, read when the hub sees it
+              ready: bench/cpu.py) and a kernel's, after its first answer (median)
   ended       a ready session's job is cancelled outside the portal (scancel, as for a node
               failure or the walltime): time until the hub shows the server stopped (median)
 
@@ -38,12 +40,14 @@ import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlparse
 
 import requests
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
 
 CONFIG = REPO / "config" / "portal.yaml"
@@ -82,8 +86,11 @@ c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
 
 def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout: int, broken: bool) -> list[str]:
     """The command that runs one hub: dsportal from an edited portal.yaml, or stock batchspawner."""
-    bind, hub, proxy = (f"http://127.0.0.1:{p}" for p in ports)
     config = yaml.safe_load(CONFIG.read_text())
+    # The hub API listens where the compute nodes reach it (the login node's address on the node network).
+    login = urlparse(config["hub"]["hub_bind_url"]).hostname
+    bind, proxy = (f"http://127.0.0.1:{p}" for p in (ports[0], ports[2]))
+    hub = f"http://{login}:{ports[1]}"
     config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
                          start_timeout=start_timeout)
     environment = str(broken_environment(data.parent)) if broken else config["session"]["environment"]
@@ -210,15 +217,18 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
             stops.append(stop_seconds(alice))
         result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops)
 
-        ended = []
+        ended, session_cpu, kernel_cpu = [], [], []
         for _ in range(args.rounds):
             spawn_seconds(alice, options, args.start_timeout)
             job_id = active_jobs("alice")[0]["job_id"]
+            session_cpu.append(job_cpu_seconds(job_id))  # what the start cost, read as it became ready
+            kernel_cpu.append(kernel_cpu_seconds(alice))
             started = time.monotonic()
             subprocess.run(["scancel", str(job_id)], check=True)
             wait_gone(alice, timeout=120)
             ended.append(time.monotonic() - started)
-        result.update(ended=statistics.median(ended), endeds=ended)
+        result.update(ended=statistics.median(ended), endeds=ended, session_cpu=statistics.median(session_cpu),
+                      session_cpus=session_cpu, kernel_cpu=statistics.median(kernel_cpu), kernel_cpus=kernel_cpu)
 
         users = [hub.user(name) for name in args.users]
         before = job_queries()
@@ -286,6 +296,9 @@ def main(argv=None) -> int:
             print(f"  spawn to ready   {r['spawn']:6.2f} s median of {args.rounds} "
                   f"({', '.join(f'{s:.2f}' for s in r['spawns'])})")
             print(f"  stop             {r['stop']:6.2f} s median ({', '.join(f'{s:.2f}' for s in r['stops'])})")
+            print(f"  session start    {r['session_cpu']:6.2f} CPU-s median, the job's processes when ready "
+                  f"({', '.join(f'{s:.2f}' for s in r['session_cpus'])}); a kernel's first answer "
+                  f"{r['kernel_cpu']:.2f} CPU-s ({', '.join(f'{s:.2f}' for s in r['kernel_cpus'])})")
             print(f"  ended outside    {r['ended']:6.2f} s median until the hub shows it stopped after an external "
                   f"scancel ({', '.join(f'{s:.2f}' for s in r['endeds'])})")
             print(f"  {len(args.users)} at once       {r['concurrent_all']:6.2f} s until all ready "
@@ -303,6 +316,8 @@ def main(argv=None) -> int:
     print(f"(hub logs and results.json in {workdir})")
     ours, stock = results["dsportal"], results["batchspawner"]
     print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s | "
+          f"session start {ours['session_cpu']:.2f} vs {stock['session_cpu']:.2f} CPU-s, kernel "
+          f"{ours['kernel_cpu']:.2f} vs {stock['kernel_cpu']:.2f} CPU-s | "
           f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | external scancel seen in {ours['ended']:.1f} vs "
           f"{stock['ended']:.1f} s | {len(args.users)} at once "
           f"{ours['concurrent_all']:.2f} vs {stock['concurrent_all']:.2f} s with "

@@ -98,6 +98,10 @@ class HubSettings(_Model):
     proxy_api_url: str = Field(
         "http://127.0.0.1:8001", description="configurable-http-proxy's REST API (local only)."
     )
+    internal_ssl: bool = Field(
+        False, description="TLS with mutual certificates between the hub, its proxy and every session "
+        "(JupyterHub's internal_ssl): sessions on the compute nodes answer only the hub and proxy over "
+        "https. Each session's key is written into its user's ~/.dsportal/certs (mode 600).")
     data_dir: Path = Field(Path("/var/lib/dsportal/hub"), description="Hub database and secrets.")
     admin_users: list[str] = []
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")
@@ -156,6 +160,9 @@ class JobSettings(_Model):
                                  "node is this plus the job id modulo 1000 (jobs sharing a node do not collide).")
     max_nodes: int | None = Field(None, gt=0, description="Most nodes one job may ask for (default: the partition's).")
     default_walltime: str = "01:00:00"
+    container_binds: list[str] = Field(
+        [], description="Host folders bound at the same path into every rank's container, e.g. what srun "
+        "--mpi=pmix hands the ranks: Slurm's TmpFS where it is not /tmp (Apptainer binds /tmp itself).")
     env: dict[str, str] = Field(
         default_factory=lambda: {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "^lo,docker0",
                                  "HOROVOD_LOG_LEVEL": "warning"},
@@ -168,6 +175,14 @@ class JobSettings(_Model):
             if not re.fullmatch(_ENV_NAME, key) or "\n" in str(value) or "\0" in str(value):
                 raise ValueError(f"{key!r}: names are letters, digits and _; values are one line")
         return env
+
+    @field_validator("container_binds")
+    @classmethod
+    def _binds(cls, binds: list[str]) -> list[str]:
+        for path in binds:
+            if not path.startswith("/") or ":" in path or "\n" in path:
+                raise ValueError(f"{path!r}: an absolute path, bound at the same path")
+        return binds
 
     @field_validator("default_walltime")
     @classmethod

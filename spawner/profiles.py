@@ -23,6 +23,7 @@ from portal.hub import metrics
 from portal.settings import Profile, parse_memory_mb
 from portal.templating import render
 
+from . import certs
 from .form import RequestError, may_use, options_from_form, parse_options, unix_groups
 from .slurm import RequestRefused, SlurmGPUSpawner
 
@@ -86,6 +87,18 @@ class PartitionSpawner(WrapSpawner):
         options = options_from_form(formdata)
         self.validated_slice(options)  # refuse now: the form comes back with the message
         return options
+
+    # ------------------------------------------------------ internal TLS (hub.internal_ssl)
+    @default("ssl_alt_names")
+    def _ssl_alt_names_default(self):
+        async def every_node(spawner):  # the session's node is not known yet when its cert is made
+            return await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
+
+        return every_node
+
+    async def move_certs(self, paths):
+        return await certs.deliver(SlurmGPUSpawner.shared_client(self.config), self.user.name, paths,
+                                   self.internal_certs_location)
 
     # ----------------------------------------------------------- the child
     def select_profile(self, name: str) -> None:

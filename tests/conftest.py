@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -106,7 +107,8 @@ def second_hub(portal, tmp_path):
 
     def start(edit) -> str:
         config = yaml.safe_load(CONFIG.read_text())
-        config["hub"].update(bind_url="http://127.0.0.1:8010", hub_bind_url="http://127.0.0.1:8091",
+        login = urlparse(config["hub"]["hub_bind_url"]).hostname  # where the compute nodes reach the hub
+        config["hub"].update(bind_url="http://127.0.0.1:8010", hub_bind_url=f"http://{login}:8091",
                              proxy_api_url="http://127.0.0.1:8011", data_dir=str(tmp_path / "hub"))
         edit(config)
         path = tmp_path / "portal.yaml"

@@ -5,6 +5,7 @@ import subprocess
 import yaml
 
 from conftest import CONFIG, DSPORTAL
+from portal.cluster.demo import network
 
 
 def check(config_path) -> subprocess.CompletedProcess:
@@ -18,6 +19,9 @@ def test_check_passes_on_the_demo_cluster(portal):
     for name in ("configuration", "Slurm controller", "profile gpu", "profile cpu", "LDAP", "user environment",
                  "node firewall", "job confinement", "private /tmp", "private processes"):
         assert f"[ok] {name}" in result.stdout
+    # Each compute node by its own address on the node network, reached from the login node.
+    for node in ("node1", "node2"):
+        assert f"[ok] node {node}: {network.address(node)}: reached" in result.stdout, result.stdout
 
 
 def test_check_names_each_broken_part(portal, tmp_path):

@@ -22,6 +22,7 @@ import requests
 from conftest import HUB, PASSWORDS, login, wait_no_jobs
 from hubclient import HubUser, active_jobs
 from portal.cluster import demo, firewall
+from portal.cluster.demo import network
 
 SECRET = "alice-secret-4711"
 
@@ -299,7 +300,7 @@ def wait_answering(user: HubUser, url: str) -> requests.Response:
 
 
 def test_bob_cannot_open_alices_web_services(two_sessions):
-    alice, bob, _ = two_sessions
+    alice, bob, nodes = two_sessions
     port = int(alice.run_code(ALICE_SERVES.format(secret=SECRET), keep=True).strip())
     subprocess.run(["rm", "-rf", "/home/alice/tb-iso"], check=True)
     alice.run_code("import os; os.makedirs(os.path.expanduser('~/tb-iso'))\n"
@@ -320,8 +321,9 @@ def test_bob_cannot_open_alices_web_services(two_sessions):
     # Through alice's URLs: the hub refuses him. Her TensorBoard has no port at all.
     assert bob.api("GET", board["url"], allow_redirects=False).status_code == 403
     assert bob.api("GET", f"/user/alice/proxy/{port}/", allow_redirects=False).status_code == 403
-    listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
-    assert f"pid={board['pid']}," not in listening
+    node_netns = network.namespace(nodes["alice"])
+    listening = subprocess.run(["ip", "netns", "exec", node_netns, "ss", "-ltnp"], capture_output=True, text=True).stdout
+    assert "LISTEN" in listening and f"pid={board['pid']}," not in listening
     socket_try = bob.run_code(
         "import socket\ns = socket.socket(socket.AF_UNIX)\n"
         f"try:\n    s.connect({board_socket(board)!r}); print('CONNECTED')\n"
@@ -331,7 +333,7 @@ def test_bob_cannot_open_alices_web_services(two_sessions):
     # bob's kernel straight to the port: the node firewall refuses (where the node has one).
     direct = bob.run_code(FETCH.format(url=f"http://127.0.0.1:{port}/"))
     assert SECRET in alice.run_code(FETCH.format(url=f"http://127.0.0.1:{port}/"))
-    if firewall.users() is None:
+    if firewall.users(node_netns) is None:
         pytest.skip(f"no node firewall on this host: bob's kernel reached alice's port directly: {direct!r}")
     assert direct.startswith("REFUSED") and "Connection refused" in direct and SECRET not in direct, direct
     print(f"bob's kernel -> alice's port {port}: {direct.strip()}")
@@ -348,12 +350,16 @@ def board_socket(board: dict) -> str:
 
 
 REPOST = """
-import json, os, urllib.request
+import json, os, ssl, urllib.request
 request = urllib.request.Request(os.environ["JUPYTERHUB_API_URL"] + "/batchspawner", method="POST",
     data=json.dumps({{"port": {port}, "job_id": os.environ["SLURM_JOB_ID"]}}).encode(),
     headers={{"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"], "Content-Type": "application/json"}})
+context = None
+if os.environ.get("JUPYTERHUB_SSL_CERTFILE"):  # internal TLS: her session's certificate is hers to use too
+    context = ssl.create_default_context(cafile=os.environ["JUPYTERHUB_SSL_CLIENT_CA"])
+    context.load_cert_chain(os.environ["JUPYTERHUB_SSL_CERTFILE"], os.environ["JUPYTERHUB_SSL_KEYFILE"])
 try:
-    print(urllib.request.urlopen(request).status)
+    print(urllib.request.urlopen(request, context=context).status)
 except urllib.error.HTTPError as error:
     print(error.code, json.load(error)["message"])
 """

@@ -19,11 +19,11 @@ import websocket
 from hubclient import DEMO_SLURM_CONF, active_jobs, squeue_jobs
 
 ALLREDUCE = """
-import os, time
+import os, socket, time
 import torch
 import horovod.torch as hvd
 hvd.init()
-print(f"rank {hvd.rank()} of {hvd.size()} on {os.environ.get('SLURMD_NODENAME')} "
+print(f"rank {hvd.rank()} of {hvd.size()} on {socket.gethostname()} "
       f"local_rank {hvd.local_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
 time.sleep(6)  # the job is still running while the test sees these first lines
 total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
@@ -137,7 +137,8 @@ def test_horovod_allreduce_streams_every_rank_live(alice_session):
     for rank, rank_lines in by_rank.items():
         assert f"rank {rank} of 4" in rank_lines[0]
         assert f"rank {rank} allreduce sum 6" in rank_lines, rank_lines
-    # Two ranks per node, two GPUs each node (Slurm's GRES slice reaches into the container).
+    # Two ranks per node (each node a host of its own: its hostname), two GPUs each node (Slurm's GRES
+    # slice reaches into the container).
     nodes = {m["line"].split(" on ")[1].split()[0] for m in lines if " of 4 on " in m["line"]}
     assert nodes == {"node1", "node2"}
     assert all("CUDA_VISIBLE_DEVICES=" in l and len(l.split("CUDA_VISIBLE_DEVICES=")[1].split(",")) == 2

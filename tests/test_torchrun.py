@@ -12,12 +12,12 @@ import pytest
 from test_jobs import jobs_api, stdout_by_rank, stream_noting_state
 
 ALLREDUCE = """
-import os, time
+import os, socket, time
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
-print(f"rank {rank} of {size} on {os.environ.get('SLURMD_NODENAME')} local_rank {os.environ['LOCAL_RANK']}",
+print(f"rank {rank} of {size} on {socket.gethostname()} local_rank {os.environ['LOCAL_RANK']}",
       flush=True)
 time.sleep(6)  # the job is still running while the test sees these first lines
 total = torch.tensor([float(rank)])

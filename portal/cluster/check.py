@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import socket
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -42,6 +43,26 @@ def check_slurm(settings) -> list[Result]:
         ok = profile.partition in found
         detail = "exists" if ok else f"partition {profile.partition!r} not in sinfo ({', '.join(found)})"
         results.append(Result(f"profile {profile.name}", ok, detail))
+    return results
+
+
+def check_nodes(settings) -> list[Result]:
+    """Each compute node's address, and whether this host (the login node: hub, proxy) reaches it."""
+    slurm = Slurm.from_settings(settings)
+    try:
+        nodes = asyncio.run(slurm.nodes(max_age=0))
+        port = int(slurm_config(settings).get("SlurmdPort") or 6818)
+    except (SlurmError, ValueError) as error:
+        return [Result("compute nodes", True, f"not known ({error})", warning=True)]
+    results = []
+    for node in nodes:
+        try:
+            socket.create_connection((node.address, port), timeout=3).close()
+            results.append(Result(f"node {node.name}", True, f"{node.address}: reached (slurmd, port {port})"))
+        except OSError as error:
+            results.append(Result(f"node {node.name}", False, f"{node.address}: not reached from this host "
+                                  f"(slurmd, port {port}: {error.strerror or error}); sessions there cannot be "
+                                  "proxied"))
     return results
 
 
@@ -243,6 +264,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
         return False, f"  [FAIL] configuration: {error}"
     results = [Result("configuration", True, f"{settings.source} is valid ({len(settings.profiles)} profiles)")]
     results += check_slurm(settings)
+    results += check_nodes(settings)
     results.append(check_accounting(settings))
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))

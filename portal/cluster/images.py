@@ -141,12 +141,26 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
             raise ImageError(f"{' '.join(step[:3])} failed: {(result.stderr or result.stdout)[-2000:]}")
     shutil.rmtree(partial / "var/lib/apt/lists", ignore_errors=True)
     (partial / MARKER).write_text(f"{image.name}\n")
-    for mount in data_mount_targets:  # Charliecloud binds onto existing folders only
-        (partial / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    add_mount_points(partial, data_mount_targets)
     subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
+
+
+def add_mount_points(image_dir: Path, targets: list[str]) -> None:
+    """Charliecloud binds onto folders the image has only: make them (mode 755)."""
+    for target in targets:
+        folder = image_dir / target.lstrip("/")
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chmod(folder, 0o755)
+
+
+def bind_targets(settings) -> list[str]:
+    """Where the catalog's Charliecloud images get folders bound: data mounts, jobs' container binds."""
+    return [m.target for m in settings.data_mounts] + sorted({path for profile in settings.profiles
+                                                              for path in profile.jobs.container_binds})
 
 
 def _unmount_under(folder: Path) -> None:
@@ -182,7 +196,7 @@ def main(settings, action: str, name: str | None) -> int:
         print(f"  {'name':<16} {'status':<10} {'size':>10}  {'runtime':<12} source")
         print("\n".join(describe(images)) or "  (no images in portal.yaml)")
         return 0
-    targets = [m.target for m in settings.data_mounts]
+    targets = bind_targets(settings)
     if action == "build-demo":
         chosen = unbuilt_demo_images(settings)
     else:

@@ -163,6 +163,7 @@ class Node:
     alloc_mem_mb: int
     gpus: int
     alloc_gpus: int
+    address: str = ""  # NodeAddr: where the login node (hub, slurmctld) reaches it
 
     @property
     def usable(self) -> bool:
@@ -180,6 +181,7 @@ class Node:
             alloc_mem_mb=int(item.get("alloc_memory") or 0),
             gpus=_gpu_count(item.get("gres", "")),
             alloc_gpus=_gpu_count(item.get("gres_used", "")),
+            address=str(item.get("address") or item["name"]),
         )
 
 
@@ -395,6 +397,11 @@ class Slurm:
         return await self._sinfo.get(max_age)
 
     @property
+    def last_nodes(self) -> list[Node]:
+        """The nodes of the last ``sinfo`` that answered (none before the first)."""
+        return self._sinfo.value
+
+    @property
     def squeue_calls(self) -> int:
         return self._squeue.calls
 
@@ -433,6 +440,13 @@ class Slurm:
         script = 'umask 077 && mkdir -p -- "$1" && shift && chmod go-rwx -- "$@"'
         await self.run(self.as_user(user, ["/bin/sh", "-c", script, "sh", str(target),
                                            *map(str, below_home or [target])]))
+
+    async def write_private_files_as_user(self, user: str, folder: str, files: dict[str, str]) -> None:
+        """Write ``files`` (name: text) into the user's private ``folder``, as the user, mode 600."""
+        await self.make_private_dir_as_user(user, folder)
+        for name, text in files.items():
+            await self.run(self.as_user(user, ["/bin/sh", "-c", 'umask 077 && cat > "$1"', "sh",
+                                               str(Path(folder) / name)]), input=text)
 
     async def partitions(self) -> list[str]:
         out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])

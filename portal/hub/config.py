@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import urlparse, urlunparse
 
 from spawner.profiles import PartitionSpawner
 from spawner.slurm import SlurmGPUSpawner
@@ -30,6 +32,26 @@ def _proxy_command(command: list[str]) -> list[str]:
     return [found, *command[1:]]
 
 
+def configure_internal_ssl(c, hub, data_dir: Path) -> None:
+    """TLS between hub, proxy and sessions: JupyterHub's internal_ssl, its certificates under the
+    hub's data folder. The hub's certificate also names the address the compute nodes reach it at;
+    each session's names its node (spawner/slurm.py)."""
+    c.JupyterHub.internal_ssl = True
+    c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")
+    names = {urlparse(url).hostname for url in (hub.hub_bind_url, hub.hub_connect_url) if url}
+    c.JupyterHub.trusted_alt_names = sorted(f"{'IP' if _is_address(n) else 'DNS'}:{n}" for n in names
+                                            if n and n not in ("0.0.0.0", "::"))
+    c.ConfigurableHTTPProxy.api_url = urlunparse(urlparse(hub.proxy_api_url)._replace(scheme="https"))
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def configure(c, settings=None) -> None:
     """Fill the traitlets config ``c`` from portal.yaml."""
     settings = settings or settings_module.load()
@@ -47,6 +69,8 @@ def configure(c, settings=None) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
     c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
     c.ConfigurableHTTPProxy.api_url = hub.proxy_api_url
+    if hub.internal_ssl:
+        configure_internal_ssl(c, hub, data_dir)
     c.JupyterHub.log_level = hub.log_level
     # Batch sessions outlive the hub: a hub restart must not cancel anybody's job.
     c.JupyterHub.cleanup_servers = False

@@ -93,7 +93,7 @@ class SlurmCollector:
         yield idle
         capacity = GaugeMetricFamily("dsportal_partition_gpus", "GPUs of each partition's usable nodes: total and "
                                      "free (from the hub's last sinfo snapshot).", labels=["partition", "kind"])
-        for partition, resources in sorted(partition_resources(self.slurm._sinfo.value).items()):
+        for partition, resources in sorted(partition_resources(self.slurm.last_nodes).items()):
             capacity.add_metric([partition, "total"], resources.gpus)
             capacity.add_metric([partition, "free"], resources.free_gpus)
         yield capacity

@@ -223,7 +223,8 @@ def _rank_argv(plan: JobPlan, script: str, policy: LaunchPolicy, home: str) -> l
     if plan.image is None:
         return [f"{policy.environment.rstrip('/')}/bin/python", "-u", script, *plan.args]
     backend = runtime(plan.image.runtime, plan.image.runtime_binary)
-    binds = [Bind(home, home)] + [Bind(str(m.source), m.target, m.read_only) for m in policy.data_mounts]
+    binds = ([Bind(home, home)] + [Bind(str(m.source), m.target, m.read_only) for m in policy.data_mounts]
+             + [Bind(path, path) for path in plan.profile.jobs.container_binds])
     launch = Launch(image=str(plan.image.path), binds=binds, command=[plan.image.python, "-u", script, *plan.args])
     return backend.argv(launch)
 

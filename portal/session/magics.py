@@ -173,6 +173,7 @@ def session_tensorboard(args_string: str = ""):
     """
     import argparse
     import json
+    import ssl
     import urllib.error
     import urllib.request
     from urllib.parse import urlparse
@@ -190,12 +191,17 @@ def session_tensorboard(args_string: str = ""):
         raise UsageError("%tensorboard --logdir FOLDER: the folder of your event files, e.g. runs")
     logdir = os.path.abspath(os.path.expanduser(args.logdir))
     server = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+    context = None
+    if server.scheme == "https":  # internal TLS: the user's own client certificate (spawner/certs.py)
+        folder = Path(os.environ["JUPYTERHUB_SSL_CERTFILE"]).parent
+        context = ssl.create_default_context(cafile=folder / "sessions-ca.crt")
+        context.load_cert_chain(folder / "local-client.crt", folder / "local-client.key")
     request = urllib.request.Request(
-        f"http://127.0.0.1:{server.port}{server.path.rstrip('/')}/dsportal/api/tensorboards",
+        f"{server.scheme}://127.0.0.1:{server.port}{server.path.rstrip('/')}/dsportal/api/tensorboards",
         data=json.dumps({"logdir": logdir}).encode(), method="POST",
         headers={"Authorization": f"token {os.environ['JUPYTERHUB_API_TOKEN']}", "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=90) as response:
+        with urllib.request.urlopen(request, timeout=90, context=context) as response:
             board = json.load(response)["tensorboard"]
     except urllib.error.HTTPError as error:
         try:

@@ -1,11 +1,14 @@
-"""The embedded one-machine cluster: munge, slurmctld, slurmd per node, slapd, demo users, hub.
+"""The embedded cluster on one machine: a login node (hub, proxy, slurmctld, slurmdbd, slapd) and
+compute nodes that are network hosts of their own (slurmd each), with demo users.
 
 Every daemon is real and started by this package; all of their state lives under one
 directory (``$DSPORTAL_DEMO_DIR``, default /var/lib/dsportal-demo). ``up`` is idempotent:
 what already runs is left alone. Outside that directory it touches only /etc/hosts (node
-names) and the demo users' Unix accounts, which must match LDAP for jobs to run as them.
+names), the node network (a bridge and a network namespace per node) and the demo users' Unix
+accounts, which must match LDAP for jobs to run as them.
 
-The parts: base.py (state folder, pid files, config files), slurm.py (munge, GPUs, slurmctld,
+The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
+private bridge), slurm.py (munge, GPUs, slurmctld,
 slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
 node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub).
 """
@@ -21,7 +24,8 @@ from .content import ensure_courses, ensure_images
 from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub
 from .node import ensure_firewall, ensure_private_processes
-from .slurm import ensure_hosts, ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
+from .network import ensure_network, network_status, remove_hosts, remove_network
+from .slurm import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 
 __all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm", "paths", "status", "stop_hub",
            "stop_pid", "up"]
@@ -34,7 +38,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     os.chmod(STATE, 0o755)
     (STATE / "run").mkdir(exist_ok=True)
     (STATE / "log").mkdir(exist_ok=True)
-    ensure_hosts()
+    ensure_network()
     ensure_munge()
     ensure_accounts()  # Unix accounts first: Slurm's associations name them
     ensure_slurm()
@@ -53,10 +57,12 @@ def down() -> None:
     stop_accounting()
     stop_ldap()
     stop_munge()
+    remove_network()
+    remove_hosts()
 
 
 def status() -> dict[str, bool]:
-    return {**slurm_status(), **accounting_status(), "slapd": ldap_running(), "hub": bool(alive(hub_pidfile()))}
+    return {**network_status(), **slurm_status(), **accounting_status(), "slapd": ldap_running(), "hub": bool(alive(hub_pidfile()))}
 
 
 def banner(settings) -> str:

@@ -8,8 +8,9 @@ import socket
 import subprocess
 
 from .base import DemoError, alive, directory, paths, render, run, say, slurm_env, stop_pid, wait_for
+from .network import LOGIN_ADDRESS
 
-DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd and its MariaDB, on 127.0.0.1 only
+DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd (login node, reached by the compute nodes), MariaDB (127.0.0.1)
 
 
 def ensure_accounting() -> None:
@@ -47,7 +48,8 @@ def ensure_accounting() -> None:
            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
     run(["mariadb", f"--socket={socket_path}", "-e", sql])
-    conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password)
+    conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password,
+                  login_address=LOGIN_ADDRESS)
     target = p.slurm / "slurmdbd.conf"
     if not target.exists() or target.read_text() != conf:
         target.write_text(conf)

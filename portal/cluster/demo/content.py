@@ -21,8 +21,12 @@ def ensure_images(config_path: Path | None = None) -> None:
             folder.mkdir(parents=True)
             (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
             os.chmod(folder, 0o755)
+    targets = images.bind_targets(settings)
     for image in images.unbuilt_demo_images(settings):
-        images.build(image, [m.target for m in settings.data_mounts], force=False)
+        images.build(image, targets, force=False)
+    for image in settings.images:  # an image built before a bind was added gets its folder too
+        if image.source.startswith("debootstrap:") and Path(image.path).is_dir():
+            images.add_mount_points(Path(image.path), targets)
 
 
 def ensure_courses(config_path: Path | None = None) -> None:

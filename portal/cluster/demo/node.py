@@ -1,4 +1,4 @@
-"""Node settings of the demo that a cluster sets on each compute node: the firewall and private /proc."""
+"""Node settings of the demo that a cluster sets on each node: the firewall and private /proc."""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ import subprocess
 from .. import firewall
 from ..check import HIDEPID_INVISIBLE, proc_hidepid
 from .base import directory, say
+from .network import LOGIN_ADDRESS, namespace, node_names
 
 
 def ensure_firewall() -> None:
-    """The node firewall with the demo's accounts as portal users (see portal/cluster/firewall.py)."""
-    uids = [int(u["uid"]) for u in directory()["users"]]
+    """The node firewall on every node, the demo's accounts as portal users, the login node trusted
+    (see portal/cluster/firewall.py). The login node's own table is always renewed (no jobs run
+    there); a compute node's only when its users differ, since renewing empties its peers."""
+    uids = sorted(int(u["uid"]) for u in directory()["users"])
     try:
-        if firewall.users() != sorted(uids):
-            firewall.up(uids)
-            say(f"node firewall: TCP services of the {len(uids)} demo users are their own")
+        firewall.up(uids, [LOGIN_ADDRESS])
+        for node in node_names():
+            if firewall.users(namespace(node)) != uids:
+                firewall.up(uids, [LOGIN_ADDRESS], namespace(node))
+                say(f"node firewall on {node}: TCP services of the {len(uids)} demo users answer only themselves "
+                    "and their own jobs")
     except firewall.FirewallUnavailable as error:
         say(f"node firewall unavailable ({error}): users' TCP ports stay reachable from other users' "
              "processes (sessions' /proxy/ and files are still private)")

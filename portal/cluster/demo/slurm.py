@@ -10,26 +10,15 @@ import time
 from pathlib import Path
 
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
-from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for
+from .base import alive, paths, render, run, say, slurm_conf_path, slurm_env, stop_pid, wait_for
+from .network import LOGIN_ADDRESS, NODES, address, in_node, namespace, node_names
 
-NODES = 2
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
 MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room (each job's own memory limit is enforced, cgroup.conf)
 GPU_MAJOR = 195  # the NVIDIA driver's character-device major: node N's GPU k is 195:(N-1)*4+k
-CTLD_PORT, SLURMD_PORT, FIRST_NODE_PORT = 6817, 6818, 17001
+CTLD_PORT, SLURMD_PORT = 6817, 6818  # Slurm's own: each node has its own addresses
 SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")
-
-
-def ensure_hosts() -> None:
-    names = [f"node{i}" for i in range(1, NODES + 1)]
-    text = Path("/etc/hosts").read_text()
-    known = {word for line in text.splitlines() if not line.lstrip().startswith("#") for word in line.split()[1:]}
-    missing = [n for n in names if n not in known]
-    if missing:
-        with open("/etc/hosts", "a") as hosts:
-            hosts.write(f"127.0.0.1 {' '.join(missing)}  # dsportal demo nodes\n")
-        say(f"/etc/hosts: {' '.join(missing)} -> 127.0.0.1")
 
 
 def ensure_munge() -> None:
@@ -96,10 +85,11 @@ def write_slurm_conf() -> bool:
         folder.mkdir(parents=True, exist_ok=True)
     os.chmod(p.root, 0o755)
     os.chmod(p.slurm, 0o755)
-    nodes = [{"name": f"node{i}", "port": FIRST_NODE_PORT + i - 1} for i in range(1, NODES + 1)]
+    nodes = [{"name": name, "address": address(name)} for name in node_names()]
     conf = render(
         "slurm.conf.j2",
         hostname=socket.gethostname(),
+        login_address=LOGIN_ADDRESS,
         state=p.root,
         ctld_port=CTLD_PORT,
         slurmd_port=SLURMD_PORT,
@@ -113,8 +103,14 @@ def write_slurm_conf() -> bool:
     gres = "".join(
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
     )
+    for action in ("add", "remove"):  # PrologSlurmctld, EpilogSlurmctld: the node firewall's peers
+        script = p.slurm / f"firewall-peers-{action}.sh"
+        script.write_text(render("firewall-peers.sh.j2", action=action, slurm_conf=slurm_conf_path(),
+                                 nodes=[{**node, "namespace": namespace(node["name"])} for node in nodes]))
+        os.chmod(script, 0o755)
     cgroup = render("cgroup.conf.j2")
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
+    write_node_confs(conf)
     changed = False
     for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container)):
         target = p.slurm / name
@@ -123,6 +119,34 @@ def write_slurm_conf() -> bool:
             os.chmod(target, 0o644)
             changed = True
     return changed
+
+
+def node_conf(node: str) -> Path:
+    return paths().slurm / node / "slurm.conf"
+
+
+def write_node_confs(conf: str) -> None:
+    """Each node's slurmd reads a slurm.conf of its own, the cluster's plus TmpFS: the node's own
+    temporary folder. One machine has one /tmp, where Slurm's PMIx plugin keeps a folder per step
+    (spmix_appdir_<uid>_<job>.<step>) that the second node of a job would find taken. The other
+    files (gres.conf, cgroup.conf, ...) are the cluster's (links)."""
+    p = paths()
+    for node in node_names():
+        folder = p.slurm / node
+        tmp = p.root / "nodes" / node / "tmp"
+        for made in (folder, tmp):
+            made.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o1777)
+        for name in SLURM_CONF_FILES[1:]:
+            link = folder / name
+            if not link.is_symlink():
+                link.unlink(missing_ok=True)
+                link.symlink_to(p.slurm / name)
+        text = f"{conf}\n# This node's own temporary folder (the demo's nodes share one machine's /tmp)\nTmpFS={tmp}\n"
+        target = folder / "slurm.conf"
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+            os.chmod(target, 0o644)
 
 
 def ensure_slurm() -> None:
@@ -138,8 +162,8 @@ def ensure_slurm() -> None:
     if alive(ctld_pidfile) and newest_conf > ctld_pidfile.stat().st_mtime:
         # A new slurm.conf (e.g. accounting turned on): restart the daemons; running jobs are kept.
         stop_pid(p.run / "slurmctld.pid", "slurmctld")
-        for i in range(1, NODES + 1):
-            stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
+        for node in node_names():
+            stop_pid(p.run / f"slurmd-{node}.pid", f"slurmd {node}")
     if not alive(p.run / "slurmctld.pid"):
         run(["/usr/sbin/slurmctld"], env=env)
         say("slurmctld started")
@@ -147,11 +171,11 @@ def ensure_slurm() -> None:
               "slurmctld", timeout=30)
     ensure_slurm_associations()
     restarted_at = None
-    for i in range(1, NODES + 1):
-        if not alive(p.run / f"slurmd-node{i}.pid"):
+    for node in node_names():
+        if not alive(p.run / f"slurmd-{node}.pid"):
             restarted_at = restarted_at or time.time()
-            run(["/usr/sbin/slurmd", "-N", f"node{i}"], env=env)
-            say(f"slurmd node{i} started")
+            run(in_node(node, ["/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]), env=env)
+            say(f"slurmd {node} started on {address(node)}")
 
     def nodes_ready():
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True).stdout
@@ -171,7 +195,7 @@ def ensure_slurm() -> None:
 def reap_orphaned_jobs(env: dict[str, str], before: float) -> None:
     """Cancel jobs Slurm still counts as running whose processes died with the machine's.
 
-    All demo "nodes" are this host: when the slurmds had to be started again (the processes were
+    All demo nodes share this machine's processes: when the slurmds had to be started again (the processes were
     killed, not the host rebooted, so Slurm sees no node reboot), a job started earlier with no
     slurmstepd left is gone. Without this the hub would wait http_timeout on each such session.
     """
@@ -204,8 +228,8 @@ def stop_slurm() -> None:
                 ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
             ).stdout.strip():
                 time.sleep(0.5)
-    for i in range(1, NODES + 1):
-        stop_pid(p.run / f"slurmd-node{i}.pid", f"slurmd node{i}")
+    for node in node_names():
+        stop_pid(p.run / f"slurmd-{node}.pid", f"slurmd {node}")
     stop_pid(p.run / "slurmctld.pid", "slurmctld")
 
 
@@ -216,7 +240,7 @@ def stop_munge() -> None:
 def slurm_status() -> dict[str, bool]:
     p = paths()
     result = {"munged": bool(alive(p.munge / "run" / "munged.pid")), "slurmctld": bool(alive(p.run / "slurmctld.pid"))}
-    for i in range(1, NODES + 1):
-        result[f"slurmd node{i}"] = bool(alive(p.run / f"slurmd-node{i}.pid"))
+    for node in node_names():
+        result[f"slurmd {node}"] = bool(alive(p.run / f"slurmd-{node}.pid"))
     return result
 

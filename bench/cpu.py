@@ -1,0 +1,40 @@
+"""CPU time a session and a kernel cost, read from the real processes of the session's Slurm job.
+
+A session's start: utime + stime of every process of the job's batch step (its cgroup on the
+node), plus what they reaped (cutime + cstime: the kernelspec writer, short helpers), read when
+the hub says the session is ready: the batch script, the entry point, the Jupyter server and its
+extensions. A kernel's start: the kernel process's own CPU time after its first answer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def _process_cpu(pid: int) -> float:
+    """utime + stime + cutime + cstime of a process, in seconds (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS  # fields 14-17 of proc(5)
+
+
+def job_cpu_seconds(job_id: int) -> float:
+    """CPU seconds of the job's batch step so far, on whichever node runs it."""
+    pids = set()
+    for procs in FREEZER.glob(f"slurm_*/uid_*/job_{job_id}/step_batch/cgroup.procs"):
+        pids |= {int(line) for line in procs.read_text().split()}
+    if not pids:
+        raise RuntimeError(f"no processes of job {job_id} found under {FREEZER} (cgroup v1 freezer, proctrack/cgroup)")
+    return sum(_process_cpu(pid) for pid in pids)
+
+
+def kernel_cpu_seconds(user) -> float:
+    """Start a Python kernel in the user's session, get its first answer (its pid): its CPU seconds."""
+    pid = int(user.run_code("import os; print(os.getpid())", timeout=120, keep=True).strip())
+    return _process_cpu(pid)

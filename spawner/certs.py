@@ -1,0 +1,93 @@
+"""TLS certificates of a session on a compute node (JupyterHub's internal_ssl, portal.yaml
+``hub.internal_ssl``).
+
+JupyterHub makes each session a key and certificate in the hub's own store, readable by the hub
+only. A session runs on another host, as its user, so :func:`deliver` writes them into the
+user's ``~/.dsportal/certs/<hub>/`` (folder 0700, files 0600, written *as the user*: a link the
+user planted cannot make root overwrite anything). Nobody else can read a session's key.
+
+The hub and its proxy connect to ``https://<node>:<port>``, so a session's certificate names
+every compute node (:func:`node_alt_names`): the node is known only once Slurm has placed the
+job, after the certificate was made.
+
+A session's server asks its clients for a certificate of the hub's or the proxy's. The kernels
+of the session call their own server too (``%tensorboard``): each user has a CA of their own in
+the hub's store, and a client certificate from it (``local-client``) that only that user's
+sessions accept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import pwd
+from pathlib import Path
+
+from certipy import Certipy, CertNotFoundError
+
+from portal.cluster.slurm import Slurm, SlurmError
+
+FOLDER = ".dsportal/certs"
+LOCAL_CLIENT_ENV = "DSPORTAL_SSL_LOCAL_CLIENT"  # folder of the kernels' client certificate and the CA
+
+
+def _alt_name(name: str) -> str:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return f"DNS:{name}"
+    return f"IP:{name}"
+
+
+NODES_MAX_AGE = 300.0  # nodes come and go rarely: a start does not wait for a fresh sinfo
+
+
+async def node_alt_names(slurm: Slurm) -> list[str]:
+    """DNS:<node> and its address for every node Slurm knows (the hub's shared sinfo). With
+    slurmctld down, the last list: the start then fails at sbatch with the scheduler's message."""
+    try:
+        nodes = await slurm.nodes(max_age=NODES_MAX_AGE)
+    except SlurmError:
+        nodes = slurm.last_nodes
+    names = []
+    for node in nodes:
+        names += [_alt_name(node.name)] + ([_alt_name(node.address)] if node.address != node.name else [])
+    return sorted(set(names))
+
+
+def _local_client(store: Certipy, user: str) -> tuple[Path, Path, Path]:
+    """(CA cert, client key, client cert) of the user's own CA, made once in the hub's store."""
+    ca_name, client_name = f"user-{user}-local-ca", f"user-{user}-local-client"
+    try:
+        store.store.get_record(ca_name)
+    except CertNotFoundError:
+        store.create_ca(ca_name)
+    try:
+        record = store.store.get_record(client_name)
+    except CertNotFoundError:
+        record = store.create_signed_pair(client_name, ca_name, alt_names=["DNS:localhost"])
+    ca = store.store.get_record(ca_name)["files"]["cert"]
+    return Path(ca), Path(record["files"]["key"]), Path(record["files"]["cert"])
+
+
+async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str) -> dict:
+    """Write the session's certificates into the user's folder; their paths there."""
+    store = Certipy(store_dir=store_dir)
+    local_ca, client_key, client_cert = _local_client(store, user)
+    notebooks_ca = store.store.get_record("notebooks-ca")["files"]["cert"]
+    hub = hashlib.sha256(str(Path(store_dir).resolve()).encode()).hexdigest()[:8]  # each hub its own folder
+    folder = Path(pwd.getpwnam(user).pw_dir) / FOLDER / hub
+    files = {
+        "session.key": Path(paths["keyfile"]).read_text(),
+        "session.crt": Path(paths["certfile"]).read_text(),
+        # Whom the session's server answers (hub, proxy, the user's own kernels) and whose
+        # certificate it trusts when it calls the hub.
+        "clients-ca.crt": Path(paths["cafile"]).read_text() + local_ca.read_text(),
+        # For the session's kernels calling their own server.
+        "local-client.key": client_key.read_text(),
+        "local-client.crt": client_cert.read_text(),
+        "sessions-ca.crt": Path(notebooks_ca).read_text(),
+    }
+    await slurm.write_private_files_as_user(user, str(folder), files)
+    return {"keyfile": str(folder / "session.key"), "certfile": str(folder / "session.crt"),
+            "cafile": str(folder / "clients-ca.crt")}
