@@ -1,7 +1,8 @@
 """CPU time a session and a kernel cost, read from the real processes of the session's Slurm job.
 
-A session's start: utime + stime of every process of the job's batch step (its cgroup on the
-node), plus what they reaped (cutime + cstime: the kernelspec writer, short helpers), read when
+A session's start: utime + stime of every process of the job's steps (its cgroups on the node;
+the batch script, or srun's step where stock batchspawner starts its server; not the extern step's
+sleep), plus what they reaped (cutime + cstime: the kernelspec writer, short helpers), read when
 the hub says the session is ready: the batch script, the entry point, the Jupyter server and its
 extensions. A kernel's start: the kernel process's own CPU time after its first answer.
 """
@@ -25,10 +26,11 @@ def _process_cpu(pid: int) -> float:
 
 
 def job_cpu_seconds(job_id: int) -> float:
-    """CPU seconds of the job's batch step so far, on whichever node runs it."""
+    """CPU seconds of the job's steps so far, on whichever node runs it."""
     pids = set()
-    for procs in FREEZER.glob(f"slurm_*/uid_*/job_{job_id}/step_batch/cgroup.procs"):
-        pids |= {int(line) for line in procs.read_text().split()}
+    for procs in FREEZER.glob(f"slurm_*/uid_*/job_{job_id}/step_*/cgroup.procs"):
+        if procs.parent.name != "step_extern":
+            pids |= {int(line) for line in procs.read_text().split()}
     if not pids:
         raise RuntimeError(f"no processes of job {job_id} found under {FREEZER} (cgroup v1 freezer, proctrack/cgroup)")
     return sum(_process_cpu(pid) for pid in pids)

@@ -13,6 +13,9 @@ Measured, per hub:
   queued      the same while a job holds every GPU for --hold s: the job queries made while
               the sessions wait (each stock spawner polls squeue every 0.5 s; dsportal's hub
               shares one squeue per poll_interval among all sessions)
+  class start --students (30) log in and start a one-core session at once, each runs a cell, all stop
+              (bench/class_start.py): last and median ready, lost, first cell, a bystander's hub API
+              latency, slurmctld RPCs by type, time until every job is gone
   dead job    the session job runs, then its server crashes before answering (a broken user
               environment): time until the hub reports the failure (capped by --start-timeout)
   CPU         a session's start in CPU seconds (its job's processes, read when the hub sees it
@@ -47,11 +50,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+from class_start import class_start, describe  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
+from portal.cluster.demo.base import directory  # noqa: E402
 
 CONFIG = REPO / "config" / "portal.yaml"
-PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/demo/users.yaml").read_text())["users"]}
+PASSWORDS = {u["name"]: u["password"] for u in directory()["users"]}  # course students included
 ENV = Path(sys.executable).parent
 SLICE = {"profile": "gpu", "gpus": 1}
 
@@ -73,10 +78,7 @@ c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
 c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
 c.Spawner.start_timeout = {start_timeout}
 c.Spawner.http_timeout = 60
-c.SlurmSpawner.req_partition = "gpu"
-c.SlurmSpawner.req_gres = "gpu:1"
-c.SlurmSpawner.req_nprocs = "8"
-c.SlurmSpawner.req_memory = "48G"
+{slice}
 c.SlurmSpawner.req_runtime = "08:00:00"
 c.SlurmSpawner.req_prologue = "export PATH={env}/bin:$PATH"
 c.SlurmSpawner.req_keepvars_extra = "PATH"  # else srun runs the server without that PATH
@@ -84,7 +86,16 @@ c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
 """
 
 
-def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout: int, broken: bool) -> list[str]:
+# Stock's slice: the same as dsportal's request (SLICE), or a class's one core (CLASS_SLICE).
+STOCK_SLICE = 'c.SlurmSpawner.req_partition = "gpu"\nc.SlurmSpawner.req_gres = "gpu:1"\nc.SlurmSpawner.req_nprocs = "8"\n' \
+              'c.SlurmSpawner.req_memory = "48G"'
+STOCK_CLASS_SLICE = 'c.SlurmSpawner.req_partition = "cpu"\nc.SlurmSpawner.req_nprocs = "1"\n' \
+                    'c.SlurmSpawner.req_memory = "2G"\nc.SlurmSpawner.req_options = "--account=class101"'
+CLASS_SLICE = {"profile": "class"}
+
+
+def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout: int, broken: bool,
+               for_class: bool = False) -> list[str]:
     """The command that runs one hub: dsportal from an edited portal.yaml, or stock batchspawner."""
     config = yaml.safe_load(CONFIG.read_text())
     # The hub API listens where the compute nodes reach it (the login node's address on the node network).
@@ -103,7 +114,7 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     chp = config["hub"]["proxy_command"]
     (data / "stock_config.py").write_text(textwrap.dedent(STOCK_CONFIG.format(
         config=str(path), bind=bind, hub=hub, proxy=proxy, chp=chp, data=data, start_timeout=start_timeout,
-        env=environment)))
+        env=environment, slice=STOCK_CLASS_SLICE if for_class else STOCK_SLICE)))
     return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
 
 
@@ -131,11 +142,12 @@ def broken_environment(workdir: Path) -> Path:
 
 
 class Hub:
-    def __init__(self, kind: str, index: int, workdir: Path, start_timeout: int, broken: bool = False):
+    def __init__(self, kind: str, index: int, workdir: Path, start_timeout: int, broken: bool = False,
+                 for_class: bool = False):
         self.kind, self.base = kind, f"http://127.0.0.1:{8100 + 10 * index}"
         ports = (8100 + 10 * index, 8101 + 10 * index, 8102 + 10 * index)
-        self.data = workdir / f"{kind}{'-broken' if broken else ''}"
-        command = hub_config(kind, ports, self.data, start_timeout, broken)
+        self.data = workdir / f"{kind}{'-broken' if broken else '-class' if for_class else ''}"
+        command = hub_config(kind, ports, self.data, start_timeout, broken, for_class)
         self.log = open(self.data / "hub.log", "wb")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.data)
         deadline = time.monotonic() + 60
@@ -255,7 +267,16 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
     finally:
         hub.close()
 
-    hub = Hub(kind, index + 1, workdir, args.start_timeout, broken=True)
+    if args.students:  # a class of one-core sessions, on a hub of its own (stock: its slice is in its config)
+        hub = Hub(kind, index + 1, workdir, args.start_timeout, for_class=True)
+        try:
+            students = [u["name"] for u in directory()["users"] if u.get("student")][:args.students]
+            result["class"] = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
+                                          hub.user("dave"), args.start_timeout)
+        finally:
+            hub.close()
+
+    hub = Hub(kind, index + 2, workdir, args.start_timeout, broken=True)
     try:
         alice = hub.user("alice")
         started = time.monotonic()
@@ -279,6 +300,7 @@ def main(argv=None) -> int:
     parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
     parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
     parser.add_argument("--hold", type=int, default=20, help="seconds the GPUs are taken in the queued round")
+    parser.add_argument("--students", type=int, default=30, help="class start: students starting at once (0: skip)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
@@ -291,7 +313,7 @@ def main(argv=None) -> int:
     try:
         for index, kind in enumerate(("dsportal", "batchspawner")):
             print(f"== {kind}", flush=True)
-            results[kind] = measure(kind, 2 * index, workdir, args)
+            results[kind] = measure(kind, 3 * index, workdir, args)
             r = results[kind]
             print(f"  spawn to ready   {r['spawn']:6.2f} s median of {args.rounds} "
                   f"({', '.join(f'{s:.2f}' for s in r['spawns'])})")
@@ -308,8 +330,11 @@ def main(argv=None) -> int:
                   f"holding every GPU; {r['queued_queries']} slurmctld job queries")
             print(f"  dead job         {r['dead_job']:6.2f} s until the user is told: {r['dead_job_message']!r}",
                   flush=True)
+            if "class" in r:
+                print(f"  class start      {describe(r['class'])}", flush=True)
     finally:
-        for user in args.users:  # nothing of the benchmark stays on the cluster
+        students = [u["name"] for u in directory()["users"] if u.get("student")]
+        for user in args.users + students:  # nothing of the benchmark stays on the cluster
             subprocess.run(["scancel", "-u", user], capture_output=True)
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
@@ -324,7 +349,11 @@ def main(argv=None) -> int:
           f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | queued "
           f"{ours['queued_queries']} vs {stock['queued_queries']} job queries | "
           f"dead job reported in {ours['dead_job']:.1f} vs {stock['dead_job']:.1f} s "
-          f"(start_timeout {args.start_timeout} s)")
+          f"(start_timeout {args.start_timeout} s)" + (
+              f" | class of {args.students}: last ready {ours['class']['last_ready']:.1f} vs "
+              f"{stock['class']['last_ready']:.1f} s, lost {ours['class']['lost']} vs {stock['class']['lost']}, "
+              f"hub API p99 {ours['class']['api_p99']:.2f} vs {stock['class']['api_p99']:.2f} s"
+              if args.students else ""))
     return 0
 
 

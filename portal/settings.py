@@ -73,6 +73,24 @@ def shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def json_kind(value) -> str:
+    """What a value sent as JSON is, in words: 'a list', 'an object', 'true/false', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def described(value) -> str:
+    """A value someone sent, for 'must be ..., not <this>': 'deepspeed', or a list (['x'])."""
+    return shown(value) if isinstance(value, str) else f"{json_kind(value)} ({shown(value)})"
+
+
 def parse_memory_mb(text: str | int) -> int:
     """'48G', '512M', '1T' or a bare number of megabytes -> megabytes."""
     match = _MEMORY.match(str(text).strip())

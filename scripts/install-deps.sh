@@ -46,6 +46,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$ENV/bin/pip" install -q --disable-pip-version-check ".[test]"
   echo "$want" > "$stamp"
 fi
+# A light session start: jsonschema compiles ~35 Lark grammars for the "iri"/"uri" formats when
+# rfc3987-syntax is installed (jupyter_events pulls it in with jsonschema[format-nongpl]), 1.7 of the
+# 2.4 s `import jupyter_server.serverapp` takes here; no Jupyter schema uses those formats
+# (jupyter-server/jupyter_server#1559, python-jsonschema/jsonschema#1428).
+"$ENV/bin/pip" uninstall -q -y rfc3987-syntax 2>/dev/null || true
+# Nor do sessions load jupyter_lsp's server extension: no language server is installed for it to run.
+"$ENV/bin/jupyter" server extension disable --sys-prefix jupyter_lsp >/dev/null 2>&1 || true
 # PyTorch (CPU) and Horovod for multi-node jobs: the wheel is built once and cached.
 bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).

@@ -18,9 +18,11 @@ sessions accept.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import pwd
+import threading
 from pathlib import Path
 
 from certipy import Certipy, CertNotFoundError
@@ -28,6 +30,8 @@ from certipy import Certipy, CertNotFoundError
 from portal.cluster.slurm import Slurm, SlurmError
 
 FOLDER = ".dsportal/certs"
+# Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time.
+_STORE = threading.Lock()
 LOCAL_CLIENT_ENV = "DSPORTAL_SSL_LOCAL_CLIENT"  # folder of the kernels' client certificate and the CA
 
 
@@ -55,8 +59,27 @@ async def node_alt_names(slurm: Slurm) -> list[str]:
     return sorted(set(names))
 
 
-def _local_client(store: Certipy, user: str) -> tuple[Path, Path, Path]:
-    """(CA cert, client key, client cert) of the user's own CA, made once in the hub's store."""
+def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: str) -> dict:
+    """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
+    localhost and ``alt_names``), made here so that the hub can make it off its event loop: an RSA
+    key takes a tenth of a second of CPU, and a class of 30 starting at once would stall every page."""
+    names = ["DNS:localhost", "IP:127.0.0.1", *alt_names]
+    with _STORE:
+        record = Certipy(store_dir=store_dir).create_signed_pair(f"user-{user}", "notebooks-ca", alt_names=names,
+                                                                  overwrite=True)
+    return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
+
+
+def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
+    """(CA cert, client key, client cert) of the user's own CA, made once in the hub's store, and
+    the CA of all sessions' certificates."""
+    with _STORE:
+        store = Certipy(store_dir=store_dir)
+        ca, key, cert = _local_client_pair(store, user)
+        return ca, key, cert, Path(store.store.get_record("notebooks-ca")["files"]["cert"])
+
+
+def _local_client_pair(store: Certipy, user: str) -> tuple[Path, Path, Path]:
     ca_name, client_name = f"user-{user}-local-ca", f"user-{user}-local-client"
     try:
         store.store.get_record(ca_name)
@@ -72,9 +95,7 @@ def _local_client(store: Certipy, user: str) -> tuple[Path, Path, Path]:
 
 async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str) -> dict:
     """Write the session's certificates into the user's folder; their paths there."""
-    store = Certipy(store_dir=store_dir)
-    local_ca, client_key, client_cert = _local_client(store, user)
-    notebooks_ca = store.store.get_record("notebooks-ca")["files"]["cert"]
+    local_ca, client_key, client_cert, notebooks_ca = await asyncio.to_thread(_local_client, store_dir, user)
     hub = hashlib.sha256(str(Path(store_dir).resolve()).encode()).hexdigest()[:8]  # each hub its own folder
     folder = Path(pwd.getpwnam(user).pw_dir) / FOLDER / hub
     files = {
@@ -86,7 +107,7 @@ async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str) -> dict:
         # For the session's kernels calling their own server.
         "local-client.key": client_key.read_text(),
         "local-client.crt": client_cert.read_text(),
-        "sessions-ca.crt": Path(notebooks_ca).read_text(),
+        "sessions-ca.crt": notebooks_ca.read_text(),
     }
     await slurm.write_private_files_as_user(user, str(folder), files)
     return {"keyfile": str(folder / "session.key"), "certfile": str(folder / "session.crt"),

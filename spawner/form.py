@@ -11,7 +11,7 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from portal.settings import Profile, format_walltime, parse_memory_mb, parse_walltime, shown
+from portal.settings import Profile, format_walltime, described, parse_memory_mb, parse_walltime, shown
 
 
 class RequestError(ValueError):
@@ -32,14 +32,11 @@ class SessionSlice:
 
 
 def _as_int(name: str, value) -> int:
-    if isinstance(value, bool):
-        raise RequestError(f"{name} must be a whole number, not {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    text = str(value).strip()
-    if not text.isdigit():
-        raise RequestError(f"{name} must be a whole number, not {value!r}")
-    return int(text)
+    if not isinstance(value, str) or not value.strip().isdigit():
+        raise RequestError(f"{name} must be a whole number, not {described(value)}")
+    return int(value.strip())
 
 
 def session_slice(profile: Profile, gpus=None, walltime=None) -> SessionSlice:
@@ -93,17 +90,20 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
     unknown = sorted(str(k) for k in options if k not in OPTIONS)
     if unknown:
         raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+    for key in ("profile", "walltime"):
+        if key in options and not isinstance(options[key], str):
+            raise RequestError(f"{key} must be text, not {described(options[key])}")
+    if "gpus" in options and options["gpus"] is None:
+        raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
     name = options.get("profile") or default_profile
     by_name = {p.name: p for p in profiles}
-    if not isinstance(name, str) or name not in by_name:
+    if name not in by_name:
         offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
         raise RequestError(f"unknown partition profile {shown(name)}: choose one of {offered}")
     profile = by_name[name]
     if not may_use(profile, user_groups):
         raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
     gpus, walltime = options.get("gpus"), options.get("walltime")
-    if walltime is not None and not isinstance(walltime, str):
-        raise RequestError(f"walltime must be text like 08:00:00, not {shown(walltime)}")
     try:
         return session_slice(profile, gpus, walltime)
     except RequestError as error:

@@ -89,12 +89,11 @@ class PartitionSpawner(WrapSpawner):
         return options
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
-    @default("ssl_alt_names")
-    def _ssl_alt_names_default(self):
-        async def every_node(spawner):  # the session's node is not known yet when its cert is made
-            return await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
-
-        return every_node
+    async def create_certs(self):
+        # The session's node is not known yet when its certificate is made: it names every node.
+        names = await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
+        return await asyncio.to_thread(certs.session_pair, self.internal_certs_location, self.user.name, names,
+                                       self.internal_trust_bundles["notebooks-ca"])
 
     async def move_certs(self, paths):
         return await certs.deliver(SlurmGPUSpawner.shared_client(self.config), self.user.name, paths,
@@ -144,7 +143,8 @@ class PartitionSpawner(WrapSpawner):
         except RequestRefused:
             asked = (self.user_options or {}).get("profile")
             known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
-            metrics.SPAWN_FAILURES.labels(asked if asked in known else "(other)", "invalid-request").inc()
+            label = asked if isinstance(asked, str) and asked in known else "(other)"
+            metrics.SPAWN_FAILURES.labels(label, "invalid-request").inc()
             # JupyterHub already saved these options as the defaults of the next start;
             # a refused request must not stick to the user's later plain starts.
             if self.orm_spawner is not None:

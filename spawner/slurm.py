@@ -296,8 +296,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             job = await self.slurm.job(int(self.job_id), max_age=0)
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
+        self._job = job  # the route goes to the batch host this answer names
         self.port = port
         self._awaiting_port = False
+        self._port_reported.set()
         return None
 
     # ---------------------------------------------------------------- lifecycle
@@ -324,6 +326,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         try:
             await self.submit_batch_script()
             self._awaiting_port = True  # the job may report before we see it running
+            self._port_reported = asyncio.Event()
             try:
                 return await self._wait_until_serving()
             finally:
@@ -332,23 +335,29 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             metrics.SPAWN_FAILURES.labels(self.profile.get("name", ""), failure.reason).inc()
             raise
 
+    async def _until_port_or(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._port_reported.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
     async def _wait_until_serving(self):
-        # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails.
-        while True:
+        # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails. A port
+        # report (accepted only from the job Slurm shows running) ends each wait at once.
+        while not self.port:
             status = await self.query_job_status()
             if status == JobStatus.RUNNING:
-                metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(
-                    time.monotonic() - self._submitted_at)
                 break
             if status == JobStatus.NOTFOUND:
                 # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.
                 raise await self._failure(self._current_job, "ended before it started")
-            await asyncio.sleep(self.startup_poll_interval)
+            await self._until_port_or(self.startup_poll_interval)
+        metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self._submitted_at)
 
         self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
         while self.port == 0:
-            await asyncio.sleep(self.startup_poll_interval)
+            await self._until_port_or(self.startup_poll_interval)
             status = await self.query_job_status()
             if status == JobStatus.NOTFOUND and self.port == 0:
                 raise await self._failure(self._current_job, "ended before JupyterLab started")

@@ -8,6 +8,7 @@ import batchspawner.api  # noqa: F401  (registers its own handler on import; ins
 from jupyterhub.apihandlers import APIHandler, default_handlers
 from tornado import web
 
+from ..settings import json_kind
 from . import metrics
 
 
@@ -29,17 +30,20 @@ class SessionPortHandler(APIHandler):
         spawner = next((s for s in spawners if s.api_token == token), None)
         if spawner is None and not any(s.active for s in spawners):
             raise web.HTTPError(403, "this token belongs to no session of yours")
-        body = self.get_json_body() or {}
-        port = body.get("port")
-        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}")
+        body = self.get_json_body()
+        port, job_id = (body.get("port"), body.get("job_id", "")) if isinstance(body, dict) else (None, None)
+        if (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535
+                or not isinstance(job_id, (str, int)) or isinstance(job_id, bool)):
+            raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}, not "
+                                f"{json_kind(body)}" + (f" with port {json_kind(port)} and job_id {json_kind(job_id)}"
+                                                       if isinstance(body, dict) else ""))
         if spawner is None:
             # A running session whose spawner was rebuilt by a hub restart: it is not starting.
             refusal = "the session is running, not starting: port reports are accepted once"
         else:
             session = getattr(spawner, "child_spawner", None) or spawner
             accept = getattr(session, "accept_port", None)
-            refusal = await accept(port, str(body.get("job_id") or "")) if accept else "not a dsportal session"
+            refusal = await accept(port, str(job_id)) if accept else "not a dsportal session"
         if refusal:
             self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
                              user.name, refusal)

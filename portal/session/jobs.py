@@ -30,7 +30,7 @@ from spawner import form
 from ..cluster.images import image_status
 from ..cluster.slurm import UNREACHABLE_HINTS, job_gpus, parse_sinfo_json, partition_resources
 from ..launchpolicy import POLICY_ENV, JobRequestError, LaunchPolicy
-from ..settings import Image, Profile, parse_walltime, shown
+from ..settings import Image, Profile, described, parse_walltime, shown
 from ..templating import render
 from .containers import Bind, Launch, runtime
 
@@ -102,12 +102,26 @@ class JobPlan:
                 f"{where}, {self.launcher}, walltime {self.walltime}")
 
 
-def _whole(name: str, value, default: int) -> int:
-    if value is None or value == "":
+def _whole(request: dict, name: str, default: int) -> int:
+    """A whole-number field (a number, or digits as text from a form); ``default`` when left out."""
+    if name not in request or request[name] == "":
         return default
-    if isinstance(value, bool) or not (isinstance(value, int) or str(value).strip().lstrip("-").isdigit()):
-        raise JobRequestError(f"{name} must be a whole number, not {shown(value)}")
+    value = request[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str) or not value.strip().lstrip("-").isdigit():
+        raise JobRequestError(f"{name} must be a whole number, not {described(value)}")
     return int(value)
+
+
+def _text(request: dict, name: str) -> str | None:
+    """A text field; None when left out or empty. Anything but text (null included) is refused."""
+    if name not in request:
+        return None
+    value = request[name]
+    if not isinstance(value, str):
+        raise JobRequestError(f"{name} must be text, not {described(value)}")
+    return value or None
 
 
 def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
@@ -118,48 +132,44 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
     if unknown:
         raise JobRequestError(f"unknown field(s) {', '.join(map(shown, unknown))}: allowed are "
                               f"{', '.join(REQUEST_FIELDS)}")
-    profile_name = request.get("profile")
-    if profile_name is not None and not isinstance(profile_name, str):
-        raise JobRequestError(f"profile must be a name, not {shown(profile_name)}")
-    profile = policy.profile(profile_name)
-    launcher = request.get("launcher") or "mpi"
-    if launcher not in LAUNCHERS:
-        raise JobRequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {shown(launcher)}")
+    profile = policy.profile(_text(request, "profile"))
+    launcher = request.get("launcher", "")
+    launcher = "mpi" if launcher == "" else launcher  # left out: the profile's MPI launcher
+    if not isinstance(launcher, str) or launcher not in LAUNCHERS:
+        raise JobRequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {described(launcher)}")
     if launcher == "torchrun" and not profile.jobs.torchrun:
         raise JobRequestError(f"{profile.display_name} does not offer torchrun jobs")
     launcher = profile.jobs.launcher if launcher == "mpi" else launcher
 
-    nodes = _whole("nodes", request.get("nodes"), 1)
+    nodes = _whole(request, "nodes", 1)
     if nodes < 1:
         raise JobRequestError(f"a job needs at least 1 node, not {nodes}")
     most_nodes = profile.jobs.max_nodes or policy.node_count.get(profile.partition)
     if most_nodes and nodes > most_nodes:
         raise JobRequestError(f"{nodes} nodes is more than {profile.display_name} allows for one job ({most_nodes})")
 
-    gpus = _whole("gpus_per_node", request.get("gpus_per_node"), profile.default_gpus)
+    gpus = _whole(request, "gpus_per_node", profile.default_gpus)
     node_gpus = policy.node_gpus.get(profile.partition)
     if gpus < 0:
         raise JobRequestError(f"gpus_per_node cannot be negative ({gpus})")
     if node_gpus is not None and gpus > node_gpus:
         raise JobRequestError(f"{gpus} GPUs per node is more than a node of partition {profile.partition} has "
                               f"({node_gpus})")
-    walltime = request.get("walltime") or profile.jobs.default_walltime
-    if not isinstance(walltime, str):
-        raise JobRequestError(f"walltime must be text like 01:00:00, not {shown(walltime)}")
+    walltime = _text(request, "walltime") or profile.jobs.default_walltime
     try:
         chosen = form.session_slice(profile, gpus, walltime)
     except form.RequestError as error:
         raise JobRequestError(str(error).replace("GPUs is not offered", "GPUs per node is not offered")) from None
 
-    tasks = _whole("tasks_per_node", request.get("tasks_per_node"), gpus or 1)
+    tasks = _whole(request, "tasks_per_node", gpus or 1)
     if not 1 <= tasks <= chosen.cpus:
         raise JobRequestError(f"tasks_per_node must be between 1 and the {chosen.cpus} CPUs of the slice, not {tasks}")
 
     image = None
-    image_name = request.get("image")
-    if image_name not in (None, ""):
+    image_name = _text(request, "image")
+    if image_name:
         allowed = {i.name: i for i in policy.images_for(profile)}
-        if not isinstance(image_name, str) or image_name not in allowed:
+        if image_name not in allowed:
             offered = ", ".join(allowed) or "none"
             raise JobRequestError(f"unknown image {shown(image_name)} for {profile.display_name}: choose one of "
                                   f"{offered}")
@@ -168,15 +178,15 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
         if status != "built":
             raise JobRequestError(f"image {image.name} is unavailable ({status}: {detail}); ask your admin to build it")
 
-    script, code = request.get("script"), request.get("code")
-    if (script in (None, "")) == (code in (None, "")):
+    script, code = _text(request, "script"), _text(request, "code")
+    if (script is None) == (code is None):
         raise JobRequestError("give either 'script' (a Python file) or 'code' (Python source), not both or neither")
-    if code not in (None, ""):
-        if not isinstance(code, str) or len(code) > MAX_CODE:
+    if code is not None:
+        if len(code) > MAX_CODE:
             raise JobRequestError("code must be Python source text of at most 1 MB")
         script = None
     else:
-        if not isinstance(script, str) or "\0" in script or "\n" in script:
+        if "\0" in script or "\n" in script:
             raise JobRequestError(f"script must be a file name, not {shown(script)}")
         path = Path(os.path.expanduser(script))
         path = path if path.is_absolute() else Path(base_dir) / path
@@ -186,28 +196,28 @@ def plan_job(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -
             raise JobRequestError(f"script {path} is not readable")
         script, code = str(path.resolve()), None
 
-    args = request.get("args") or []
+    args = request.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-        raise JobRequestError("args must be a list of strings")
+        raise JobRequestError(f"args must be a list of text, not {described(args)}")
 
-    overrides = request.get("env") or {}
+    overrides = request.get("env", {})
     if not isinstance(overrides, dict):
-        raise JobRequestError("env must be an object of NAME: value")
+        raise JobRequestError(f"env must be an object of NAME: value, not {described(overrides)}")
     for key, value in overrides.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             raise JobRequestError(f"environment variable name {shown(key)} is not valid (letters, digits, _)")
         if _RESERVED_ENV.match(key) or key in _TORCHRUN_ENV:
             raise JobRequestError(f"{key} is set by Slurm/MPI/torchrun for each rank and cannot be overridden")
-        if not isinstance(value, (str, int, float)) or "\n" in str(value) or "\0" in str(value):
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool) or "\n" in str(value) or "\0" in str(value):
             raise JobRequestError(f"the value of {key} must be one line of text")
     env = {**profile.jobs.env, **{k: str(v) for k, v in overrides.items()}}
 
-    name = request.get("name")
-    if name in (None, ""):
+    name = _text(request, "name")
+    if name is None:
         stem = Path(script).stem if script else "cell"
         prefix = "ddp-" if launcher == "torchrun" else "hvd-"
         name = prefix + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")
-    elif not isinstance(name, str) or not _NAME.match(name):
+    elif not _NAME.match(name):
         raise JobRequestError(f"job name {shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
 
     return JobPlan(

@@ -88,6 +88,7 @@ class Job:
 def launch(**request) -> Job:
     """Submit a job (same fields as the REST API: script or code, nodes, gpus_per_node, image, ...)."""
     policy = jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
+    request = {key: value for key, value in request.items() if value is not None}  # Python's "not given"
     plan = jobs.plan_job(request, policy, os.getcwd())
     info = jobs.submit(plan, policy)
     print(f"Submitted job {info.job_id}: {info.description}\nLogs: {info.folder}", flush=True)

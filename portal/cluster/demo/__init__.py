@@ -74,6 +74,11 @@ def banner(settings) -> str:
         "Demo accounts (LDAP):",
     ]
     for user in data["users"]:
-        lines.append(f"  {user['name']:<8} password {user['password']:<14} {user['role']}")
+        if not user.get("student"):
+            lines.append(f"  {user['name']:<8} password {user['password']:<14} {user['role']}")
+    for course in data.get("courses", []):
+        last = f"{course['prefix']}{int(course['students']):02d}"
+        lines.append(f"  {course['prefix']}01 .. {last}: {course['students']} students of {course['name']} "
+                     f"(password <name>-demo)")
     lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
     return "\n".join(lines)

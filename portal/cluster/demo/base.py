@@ -30,7 +30,19 @@ def render(name: str, **context) -> str:
 
 
 def directory() -> dict:
-    return yaml.safe_load(demo_file("users.yaml").read_text())
+    """users.yaml, with each course's students added as users, group members and a Slurm account."""
+    data = yaml.safe_load(demo_file("users.yaml").read_text())
+    for course in data.get("courses", []):
+        students = [f"{course['prefix']}{n:02d}" for n in range(1, int(course["students"]) + 1)]
+        data["users"] += [{"name": name, "uid": int(course["first_uid"]) + n, "full_name": f"Student {name}",
+                           "password": f"{name}-demo", "role": f"student of {course['name']}", "student": True}
+                          for n, name in enumerate(students)]
+        data["groups"].append({"name": course["name"], "gid": course["gid"],
+                               "members": [course["instructor"], *students]})
+        next(g for g in data["groups"] if g["name"] == data["login_group"])["members"] += students
+        data["slurm_accounts"].append({"name": course["name"], "description": course["description"],
+                                       "users": [course["instructor"], *students]})
+    return data
 
 
 def say(message: str) -> None:

@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 
-from .base import DemoError, alive, directory, paths, render, run, say, stop_pid, wait_for
+from .base import DemoError, alive, demo_file, directory, paths, render, run, say, stop_pid, wait_for
 
 
 def ssha(password: str) -> str:
@@ -46,7 +46,13 @@ def ensure_ldap() -> None:
     data = directory()
     ldap = p.ldap
     config_dir, data_dir = ldap / "slapd.d", ldap / "data"
-    if not (config_dir / "cn=config.ldif").exists():
+    # The directory is made from users.yaml once; a changed users.yaml (a course added) makes it anew.
+    wanted = hashlib.sha256(demo_file("users.yaml").read_bytes()).hexdigest()[:16]
+    stamp = ldap / "users.yaml.sha256"
+    made = (config_dir / "cn=config.ldif").exists() and stamp.exists() and stamp.read_text() == wanted
+    if not made and alive(p.run / "slapd.pid"):
+        stop_ldap()
+    if not made:
         shutil.rmtree(ldap, ignore_errors=True)
         for folder in (config_dir, data_dir, p.run):
             folder.mkdir(parents=True, exist_ok=True)
@@ -61,7 +67,8 @@ def ensure_ldap() -> None:
         )
         run(["slapadd", "-n", "0", "-F", str(config_dir), "-l", str(ldap / "config.ldif")])
         run(["slapadd", "-n", "1", "-F", str(config_dir), "-l", str(ldap / "directory.ldif")])
-        say("LDAP directory created")
+        stamp.write_text(wanted)
+        say(f"LDAP directory created ({len(users)} accounts)")
     if not alive(p.run / "slapd.pid"):
         url = f"ldap://127.0.0.1:{data['ldap_port']}/"
         run(["/usr/sbin/slapd", "-h", url, "-F", str(config_dir)])

@@ -174,7 +174,10 @@ def ensure_slurm() -> None:
     for node in node_names():
         if not alive(p.run / f"slurmd-{node}.pid"):
             restarted_at = restarted_at or time.time()
-            run(in_node(node, ["/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]), env=env)
+            # Niced: jobs inherit slurmd's priority (PropagatePrioProcess=0), so the login node's
+            # services (hub, proxy, slurmctld) come first on this shared CPU, as on machines of their own.
+            run(in_node(node, ["nice", "-n", "10", "/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]),
+                env=env)
             say(f"slurmd {node} started on {address(node)}")
 
     def nodes_ready():
