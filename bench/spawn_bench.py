@@ -78,8 +78,8 @@ c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
 c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
 c.Spawner.start_timeout = {start_timeout}
 c.Spawner.http_timeout = 60
-{slice}
 c.SlurmSpawner.req_runtime = "08:00:00"
+{slice}
 c.SlurmSpawner.req_prologue = "export PATH={env}/bin:$PATH"
 c.SlurmSpawner.req_keepvars_extra = "PATH"  # else srun runs the server without that PATH
 c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
@@ -90,7 +90,8 @@ c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
 STOCK_SLICE = 'c.SlurmSpawner.req_partition = "gpu"\nc.SlurmSpawner.req_gres = "gpu:1"\nc.SlurmSpawner.req_nprocs = "8"\n' \
               'c.SlurmSpawner.req_memory = "48G"'
 STOCK_CLASS_SLICE = 'c.SlurmSpawner.req_partition = "cpu"\nc.SlurmSpawner.req_nprocs = "1"\n' \
-                    'c.SlurmSpawner.req_memory = "2G"\nc.SlurmSpawner.req_options = "--account=class101"'
+                    'c.SlurmSpawner.req_memory = "2G"\nc.SlurmSpawner.req_options = "--account=class101"\n' \
+                    'c.SlurmSpawner.req_runtime = "02:00:00"  # the cpu partition allows 4 h at most'
 CLASS_SLICE = {"profile": "class"}
 
 
