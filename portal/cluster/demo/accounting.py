@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 
-from .base import DemoError, alive, directory, paths, render, run, say, slurm_env, stop_pid, wait_for
+from .base import DemoError, alive, directory, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
 from .network import LOGIN_ADDRESS
 
 DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd (login node, reached by the compute nodes), MariaDB (127.0.0.1)
@@ -50,10 +50,7 @@ def ensure_accounting() -> None:
     run(["mariadb", f"--socket={socket_path}", "-e", sql])
     conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password,
                   login_address=LOGIN_ADDRESS)
-    target = p.slurm / "slurmdbd.conf"
-    if not target.exists() or target.read_text() != conf:
-        target.write_text(conf)
-    os.chmod(target, 0o600)  # slurmdbd refuses a readable one: it holds the database password
+    write_if_changed(p.slurm / "slurmdbd.conf", conf, 0o600)  # slurmdbd refuses a readable one: it holds the password
     env = slurm_env()
     if not alive(p.run / "slurmdbd.pid"):
         run(["/usr/sbin/slurmdbd"], env=env)

@@ -45,6 +45,16 @@ def directory() -> dict:
     return data
 
 
+def write_if_changed(path: Path, text: str, mode: int) -> bool:
+    """Write ``text`` unless the file already holds it (an unchanged config keeps its mtime, which
+    decides whether daemons restart); the mode is set either way. True when written."""
+    changed = not path.exists() or path.read_text() != text
+    if changed:
+        path.write_text(text)
+    os.chmod(path, mode)
+    return changed
+
+
 def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 

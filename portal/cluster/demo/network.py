@@ -128,7 +128,7 @@ def remove_network() -> None:
 
 def _without_demo_lines(text: str) -> list[str]:
     # Also the single line an earlier demo wrote: "127.0.0.1 node1 node2  # dsportal demo nodes".
-    return [line for line in text.splitlines() if "# dsportal demo node" not in line]
+    return [line for line in text.splitlines() if HOSTS_MARK not in line]
 
 
 def ensure_hosts() -> None:

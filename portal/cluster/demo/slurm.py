@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
-from .base import alive, paths, render, run, say, slurm_conf_path, slurm_env, stop_pid, wait_for
+from .base import alive, paths, render, run, say, slurm_conf_path, slurm_env, stop_pid, wait_for, write_if_changed
 from .network import LOGIN_ADDRESS, NODES, address, in_node, namespace, node_names
 
 GPUS_PER_NODE = 4
@@ -104,21 +104,15 @@ def write_slurm_conf() -> bool:
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
     )
     for action in ("add", "remove"):  # PrologSlurmctld, EpilogSlurmctld: the node firewall's peers
-        script = p.slurm / f"firewall-peers-{action}.sh"
-        script.write_text(render("firewall-peers.sh.j2", action=action, slurm_conf=slurm_conf_path(),
-                                 nodes=[{**node, "namespace": namespace(node["name"])} for node in nodes]))
-        os.chmod(script, 0o755)
+        write_if_changed(p.slurm / f"firewall-peers-{action}.sh", render(
+            "firewall-peers.sh.j2", action=action, slurm_conf=slurm_conf_path(),
+            nodes=[{**node, "namespace": namespace(node["name"])} for node in nodes]), 0o755)
     cgroup = render("cgroup.conf.j2")
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     write_node_confs(conf)
-    changed = False
-    for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container)):
-        target = p.slurm / name
-        if not target.exists() or target.read_text() != text:
-            target.write_text(text)
-            os.chmod(target, 0o644)
-            changed = True
-    return changed
+    written = [write_if_changed(p.slurm / name, text, 0o644)
+               for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container))]
+    return any(written)
 
 
 def node_conf(node: str) -> Path:
@@ -142,11 +136,8 @@ def write_node_confs(conf: str) -> None:
             if not link.is_symlink():
                 link.unlink(missing_ok=True)
                 link.symlink_to(p.slurm / name)
-        text = f"{conf}\n# This node's own temporary folder (the demo's nodes share one machine's /tmp)\nTmpFS={tmp}\n"
-        target = folder / "slurm.conf"
-        if not target.exists() or target.read_text() != text:
-            target.write_text(text)
-            os.chmod(target, 0o644)
+        write_if_changed(folder / "slurm.conf", f"{conf}\n# This node's own temporary folder (the demo's nodes "
+                         f"share one machine's /tmp)\nTmpFS={tmp}\n", 0o644)
 
 
 def ensure_slurm() -> None:
