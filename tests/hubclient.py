@@ -24,6 +24,10 @@ class HubUser:
         self.base = base_url.rstrip("/")
         self.name = name
         self.web = requests.Session()
+        # A new connection per request: a kept-alive one that sat idle can be closed by the proxy
+        # (Node's 5 s keep-alive timeout) just as a request goes out on it, and a POST sent into
+        # that closing socket comes back as 'Connection reset by peer' (seen once in CI).
+        self.web.headers["Connection"] = "close"
         self._token: str | None = None
 
     # -- login ----------------------------------------------------------------------
