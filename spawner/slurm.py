@@ -174,7 +174,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         )
 
     def kernel_catalog(self, profile: str) -> str:
-        """JSON for `python -m portal.session.kernels` in the job: this profile's images, the data mounts."""
+        """JSON for the kernelspecs the job writes (portal.session.singleuser): this profile's images, the data mounts."""
         images = [i for i in self.images if not i.get("profiles") or profile in i["profiles"]]
         if not images:
             return ""

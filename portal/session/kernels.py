@@ -1,8 +1,9 @@
 """Kernelspecs for the container images a session may use, written at session start in the job.
 
 The hub puts the catalog (the profile's images and the data mounts) into the batch script;
-inside the job ``python -m portal.session.kernels`` writes one kernelspec per image into a folder only
-this session reads (``JUPYTER_PATH``), with the job's own CUDA_VISIBLE_DEVICES passed in. An
+inside the job the session's entry point (portal.session.singleuser; ``python -m portal.session.kernels``
+by hand) writes one kernelspec per image into a folder only this session reads (``JUPYTER_PATH``),
+with the job's own CUDA_VISIBLE_DEVICES passed in. An
 image that is missing or unreadable still gets a kernelspec that says why, so the launcher
 shows it as unavailable and starting it fails with that reason; the session keeps working.
 """
@@ -57,18 +58,21 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
     return written
 
 
+def write_catalog(dest: Path, catalog: dict, home: str, runtime_dir: str, cuda: str | None) -> list[str]:
+    """The kernelspecs of a catalog as the hub writes it: {"images": [...], "data_mounts": [...]}."""
+    images = [Image.model_validate(i) for i in catalog.get("images", [])]
+    mounts = [DataMount.model_validate(m) for m in catalog.get("data_mounts", [])]
+    return write_kernelspecs(dest, images, mounts, home, runtime_dir, cuda)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write this session's container kernelspecs.")
     parser.add_argument("--dest", required=True, help="folder to put on JUPYTER_PATH")
     parser.add_argument("--catalog", required=True, help='JSON: {"images": [...], "data_mounts": [...]}')
     parser.add_argument("--runtime-dir", required=True)
     args = parser.parse_args(argv)
-    catalog = json.loads(args.catalog)
-    images = [Image.model_validate(i) for i in catalog.get("images", [])]
-    mounts = [DataMount.model_validate(m) for m in catalog.get("data_mounts", [])]
-    home = os.path.expanduser("~")
-    for line in write_kernelspecs(Path(args.dest), images, mounts, home, args.runtime_dir,
-                                  os.environ.get("CUDA_VISIBLE_DEVICES")):
+    for line in write_catalog(Path(args.dest), json.loads(args.catalog), os.path.expanduser("~"), args.runtime_dir,
+                              os.environ.get("CUDA_VISIBLE_DEVICES")):
         print(f"dsportal: kernel {line}")
     return 0
 
