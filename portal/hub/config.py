@@ -5,8 +5,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
+
+import jupyterhub.user
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from spawner.profiles import PartitionSpawner
 from spawner.slurm import SlurmGPUSpawner
@@ -37,11 +42,49 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     hub's data folder. The hub's certificate also names the address the compute nodes reach it at;
     each session's names its node (spawner/slurm.py)."""
     c.JupyterHub.internal_ssl = True
+    if not hasattr(jupyterhub.user.make_ssl_context, "original"):
+        jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
     c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")
     names = {urlparse(url).hostname for url in (hub.hub_bind_url, hub.hub_connect_url) if url}
     c.JupyterHub.trusted_alt_names = sorted(f"{'IP' if _is_address(n) else 'DNS'}:{n}" for n in names
                                             if n and n not in ("0.0.0.0", "::"))
     c.ConfigurableHTTPProxy.api_url = urlunparse(urlparse(hub.proxy_api_url)._replace(scheme="https"))
+
+
+def _one_tls_context_for_session_checks(make_ssl_context):
+    """JupyterHub builds a new TLS context, reading and parsing the hub's key, certificate and CA
+    bundle, for each check that a started session answers: ~40 ms of the hub's event loop per spawn
+    (py-spy, a class of 30 starting). The files change only when the hub restarts; one context per
+    set of files (and their modification times) serves every check."""
+    contexts = {}
+
+    def reused(keyfile, certfile, cafile=None, **kwargs):
+        if kwargs or not keyfile or not certfile:
+            return make_ssl_context(keyfile, certfile, cafile=cafile, **kwargs)
+        key = tuple((path, os.stat(path).st_mtime_ns if path else 0) for path in (keyfile, certfile, cafile))
+        if key not in contexts:
+            contexts.clear()
+            contexts[key] = make_ssl_context(keyfile, certfile, cafile=cafile)
+        return contexts[key]
+
+    reused.original = make_ssl_context
+    return reused
+
+
+def _sqlite_commits_without_waiting_for_disk(dbapi_connection, _record) -> None:
+    """The hub's SQLite in write-ahead-log mode, synced at checkpoints rather than at every commit.
+
+    JupyterHub commits on nearly every request and spawn step, on its event loop; with SQLite's
+    default rollback journal each commit waits for the disk (fsync of journal and database). When a
+    class of 30 starts, the commits were the largest single share of the hub's loop (py-spy), and
+    every API call waits behind them. With WAL + synchronous=NORMAL a commit is an append, and
+    the database stays consistent; a crash of the hub loses nothing, only a crash of the login
+    node's operating system (or power) can lose the last commits."""
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
 
 
 def _is_address(name: str) -> bool:
@@ -64,6 +107,8 @@ def configure(c, settings=None) -> None:
     if hub.hub_connect_url:
         c.JupyterHub.hub_connect_url = hub.hub_connect_url
     c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
+    if not event.contains(Engine, "connect", _sqlite_commits_without_waiting_for_disk):
+        event.listen(Engine, "connect", _sqlite_commits_without_waiting_for_disk)
     c.JupyterHub.cookie_secret_file = str(data_dir / "cookie_secret")
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
@@ -110,6 +155,9 @@ def configure(c, settings=None) -> None:
     c.Spawner.poll_interval = settings.slurm.session_check_interval
     # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/hub/metrics.py)
     metrics.register_slurm(SlurmGPUSpawner.shared_client(c))
+    # JupyterHub measures its event loop's lag (jupyterhub_event_loop_interval_seconds); a stall of
+    # half a second, when every request waits, is worth a line in the log.
+    c.PeriodicMetricsCollector.event_loop_interval_log_threshold = 0.5
     # The hub's own environment (SLURM_CONF included) reaches sbatch; the job gets the
     # user-side PATH from the batch script.
     os.environ.update(settings.slurm_env())

@@ -21,6 +21,13 @@ CTLD_PORT, SLURMD_PORT = 6817, 6818  # Slurm's own: each node has its own addres
 SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")
 
 
+# The compute nodes' slurmd under SCHED_IDLE: jobs inherit it (PropagatePrioProcess=0) and run on
+# whatever CPU the login node's services (hub, proxy, slurmctld, slapd) leave, as on machines of
+# their own. A nice value is not enough: 30 sessions starting at nice 10 together outweigh the hub
+# (CFS weights 30 x 110 against 1024).
+JOBS_YIELD = ["chrt", "--idle", "0"]
+
+
 def ensure_munge() -> None:
     p = paths()
     key_dir, run_dir = p.munge / "key", p.munge / "run"
@@ -163,13 +170,13 @@ def ensure_slurm() -> None:
     ensure_slurm_associations()
     restarted_at = None
     for node in node_names():
-        if not alive(p.run / f"slurmd-{node}.pid"):
+        pid = alive(p.run / f"slurmd-{node}.pid")
+        if not pid:
             restarted_at = restarted_at or time.time()
-            # Niced: jobs inherit slurmd's priority (PropagatePrioProcess=0), so the login node's
-            # services (hub, proxy, slurmctld) come first on this shared CPU, as on machines of their own.
-            run(in_node(node, ["nice", "-n", "10", "/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]),
-                env=env)
+            run(in_node(node, [*JOBS_YIELD, "/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]), env=env)
             say(f"slurmd {node} started on {address(node)}")
+        else:  # a slurmd started by an earlier make demo (niced then): its next jobs yield too
+            subprocess.run(["chrt", "--all-tasks", "--idle", "--pid", "0", str(pid)], capture_output=True)
 
     def nodes_ready():
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True).stdout
