@@ -309,7 +309,8 @@ def main(argv=None) -> int:
     busy = [u for u in args.users if active_jobs(u)]
     if busy:
         raise SystemExit(f"these users have jobs on the cluster, stop them first: {', '.join(busy)}")
-    workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-"))
+    # Not under /tmp: each job gets a /tmp of its own (job_container/tmpfs), where the broken environment is not.
+    workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-", dir="/var/tmp"))
     results = {}
     try:
         for index, kind in enumerate(("dsportal", "batchspawner")):

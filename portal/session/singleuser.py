@@ -3,7 +3,7 @@
 1. Writes this session's container kernelspecs (the catalog the hub put in DSPORTAL_KERNEL_CATALOG)
    into the session's own folder (DSPORTAL_SESSION_DIR, on JUPYTER_PATH).
 2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
-   process, without the hub's database layer (below).
+   process, without the hub's database layer and without asking yarn for a registry (below).
 3. Once the server listens, the session extension reports the port and the Slurm job id to the hub
    (portal.session.portreport); a refused report ends the job with the hub's reason.
 
@@ -24,6 +24,8 @@ from pathlib import Path
 from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
+
+import jupyterlab.commands
 
 from .kernels import write_catalog
 
@@ -64,6 +66,18 @@ def leave_out_the_hubs_database() -> None:
         sys.modules[pages.__name__] = pages
 
 
+def _no_yarn_config(logger):
+    return {"yarn config": {}, "npm config": {}}  # what JupyterLab uses where Node.js is not installed
+
+
+def skip_yarn_config() -> None:
+    """JupyterLab, as it loads, runs `node yarn.js config` (0.2 s, a Node.js process) for the npm
+    registry it would build source extensions from: sessions never build JupyterLab (its assets are
+    prebuilt in the environment, extensions come as wheels), so they skip it, as JupyterLab itself
+    does where Node.js is missing."""
+    jupyterlab.commands._yarn_config = _no_yarn_config
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -93,6 +107,7 @@ def main() -> None:
     else:
         sys.argv.append(f"--port={port}")
     leave_out_the_hubs_database()
+    skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]
     run_path(command, run_name="__main__")
