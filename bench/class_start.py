@@ -58,17 +58,16 @@ def bystander_main(base: str, name: str) -> None:
     """The bystander's process: calls until a line arrives on stdin, then prints the latencies (JSON)."""
     stopping = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stopping.set()), daemon=True).start()
-    headers = {"Authorization": f"token {os.environ['DSPORTAL_BENCH_TOKEN']}"}
+    admin = HubUser(base, name, token=os.environ["DSPORTAL_BENCH_TOKEN"])
     latencies = []
-    with requests.Session() as web:
-        while not stopping.is_set():
-            started = time.monotonic()
-            try:
-                web.get(f"{base}/hub/api/users/{name}", headers={**headers, "Connection": "close"}, timeout=60)
-            except requests.RequestException:  # a failed call counts as slow as it was
-                pass
-            latencies.append(time.monotonic() - started)
-            stopping.wait(0.2)
+    while not stopping.is_set():
+        started = time.monotonic()
+        try:
+            admin.api("GET", f"/hub/api/users/{name}")
+        except requests.RequestException:  # a failed call counts as slow as it was
+            pass
+        latencies.append(time.monotonic() - started)
+        stopping.wait(0.2)
     print(json.dumps(latencies))
 
 

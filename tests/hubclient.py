@@ -20,7 +20,7 @@ class LoginRefused(AssertionError):
 class HubUser:
     """One person's browser session on the hub (cookies + xsrf), plus an API token."""
 
-    def __init__(self, base_url: str, name: str):
+    def __init__(self, base_url: str, name: str, token: str | None = None):
         self.base = base_url.rstrip("/")
         self.name = name
         self.web = requests.Session()
@@ -28,7 +28,7 @@ class HubUser:
         # (Node's 5 s keep-alive timeout) just as a request goes out on it, and a POST sent into
         # that closing socket comes back as 'Connection reset by peer' (seen once in CI).
         self.web.headers["Connection"] = "close"
-        self._token: str | None = None
+        self._token = token  # else made on first use, from the logged-in browser session
 
     # -- login ----------------------------------------------------------------------
     def login(self, password: str, timeout: float | None = None) -> requests.Response:
