@@ -23,9 +23,12 @@ import hashlib
 import ipaddress
 import pwd
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from certipy import Certipy, CertNotFoundError
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from portal.cluster.slurm import Slurm, SlurmError
 
@@ -59,14 +62,40 @@ async def node_alt_names(slurm: Slurm) -> list[str]:
     return sorted(set(names))
 
 
+REUSE_MIN_VALIDITY = timedelta(days=7)  # a certificate this close to its end is made anew
+
+
+def _still_fits(record: dict, names: list[str]) -> bool:
+    """The user's last session certificate fits this start: signed by today's notebooks CA, for
+    exactly ``names``, valid for another week, its key still in the store."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(record["files"]["cert"]).read_bytes())
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(Path(record["files"]["ca"]).read_bytes()))
+        if not Path(record["files"]["key"]).is_file():
+            return False
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, KeyError, TypeError, ValueError, InvalidSignature, x509.ExtensionNotFound):
+        return False
+    named = {f"DNS:{name}" for name in san.get_values_for_type(x509.DNSName)}
+    named |= {f"IP:{address}" for address in san.get_values_for_type(x509.IPAddress)}
+    return named == set(names) and cert.not_valid_after_utc - datetime.now(timezone.utc) > REUSE_MIN_VALIDITY
+
+
 def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: str) -> dict:
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
-    localhost and ``alt_names``), made here so that the hub can make it off its event loop: an RSA
-    key takes a tenth of a second of CPU, and a class of 30 starting at once would stall every page."""
+    localhost and ``alt_names``), made here so that the hub can make it off its event loop. The
+    user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
+    costs 50-80 ms of the hub's CPU (the CA's RSA key loaded and checked, an RSA key made, the
+    store rewritten), which every start waited for and a class of 30 paid 30 times over."""
     names = ["DNS:localhost", "IP:127.0.0.1", *alt_names]
     with _STORE:
-        record = Certipy(store_dir=store_dir).create_signed_pair(f"user-{user}", "notebooks-ca", alt_names=names,
-                                                                  overwrite=True)
+        store = Certipy(store_dir=store_dir)
+        try:
+            record = store.store.get_record(f"user-{user}")
+        except CertNotFoundError:
+            record = None
+        if record is None or record.get("parent_ca") != "notebooks-ca" or not _still_fits(record, names):
+            record = store.create_signed_pair(f"user-{user}", "notebooks-ca", alt_names=names, overwrite=True)
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
 
 

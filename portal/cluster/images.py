@@ -9,8 +9,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..settings import Image
+if TYPE_CHECKING:  # annotations only: a session start reads images without the settings models
+    from ..settings import Image
 
 DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are

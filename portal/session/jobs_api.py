@@ -28,8 +28,12 @@ from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
 from ..cluster.slurm import refusal_hint
-from . import jobs
 from .api import MessageAPIHandler
+from .onuse import module_on_use
+
+# The launcher's model (settings, Slurm, containers: 50 ms of imports) loads with its first request,
+# not with every session's start.
+jobs = module_on_use("portal.session.jobs")
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming

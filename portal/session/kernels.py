@@ -15,10 +15,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from ..cluster.images import image_status
-from ..settings import DataMount, Image
 from .containers import Bind, Launch, runtime
+
+if TYPE_CHECKING:
+    from ..settings import DataMount, Image
 
 
 def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None) -> dict:
@@ -59,9 +63,11 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
 
 
 def write_catalog(dest: Path, catalog: dict, home: str, runtime_dir: str, cuda: str | None) -> list[str]:
-    """The kernelspecs of a catalog as the hub writes it: {"images": [...], "data_mounts": [...]}."""
-    images = [Image.model_validate(i) for i in catalog.get("images", [])]
-    mounts = [DataMount.model_validate(m) for m in catalog.get("data_mounts", [])]
+    """The kernelspecs of a catalog as the hub writes it: {"images": [...], "data_mounts": [...]}, its
+    validated settings (Image and DataMount, every field), read here as they come: a session start
+    does not import pydantic and the settings models for them (40 ms of every start)."""
+    images = [SimpleNamespace(**image) for image in catalog.get("images", [])]
+    mounts = [SimpleNamespace(**mount) for mount in catalog.get("data_mounts", [])]
     return write_kernelspecs(dest, images, mounts, home, runtime_dir, cuda)
 
 

@@ -13,8 +13,7 @@ back-off for a server that is still importing; and it needs a second Python for 
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
+import importlib
 import json
 import os
 import socket
@@ -25,9 +24,8 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
-import jupyterlab.commands
-
 from .kernels import write_catalog
+from .onuse import LoadOnUse, module_on_use
 
 # What the batch script (templates/session.sbatch.j2) and this entry point hand on, in the environment.
 CATALOG_ENV = "DSPORTAL_KERNEL_CATALOG"  # the profile's images and data mounts (JSON), for kernelspecs
@@ -35,35 +33,70 @@ SESSION_DIR_ENV = "DSPORTAL_SESSION_DIR"  # the session's private folder (on JUP
 REPORT_ENV = "DSPORTAL_REPORT_PORT"  # set: this server is a session job's and reports its port
 
 
-class _LoadOnUse(importlib.abc.MetaPathFinder):
-    """Modules named here are created empty and run only when something reads from them."""
+class _AttributeOnUse:
+    """``getattr(module, name)``, looked up when first used (``func.count`` of SQLAlchemy)."""
 
-    def __init__(self, names: set[str]):
-        self.names = names
+    def __init__(self, module: types.ModuleType, name: str):
+        self._module, self._name = module, name
 
-    def find_spec(self, name, path, target=None):
-        if name not in self.names:
-            return None
-        for finder in sys.meta_path:
-            spec = None if finder is self else finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = importlib.util.LazyLoader(spec.loader)
-                return spec
-        return None
+    def __getattr__(self, attribute):
+        return getattr(getattr(self._module, self._name), attribute)
+
+
+def _import_without_sqlalchemy(name: str) -> None:
+    """Import ``name`` (jupyterhub.singleuser) while a stand-in answers for SQLAlchemy (0.12 s of
+    imports): jupyterhub.utils, .scopes and .roles import it at the top for code only the hub runs
+    (catch_db_error, queries on ORM objects). Afterwards the real SQLAlchemy is in place, loaded
+    when something first uses it: the names those modules took from the stand-in are pointed at
+    it, but for jupyterhub.utils' SQLAlchemyError, which only the hub's database handlers catch."""
+    if "sqlalchemy" in sys.modules:  # already loaded by something else: nothing to save
+        importlib.import_module(name)
+        return
+    stand_in = types.ModuleType("sqlalchemy", "stand-in while jupyterhub's session side is imported")
+    stand_in.__path__ = []
+    stand_in.exc = types.ModuleType("sqlalchemy.exc")
+    stand_in.exc.SQLAlchemyError = type("SQLAlchemyError", (Exception,), {"__module__": "sqlalchemy.exc"})
+    stand_in.func = object()  # roles.py: `from sqlalchemy import func`
+    sys.modules.update({"sqlalchemy": stand_in, "sqlalchemy.exc": stand_in.exc})
+    try:
+        importlib.import_module(name)
+    finally:
+        del sys.modules["sqlalchemy"], sys.modules["sqlalchemy.exc"]
+    sqlalchemy = module_on_use("sqlalchemy")
+    for module_name, module in list(sys.modules.items()):
+        # type(), not an attribute: reading from a module that loads on use (jupyterhub.orm) loads it.
+        if not module_name.startswith("jupyterhub.") or type(module) is not types.ModuleType:
+            continue
+        for attribute, value in list(vars(module).items()):
+            if value is stand_in:
+                setattr(module, attribute, sqlalchemy)
+            elif value is stand_in.func:
+                setattr(module, attribute, _AttributeOnUse(sqlalchemy, "func"))
 
 
 def leave_out_the_hubs_database() -> None:
     """jupyterhub.singleuser imports jupyterhub.log, which imports the hub's page handlers for one
     isinstance() test (is this request a hub health check?) and, through them and jupyterhub.metrics,
-    the hub's ORM with SQLAlchemy's and alembic's: ~0.1 CPU-s of every session start for code that
-    only the hub runs. The ORM module loads only if something uses it; the page handlers are a
-    stand-in whose class no session request is an instance of."""
-    sys.meta_path.insert(0, _LoadOnUse({"jupyterhub.orm"}))
+    the hub's ORM with SQLAlchemy's and alembic's: ~0.2 CPU-s of every session start for code that
+    only the hub runs. The ORM module loads only if something uses it, the page handlers are a
+    stand-in whose class no session request is an instance of, SQLAlchemy loads on first use
+    (_import_without_sqlalchemy). JupyterLab's listings handler imports requests at the top for
+    listings this portal does not configure: it loads on first use too."""
+    sys.meta_path.insert(0, LoadOnUse({"jupyterhub.orm", "requests"}))
     if "jupyterhub.handlers.pages" not in sys.modules:
         pages = types.ModuleType("jupyterhub.handlers.pages", "stand-in: the hub's pages are not served here")
         pages.HealthCheckHandler = type("HealthCheckHandler", (), {})
         pages.default_handlers = []
         sys.modules[pages.__name__] = pages
+    _import_without_sqlalchemy("jupyterhub.singleuser")
+
+
+def resolve_names_in_threads() -> None:
+    """aiohttp (the session's calls to the hub) resolves names with c-ares when aiodns is installed,
+    as JupyterHub requires it for the hub: importing it costs 30 ms of every session start, which
+    resolves one name, the hub's. Sessions use aiohttp's threaded resolver (the system's
+    getaddrinfo, /etc/hosts and nsswitch included)."""
+    sys.modules.setdefault("aiodns", None)  # None: `import aiodns` raises ImportError
 
 
 def _no_yarn_config(logger):
@@ -74,7 +107,10 @@ def skip_yarn_config() -> None:
     """JupyterLab, as it loads, runs `node yarn.js config` (0.2 s, a Node.js process) for the npm
     registry it would build source extensions from: sessions never build JupyterLab (its assets are
     prebuilt in the environment, extensions come as wheels), so they skip it, as JupyterLab itself
-    does where Node.js is missing."""
+    does where Node.js is missing. (Imported here: after leave_out_the_hubs_database, which
+    decides how some of what JupyterLab imports is loaded.)"""
+    import jupyterlab.commands
+
     jupyterlab.commands._yarn_config = _no_yarn_config
 
 
@@ -106,6 +142,7 @@ def main() -> None:
         os.environ["JUPYTERHUB_SERVICE_URL"] = urlunparse(url._replace(netloc=f"{url.hostname}:{port}"))
     else:
         sys.argv.append(f"--port={port}")
+    resolve_names_in_threads()
     leave_out_the_hubs_database()
     skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]

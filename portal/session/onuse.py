@@ -1,0 +1,45 @@
+"""Modules loaded when first used: what a session's start would import only for later requests.
+
+A session's server must answer the hub as soon as it can; code that only some later request
+needs (the job launcher's, the hub's own) is created empty at start and runs the first time
+something reads from it (importlib's LazyLoader). Nothing else about the module changes.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import types
+
+
+class LoadOnUse(importlib.abc.MetaPathFinder):
+    """On sys.meta_path: the modules named here, wherever they are imported, load on first use."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = importlib.util.LazyLoader(spec.loader)
+                return spec
+        return None
+
+
+def module_on_use(name: str) -> types.ModuleType:
+    """The module ``name`` (already imported, or put in sys.modules now to load on first use)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module
