@@ -6,7 +6,9 @@ with the same LDAP login, the same user environment and the same slice (partitio
 (``import batchspawner`` in the hub config, ``sudo -E -u {username}`` for sbatch/squeue).
 
 Measured, per hub:
-  spawn       POST /users/<u>/server -> the server is ready (median of --rounds, alice alone)
+  spawn       POST /users/<u>/server -> the server is ready (median of --rounds, alice alone), and
+              of that the time the job waited in Slurm's queue (submitted -> allocated, from the
+              slurmctld log: the scheduler's beat, the same for both hubs)
   stop        DELETE -> the hub has no server and Slurm no job (median)
   concurrent  --users start at once: time until the last is ready, and the slurmctld job
               queries (REQUEST_JOB_INFO*, from sdiag) made meanwhile
@@ -24,7 +26,7 @@ Measured, per hub:
               failure or the walltime): time until the hub shows the server stopped (median)
 
 Usage (as root, with `make demo` up; `make bench` does both):
-  python bench/spawn_bench.py [--rounds 3] [--users alice,bob,carol,dave] [--start-timeout 90]
+  python bench/spawn_bench.py [--rounds 5] [--users alice,bob,carol,dave] [--start-timeout 90]
 
 The last line is the one-line summary.
 """
@@ -181,6 +183,32 @@ def job_queries() -> int:
     return sum(int(n) for n in re.findall(r"REQUEST_JOB_(?:INFO|INFO_SINGLE|USER_INFO)\s+\(\s*\d+\)\s+count:(\d+)", out))
 
 
+_LOG_TIME = r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\] "
+
+
+def queued_seconds(job_id: str) -> float | None:
+    """How long slurmctld held the job before allocating it: its log's submit and allocation lines
+    (batch jobs are allocated by the scheduler's periodic pass, or by the backfill pass)."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    found = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", config, re.M)
+    if not found:
+        return None
+    times = {}
+    for line in Path(found.group(1)).read_text(errors="replace").splitlines()[-5000:]:
+        if f"JobId={job_id} " not in line:
+            continue
+        stamp = re.match(_LOG_TIME, line)
+        if stamp and "_slurm_rpc_submit_batch_job" in line:
+            times["submitted"] = stamp.group(1)
+        elif stamp and ("sched: Allocate" in line or "_start_job: Started" in line):
+            times["allocated"] = stamp.group(1)
+    if len(times) < 2:
+        return None
+    submitted, allocated = (time.mktime(time.strptime(times[k][:19], "%Y-%m-%dT%H:%M:%S")) + float(times[k][19:])
+                            for k in ("submitted", "allocated"))
+    return allocated - submitted
+
+
 def wait_running(job_id: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -224,11 +252,13 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
     hub = Hub(kind, index, workdir, args.start_timeout)
     try:
         alice = hub.user("alice")
-        spawns, stops = [], []
+        spawns, queued, stops = [], [], []
         for _ in range(args.rounds):
             spawns.append(spawn_seconds(alice, options, args.start_timeout))
+            queued.append(queued_seconds(active_jobs("alice")[0]["job_id"]))
             stops.append(stop_seconds(alice))
-        result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops)
+        result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops,
+                      queued_in_slurm=queued)
 
         ended, session_cpu, kernel_cpu = [], [], []
         for _ in range(args.rounds):
@@ -297,7 +327,9 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    # Slurm allocates batch jobs on its scheduler's once-a-second pass: one spawn varies by up to 1 s
+    # for that alone, for both hubs, so a median needs a few rounds.
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
     parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
     parser.add_argument("--hold", type=int, default=20, help="seconds the GPUs are taken in the queued round")
@@ -318,7 +350,8 @@ def main(argv=None) -> int:
             results[kind] = measure(kind, 3 * index, workdir, args)
             r = results[kind]
             print(f"  spawn to ready   {r['spawn']:6.2f} s median of {args.rounds} "
-                  f"({', '.join(f'{s:.2f}' for s in r['spawns'])})")
+                  f"({', '.join(f'{s:.2f}' for s in r['spawns'])}); of these, queued in Slurm "
+                  f"({', '.join('?' if q is None else f'{q:.2f}' for q in r['queued_in_slurm'])})")
             print(f"  stop             {r['stop']:6.2f} s median ({', '.join(f'{s:.2f}' for s in r['stops'])})")
             print(f"  session start    {r['session_cpu']:6.2f} CPU-s median, the job's processes when ready "
                   f"({', '.join(f'{s:.2f}' for s in r['session_cpus'])}); a kernel's first answer "
@@ -342,7 +375,12 @@ def main(argv=None) -> int:
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(hub logs and results.json in {workdir})")
     ours, stock = results["dsportal"], results["batchspawner"]
-    print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s | "
+    def queued(r):  # median time in Slurm's queue over the spawn rounds
+        known = [q for q in r["queued_in_slurm"] if q is not None]
+        return f"{statistics.median(known):.2f}" if known else "?"
+
+    print(f"bench: spawn {ours['spawn']:.2f} s vs stock batchspawner {stock['spawn']:.2f} s "
+          f"({ours['spawn'] / stock['spawn']:.2f}x; queued in Slurm {queued(ours)} vs {queued(stock)} s) | "
           f"session start {ours['session_cpu']:.2f} vs {stock['session_cpu']:.2f} CPU-s, kernel "
           f"{ours['kernel_cpu']:.2f} vs {stock['kernel_cpu']:.2f} CPU-s | "
           f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | external scancel seen in {ours['ended']:.1f} vs "
