@@ -34,6 +34,7 @@ _clients: dict[tuple, Slurm] = {}
 ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
+FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
 
 
 def shared_slurm(conf: str, bin_dir: str, submit_as: str, squeue_interval: float) -> Slurm:
@@ -388,10 +389,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     async def _final(self, job: Job | None) -> Job | None:
         """How the job ended: squeue's record, or accounting's where slurmctld forgot it already
-        (MinJobAge) or still shows it COMPLETING (which hides whether it was cancelled, failed...)."""
-        if job is None or job.ending:
-            return await self.slurm.accounting(int(self.job_id), self.user.name) or job
-        return job
+        (MinJobAge) or still shows it COMPLETING (which hides whether it was cancelled, failed...).
+        A job that ends at once can be COMPLETING before slurmdbd has its end: accounting is asked
+        again for up to FINAL_WAIT seconds, then the last word is taken."""
+        if job is not None and not job.ending:
+            return job
+        deadline = time.monotonic() + FINAL_WAIT
+        while True:
+            recorded = await self.slurm.accounting(int(self.job_id), self.user.name)
+            if recorded is not None and recorded.finished:
+                return recorded
+            if time.monotonic() >= deadline:
+                return job or recorded
+            await asyncio.sleep(0.3)
 
     async def _confirm_after_hub_restart(self):
         """The hub's startup check of a session it had running: is its server still there?

@@ -43,3 +43,14 @@ def module_on_use(name: str) -> types.ModuleType:
     if parent in sys.modules:
         setattr(sys.modules[parent], child, module)
     return module
+
+
+class AttributeOnUse:
+    """``getattr(module, name)``, looked up when first used (``from sqlalchemy import func``, kept
+    by a module that uses it only in code a session never runs)."""
+
+    def __init__(self, module: types.ModuleType, name: str):
+        self._module, self._name = module, name
+
+    def __getattr__(self, attribute):
+        return getattr(getattr(self._module, self._name), attribute)

@@ -25,22 +25,12 @@ from shutil import which
 from urllib.parse import urlparse, urlunparse
 
 from .kernels import write_catalog
-from .onuse import LoadOnUse, module_on_use
+from .onuse import AttributeOnUse, LoadOnUse, module_on_use
 
 # What the batch script (templates/session.sbatch.j2) and this entry point hand on, in the environment.
 CATALOG_ENV = "DSPORTAL_KERNEL_CATALOG"  # the profile's images and data mounts (JSON), for kernelspecs
 SESSION_DIR_ENV = "DSPORTAL_SESSION_DIR"  # the session's private folder (on JUPYTER_PATH)
 REPORT_ENV = "DSPORTAL_REPORT_PORT"  # set: this server is a session job's and reports its port
-
-
-class _AttributeOnUse:
-    """``getattr(module, name)``, looked up when first used (``func.count`` of SQLAlchemy)."""
-
-    def __init__(self, module: types.ModuleType, name: str):
-        self._module, self._name = module, name
-
-    def __getattr__(self, attribute):
-        return getattr(getattr(self._module, self._name), attribute)
 
 
 def _import_without_sqlalchemy(name: str) -> None:
@@ -71,7 +61,7 @@ def _import_without_sqlalchemy(name: str) -> None:
             if value is stand_in:
                 setattr(module, attribute, sqlalchemy)
             elif value is stand_in.func:
-                setattr(module, attribute, _AttributeOnUse(sqlalchemy, "func"))
+                setattr(module, attribute, AttributeOnUse(sqlalchemy, "func"))
 
 
 def leave_out_the_hubs_database() -> None:
