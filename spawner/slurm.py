@@ -390,17 +390,23 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def _final(self, job: Job | None) -> Job | None:
         """How the job ended: squeue's record, or accounting's where slurmctld forgot it already
         (MinJobAge) or still shows it COMPLETING (which hides whether it was cancelled, failed...).
-        A job that ends at once can be COMPLETING before slurmdbd has its end: accounting is asked
-        again for up to FINAL_WAIT seconds, then the last word is taken."""
-        if job is not None and not job.ending:
+        A job that ends at once can be COMPLETING before slurmdbd has its end: then accounting and
+        squeue (which shows the end state once the job's epilog is done) are asked again, for up
+        to FINAL_WAIT seconds, and the last word is taken."""
+        if job is None:
+            return await self.slurm.accounting(int(self.job_id), self.user.name)
+        if not job.ending:
             return job
         deadline = time.monotonic() + FINAL_WAIT
         while True:
             recorded = await self.slurm.accounting(int(self.job_id), self.user.name)
             if recorded is not None and recorded.finished:
                 return recorded
+            listed = await self.slurm.job(int(self.job_id), fresh_after=time.monotonic())
+            if listed is not None and listed.finished:
+                return listed
             if time.monotonic() >= deadline:
-                return job or recorded
+                return listed or job
             await asyncio.sleep(0.3)
 
     async def _confirm_after_hub_restart(self):
