@@ -7,6 +7,7 @@ something reads from it (importlib's LazyLoader). Nothing else about the module 
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import sys
@@ -45,12 +46,16 @@ def module_on_use(name: str) -> types.ModuleType:
     return module
 
 
-class AttributeOnUse:
-    """``getattr(module, name)``, looked up when first used (``from sqlalchemy import func``, kept
-    by a module that uses it only in code a session never runs)."""
+class OnUse:
+    """Stands for the module ``module`` (or its ``attribute``), imported the ordinary way when first
+    used: for a name a module took at import time and reads only in code a session never runs
+    (``import sqlalchemy as sa``, ``from sqlalchemy import func`` in jupyterhub.scopes and .roles)."""
 
-    def __init__(self, module: types.ModuleType, name: str):
-        self._module, self._name = module, name
+    def __init__(self, module: str, attribute: str | None = None):
+        self._module, self._attribute = module, attribute
 
-    def __getattr__(self, attribute):
-        return getattr(getattr(self._module, self._name), attribute)
+    def __getattr__(self, name):
+        target = importlib.import_module(self._module)
+        if self._attribute:
+            target = getattr(target, self._attribute)
+        return getattr(target, name)

@@ -25,7 +25,7 @@ from shutil import which
 from urllib.parse import urlparse, urlunparse
 
 from .kernels import write_catalog
-from .onuse import AttributeOnUse, LoadOnUse, module_on_use
+from .onuse import LoadOnUse, OnUse
 
 # What the batch script (templates/session.sbatch.j2) and this entry point hand on, in the environment.
 CATALOG_ENV = "DSPORTAL_KERNEL_CATALOG"  # the profile's images and data mounts (JSON), for kernelspecs
@@ -36,9 +36,11 @@ REPORT_ENV = "DSPORTAL_REPORT_PORT"  # set: this server is a session job's and r
 def _import_without_sqlalchemy(name: str) -> None:
     """Import ``name`` (jupyterhub.singleuser) while a stand-in answers for SQLAlchemy (0.12 s of
     imports): jupyterhub.utils, .scopes and .roles import it at the top for code only the hub runs
-    (catch_db_error, queries on ORM objects). Afterwards the real SQLAlchemy is in place, loaded
-    when something first uses it: the names those modules took from the stand-in are pointed at
-    it, but for jupyterhub.utils' SQLAlchemyError, which only the hub's database handlers catch."""
+    (catch_db_error, queries on ORM objects). Afterwards the stand-in is gone: the names those
+    modules took from it import the real SQLAlchemy when first used (onuse.OnUse), as does
+    jupyterhub.orm, but for jupyterhub.utils' SQLAlchemyError, which only the hub's database
+    handlers catch. (Not a LazyLoader module in sys.modules: with one, `from sqlalchemy.orm
+    import ...` as its first use failed half-way on Python 3.11.)"""
     if "sqlalchemy" in sys.modules:  # already loaded by something else: nothing to save
         importlib.import_module(name)
         return
@@ -52,16 +54,15 @@ def _import_without_sqlalchemy(name: str) -> None:
         importlib.import_module(name)
     finally:
         del sys.modules["sqlalchemy"], sys.modules["sqlalchemy.exc"]
-    sqlalchemy = module_on_use("sqlalchemy")
     for module_name, module in list(sys.modules.items()):
         # type(), not an attribute: reading from a module that loads on use (jupyterhub.orm) loads it.
         if not module_name.startswith("jupyterhub.") or type(module) is not types.ModuleType:
             continue
         for attribute, value in list(vars(module).items()):
             if value is stand_in:
-                setattr(module, attribute, sqlalchemy)
+                setattr(module, attribute, OnUse("sqlalchemy"))
             elif value is stand_in.func:
-                setattr(module, attribute, AttributeOnUse(sqlalchemy, "func"))
+                setattr(module, attribute, OnUse("sqlalchemy", "func"))
 
 
 def leave_out_the_hubs_database() -> None:
