@@ -26,6 +26,7 @@ def cmd_hub(args) -> int:
     os.environ[settings_module.CONFIG_ENV] = str(settings.source)
     data_dir = Path(settings.hub.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data_dir.chmod(0o700)  # one made before (or by hand) too: it holds the hub's secrets
     os.chdir(data_dir)
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
@@ -80,12 +81,12 @@ def cmd_templates(args) -> int:
 def cmd_firewall(args) -> int:
     try:
         if args.action == "up":
-            firewall.up(firewall.uid_of(u) for u in args.users)
+            firewall.up((firewall.uid_of(u) for u in args.users), args.cluster)
         elif args.action == "add-user":
             firewall.add_users(firewall.uid_of(u) for u in args.users)
         elif args.action == "down":
             firewall.down()
-        separated = firewall.users()
+        separated, hosts = firewall.users(), firewall.cluster_hosts()
     except (firewall.FirewallUnavailable, KeyError) as error:
         print(f"dsportal firewall {args.action}: {error}", file=sys.stderr)
         return 1
@@ -93,7 +94,8 @@ def cmd_firewall(args) -> int:
         print("node firewall: not in place")
     else:
         print(f"node firewall: in place; TCP on this node separates {len(separated)} portal user(s)"
-              + (f" (uids {', '.join(map(str, separated))})" if separated else ""))
+              + (f" (uids {', '.join(map(str, separated))})" if separated else "")
+              + "; cluster hosts: " + (", ".join(hosts) if hosts else "none (no user reaches another host's users)"))
     return 0
 
 
@@ -141,6 +143,9 @@ def main(argv=None) -> int:
     firewall_parser.add_argument("action", choices=["up", "add-user", "down", "status"])
     firewall_parser.add_argument("users", nargs="*", help="account names or uids (up: all portal users of the "
                                  "node; add-user: e.g. $SLURM_JOB_UID from the Slurm Prolog)")
+    firewall_parser.add_argument("--cluster", action="append", default=[], metavar="ADDRESS[/BITS]",
+                                 help="up: an IPv4 address or network of the cluster's hosts (login and compute "
+                                 "nodes, each running this firewall); repeatable")
     firewall_parser.set_defaults(func=cmd_firewall)
     usage_parser = sub.add_parser("usage", help="sessions, GPU-hours and CPU-hours per user, Slurm account (course) "
                                   "and profile, from Slurm accounting (sacct)")

@@ -1,31 +1,40 @@
-"""Node firewall: on a shared node, a user's TCP connections reach only their own listeners.
+"""Node firewall: a portal user's TCP listeners answer that user alone, on any host of the cluster.
 
 File permissions keep slices apart on disk and :mod:`portal.session.portguard` keeps each session's
-``/proxy/<port>/`` to its own user's services, but a plain ``curl 127.0.0.1:<port>`` from bob's
-kernel would still reach alice's web app or TensorBoard. This nftables table stops that:
+``/proxy/<port>/`` to its own user's services, but a plain ``curl node1:<port>`` from bob's kernel,
+his shell on the login node or his job on another node would still reach alice's web app, her
+torchrun rendezvous store or her ranks' NCCL ports. This nftables table, the same on every host of
+the cluster (login nodes and compute nodes), stops that by carrying the connecting user with the
+connection:
 
-- a connection's first packet (SYN) on the node's loopback (which also carries traffic to the
-  node's own addresses) is marked with the uid of the socket that sends it, if that uid is a
-  portal user's;
-- the listener's answer (SYN-ACK) is sent by a socket owned by the listener's user; if both are
-  portal users and not the same one, the answer is turned into a reset, so the client gets
-  "connection refused" at once, and the listener never sees a connection.
+- every connection's first packet (SYN) is stamped with the uid of the socket that sends it: on the
+  host's loopback (which also carries traffic to the host's own addresses) in the conntrack mark;
+  towards another host of the cluster in the IPv4 header's identification field (16 bits, unused
+  by TCP's atomic datagrams), which the receiving host copies into its conntrack mark. System
+  accounts (uid below ``first_user_uid``: root's hub and proxy, slurmd, slurmstepd) send 0; a user
+  this host does not know sends :data:`STRANGER`, which matches nobody;
+- the answer (SYN-ACK) of a portal user's listener goes out only when the mark is 0 (a system
+  service on this host or on a cluster host) or is the listener's own uid. Otherwise it is turned
+  into a reset, so the client gets "connection refused" at once and the listener never sees a
+  connection;
+- an answer that belongs to no socket (a SYN cookie: the kernel's answer when a listener's queue of
+  half-open connections is full) to a user's connection is a reset too, and a user once refused by
+  a port is refused at the door for :data:`REFUSED_FOR` before reaching it again, so that a burst of
+  refused attempts cannot fill the listener's queue (which would lock its owner out, or make the
+  kernel answer with cookies);
+- IPv6 from another host, and anything from a host outside the cluster, reaches no portal user's
+  listener (over the loopback IPv6 is told apart like IPv4).
 
-Between nodes the connecting socket's uid is not known on the listener's node, only where the
-connection comes from. So a portal user's listener answers a connection from another host only
-when that host is trusted (the login node: the hub and its proxy reach every session) or when the
-set ``peers`` holds (the listener's uid . the source address): the nodes where that user's own jobs
-run. Every other answer becomes a reset: bob's job on node2 gets "connection refused" from
-alice's service on node1, while her own batch job on node2 and the ranks of her multi-node jobs
-are answered. ``peers`` is kept by the Slurm controller's PrologSlurmctld/EpilogSlurmctld on every
-node (the demo's: config/demo/firewall-peers.sh.j2; see docs/admin.md).
+Tags are uids, so portal users' uids must be below 65535. A spoofed tag needs a raw socket
+(CAP_NET_RAW), which users do not have; and every host rewrites its SYNs' tag anyway.
 
 Root and system accounts (the hub, slurmd, slapd, munge) are not portal users: their services
-stay reachable, and they reach every session.
-
-Portal users are named in the table's sets: ``dsportal firewall up --uid ...`` sets them,
-``dsportal firewall add-user NAME`` adds one (from the Slurm ``Prolog``, before a job starts on
-the node; see docs/admin.md). The demo cluster adds its accounts, on every node.
+stay reachable, and they reach every session. Portal users are named in the table's sets:
+``dsportal firewall up UID...`` sets them, ``dsportal firewall add-user NAME`` adds one (from the
+Slurm ``Prolog``, before a job starts on the node; see docs/admin.md). A host must know the users
+whose listeners it protects and whose connections it sends: compute nodes the users of their jobs,
+login nodes every portal user. The demo cluster adds its accounts on every host.
+What it cannot separate: UDP (no handshake to answer), and services of non-portal accounts.
 """
 
 from __future__ import annotations
@@ -37,38 +46,85 @@ import subprocess
 from typing import Iterable
 
 TABLE = "dsportal_isolation"
+FIRST_USER_UID = 1000  # Debian's UID_MIN: below it, system accounts (the hub's included)
+STRANGER = 65535  # the tag of a user this host does not know: the listener's own uid it never is
+STRANGER_MARK = 0xFFFFFFFF
+REFUSED_FOR = "10s"
 
 
 class FirewallUnavailable(RuntimeError):
     """nft is missing or the kernel refused the table (no nf_tables, no CAP_NET_ADMIN)."""
 
 
-def _elements(uids: list[int], pair: bool = False, mapping: bool = False) -> str:
-    if not uids:
-        return ""
-    items = [f"{u} . {u}" if pair else f"{u} : {u}" if mapping else str(u) for u in uids]
-    return f" elements = {{ {', '.join(items)} }};"
-
-
-def ruleset(uids: Iterable[int], trusted: Iterable[str] = ()) -> str:
-    """The table, replacing any earlier one atomically (nft -f applies a file as one transaction).
-    ``trusted``: addresses whose connections every listener answers (the login node)."""
+def _checked(uids: Iterable[int]) -> list[int]:
     uids = sorted(set(int(u) for u in uids))
-    trusted = sorted(set(trusted))
-    trusted_elements = f" elements = {{ {', '.join(trusted)} }};" if trusted else ""
+    too_large = [u for u in uids if u >= STRANGER]
+    if too_large:
+        raise FirewallUnavailable(f"uid(s) {', '.join(map(str, too_large))} do not fit the node firewall's 16-bit "
+                                  f"tag (portal users' uids must be below {STRANGER})")
+    return uids
+
+
+def _user_elements(uids: list[int]) -> dict[str, str]:
+    """The elements of each per-user set and map (tag = uid, mark = uid)."""
+    def listed(items: list[str]) -> str:
+        return f" elements = {{ {', '.join(items)} }};" if items else ""
+    return {
+        "users": listed([str(u) for u in uids]),
+        "user_mark": listed([f"{u} : {u}" for u in uids]),
+        "same_user": listed([f"{u} . {u}" for u in uids]),
+        "user_tag": listed([f"{u} : {u}" for u in uids]),
+        "tag_mark": listed([f"{u} : {u}" for u in uids]),
+    }
+
+
+def ruleset(uids: Iterable[int], cluster: Iterable[str] = (), first_user_uid: int = FIRST_USER_UID) -> str:
+    """The table, replacing any earlier one atomically (nft -f applies a file as one transaction).
+    ``cluster``: the IPv4 addresses or networks of every host that runs this table (login and
+    compute nodes): their SYNs carry the sender's tag, and their system services reach users."""
+    e = _user_elements(_checked(uids))
+    cluster = sorted(set(cluster))
+    cluster_elements = f" elements = {{ {', '.join(cluster)} }};" if cluster else ""
+    syn = "tcp flags & (syn | ack) == syn"
     return f"""table inet {TABLE} {{}}
 delete table inet {TABLE}
 table inet {TABLE} {{
-  set users {{ type uid;{_elements(uids)} }}
-  map user_mark {{ type uid : mark;{_elements(uids, mapping=True)} }}
-  set same_user {{ type uid . mark;{_elements(uids, pair=True)} }}
-  set trusted {{ type ipv4_addr;{trusted_elements} }}
-  set peers {{ type uid . ipv4_addr; }}
+  set users {{ type uid;{e["users"]} }}
+  map user_mark {{ type uid : mark;{e["user_mark"]} }}
+  set same_user {{ type uid . mark;{e["same_user"]} }}
+  map user_tag {{ typeof meta skuid : ip id;{e["user_tag"]} }}
+  map tag_mark {{ typeof ip id : ct mark;{e["tag_mark"]} }}
+  set cluster {{ type ipv4_addr; flags interval;{cluster_elements} }}
+  set refused {{ typeof tcp dport . ct mark; flags timeout; timeout {REFUSED_FOR}; }}
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iif != "lo" {syn} ct mark set 0
+    iif != "lo" {syn} ip saddr @cluster ip id != 0 ct mark set {STRANGER_MARK:#x}
+    iif != "lo" {syn} ip saddr @cluster ct mark set ip id map @tag_mark
+    {syn} ct mark != 0 tcp dport . ct mark @refused counter reject with tcp reset comment "refused by this port a moment ago"
+  }}
   chain output {{
     type filter hook output priority 0; policy accept;
-    oif "lo" tcp flags & (syn | ack) == syn ct mark set meta skuid map @user_mark
-    oif "lo" tcp flags & (syn | ack) == (syn | ack) meta skuid @users ct mark != 0 meta skuid . ct mark != @same_user counter tcp flags set rst | ack comment "a portal user's listener answering another portal user"
-    oif != "lo" tcp flags & (syn | ack) == (syn | ack) meta skuid @users ip daddr != @trusted meta skuid . ip daddr != @peers counter tcp flags set rst | ack comment "a portal user's listener answering a host where that user has no job"
+    oif "lo" {syn} ct mark set 0
+    oif "lo" {syn} meta skuid >= {first_user_uid} ct mark set {STRANGER_MARK:#x}
+    oif "lo" {syn} ct mark set meta skuid map @user_mark
+    oif != "lo" {syn} ip daddr @cluster ip id set 0
+    oif != "lo" {syn} ip daddr @cluster meta skuid >= {first_user_uid} ip id set {STRANGER}
+    oif != "lo" {syn} ip daddr @cluster ip id set meta skuid map @user_tag
+    tcp flags & (syn | ack) == (syn | ack) jump answer
+  }}
+  chain answer {{
+    ct mark != 0 meta skuid . ct mark @same_user accept comment "the listener's own user"
+    ct mark != 0 meta skuid != @users accept comment "a system service or a non-portal account answering"
+    ct mark != 0 goto refuse comment "another user, or a SYN cookie (no socket) for a user"
+    meta skuid != @users accept
+    oif "lo" accept comment "a system service on this host: the hub, the proxy"
+    ip daddr @cluster accept comment "a system service of a cluster host: the hub, the proxy, slurmstepd"
+    goto refuse comment "IPv6 from another host, or a host outside the cluster"
+  }}
+  chain refuse {{
+    ct mark != 0 add @refused {{ tcp sport . ct mark }}
+    counter tcp flags set rst | ack
   }}
 }}
 """
@@ -86,39 +142,54 @@ def _nft(args: list[str], script: str | None = None, netns: str | None = None) -
     return result.stdout
 
 
-def up(uids: Iterable[int], trusted: Iterable[str] = (), netns: str | None = None) -> None:
-    _nft(["-f", "-"], ruleset(uids, trusted), netns)
+def up(uids: Iterable[int], cluster: Iterable[str] = (), netns: str | None = None) -> None:
+    _nft(["-f", "-"], ruleset(uids, cluster), netns)
 
 
-def add_users(uids: Iterable[int]) -> None:
-    uids = sorted(set(int(u) for u in uids))
+def add_users(uids: Iterable[int], netns: str | None = None) -> None:
+    uids = _checked(uids)
     if not uids:
         return
     _nft(["-f", "-"], "".join(
         f"add element inet {TABLE} users {{ {u} }}\n"
         f"add element inet {TABLE} user_mark {{ {u} : {u} }}\n"
-        f"add element inet {TABLE} same_user {{ {u} . {u} }}\n" for u in uids))
+        f"add element inet {TABLE} same_user {{ {u} . {u} }}\n"
+        f"add element inet {TABLE} user_tag {{ {u} : {u} }}\n"
+        f"add element inet {TABLE} tag_mark {{ {u} : {u} }}\n" for u in uids), netns)
 
 
-def down() -> None:
+def down(netns: str | None = None) -> None:
     try:
-        _nft(["delete", "table", "inet", TABLE])
+        _nft(["delete", "table", "inet", TABLE], netns=netns)
     except FirewallUnavailable as error:
         if "No such file" not in str(error):
             raise
 
 
-def users(netns: str | None = None) -> list[int] | None:
-    """The portal users the table separates, or None when it is not in place."""
+def _set_elements(name: str, netns: str | None) -> list | None:
     try:
-        out = _nft(["-j", "list", "set", "inet", TABLE, "users"], netns=netns)
+        out = _nft(["-j", "list", "set", "inet", TABLE, name], netns=netns)
     except FirewallUnavailable:
         return None
     for item in json.loads(out).get("nftables", []):
         if "set" in item:
-            return sorted(int(e) for e in item["set"].get("elem", []))
+            return item["set"].get("elem", [])
     return []
 
 
+def users(netns: str | None = None) -> list[int] | None:
+    """The portal users the table separates, or None when it is not in place."""
+    elements = _set_elements("users", netns)
+    return None if elements is None else sorted(int(e) for e in elements)
+
+
+def cluster_hosts(netns: str | None = None) -> list[str] | None:
+    """The addresses (or networks) the table takes for hosts of the cluster, None without a table."""
+    elements = _set_elements("cluster", netns)
+    if elements is None:
+        return None
+    return sorted(e if isinstance(e, str) else "{addr}/{len}".format(**e["prefix"]) for e in elements)
+
+
 def uid_of(name_or_uid: str) -> int:
-    return int(name_or_uid) if str(name_or_uid).isdigit() else pwd.getpwnam(name_or_uid).pw_uid
+    return int(name_or_uid) if str(name_or_uid).isascii() and str(name_or_uid).isdigit() else pwd.getpwnam(name_or_uid).pw_uid

@@ -7,21 +7,21 @@ import subprocess
 from .. import firewall
 from ..check import HIDEPID_INVISIBLE, proc_hidepid
 from .base import directory, say
-from .network import LOGIN_ADDRESS, namespace, node_names
+from .network import LOGIN_ADDRESS, address, namespace, node_names
 
 
 def ensure_firewall() -> None:
-    """The node firewall on every node, the demo's accounts as portal users, the login node trusted
-    (see portal/cluster/firewall.py). The login node's own table is always renewed (no jobs run
-    there); a compute node's only when its users differ, since renewing empties its peers."""
+    """The node firewall on every host of the cluster, the login node included (users have shells
+    there), with the demo's accounts as portal users (see portal/cluster/firewall.py). Renewed on
+    every `make demo`: one atomic nft transaction, and it holds no state worth keeping."""
     uids = sorted(int(u["uid"]) for u in directory()["users"])
+    cluster = [LOGIN_ADDRESS, *(address(node) for node in node_names())]
     try:
-        firewall.up(uids, [LOGIN_ADDRESS])
+        firewall.up(uids, cluster)
         for node in node_names():
-            if firewall.users(namespace(node)) != uids:
-                firewall.up(uids, [LOGIN_ADDRESS], namespace(node))
-                say(f"node firewall on {node}: TCP services of the {len(uids)} demo users answer only themselves "
-                    "and their own jobs")
+            firewall.up(uids, cluster, namespace(node))
+        say(f"node firewall on the login node and {', '.join(node_names())}: TCP services of the {len(uids)} demo "
+            "users answer only their own user, from any host")
     except firewall.FirewallUnavailable as error:
         say(f"node firewall unavailable ({error}): users' TCP ports stay reachable from other users' "
              "processes (sessions' /proxy/ and files are still private)")

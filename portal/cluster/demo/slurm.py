@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
-from .base import alive, paths, render, run, say, slurm_conf_path, slurm_env, stop_pid, wait_for, write_if_changed
-from .network import LOGIN_ADDRESS, NODES, address, in_node, namespace, node_names
+from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
+from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
@@ -110,10 +110,6 @@ def write_slurm_conf() -> bool:
     gres = "".join(
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
     )
-    for action in ("add", "remove"):  # PrologSlurmctld, EpilogSlurmctld: the node firewall's peers
-        write_if_changed(p.slurm / f"firewall-peers-{action}.sh", render(
-            "firewall-peers.sh.j2", action=action, slurm_conf=slurm_conf_path(),
-            nodes=[{**node, "namespace": namespace(node["name"])} for node in nodes]), 0o755)
     cgroup = render("cgroup.conf.j2")
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     write_node_confs(conf)
@@ -137,7 +133,9 @@ def write_node_confs(conf: str) -> None:
         tmp = p.root / "nodes" / node / "tmp"
         for made in (folder, tmp):
             made.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o1777)
+        # root's alone (slurmstepd makes each step's PMIx folder there and gives it to the job's
+        # user): a user who could write here could take another user's next folder name first.
+        os.chmod(tmp, 0o755)
         for name in SLURM_CONF_FILES[1:]:
             link = folder / name
             if not link.is_symlink():
