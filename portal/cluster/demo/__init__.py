@@ -23,7 +23,7 @@ from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
 from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub
-from .node import ensure_firewall, ensure_private_processes
+from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .network import ensure_network, network_status, remove_hosts, remove_network
 from .slurm import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 
@@ -57,6 +57,7 @@ def down() -> None:
     stop_accounting()
     stop_ldap()
     stop_munge()
+    remove_firewall()
     remove_network()
     remove_hosts()
 

@@ -27,6 +27,14 @@ def ensure_firewall() -> None:
              "processes (sessions' /proxy/ and files are still private)")
 
 
+def remove_firewall() -> None:
+    """The login node's table (the machine's own); the nodes' go with their network namespaces."""
+    try:
+        firewall.down()
+    except firewall.FirewallUnavailable as error:
+        say(f"node firewall of the login node left in place: {error}")
+
+
 def ensure_private_processes() -> None:
     """/proc with hidepid=invisible: a user sees only their own processes (with their command
     lines and working folders), as on a machine of their own; root (slurmd, the hub) sees all.
