@@ -8,7 +8,11 @@ user planted cannot make root overwrite anything). Nobody else can read a sessio
 
 The hub and its proxy connect to ``https://<node>:<port>``, so a session's certificate names
 every compute node (:func:`node_alt_names`): the node is known only once Slurm has placed the
-job, after the certificate was made.
+job, after the certificate was made. It also names its user (:func:`user_host_name`,
+``DNS:<user>.users.dsportal.invalid``): when a session ends, another user may bind its port before
+the hub drops the route, and her own certificate names the node too. The proxy
+(portal/hub/proxy.js) and the hub's checks (portal/hub/routeowner.py) talk to a user's route only
+when the certificate names that user.
 
 A session's server asks its clients for a certificate of the hub's or the proxy's. The kernels
 of the session call their own server too (``%tensorboard``): each user has a CA of their own in
@@ -22,6 +26,7 @@ import asyncio
 import hashlib
 import ipaddress
 import pwd
+import re
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +34,7 @@ from pathlib import Path
 from certipy import Certipy, CertNotFoundError
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from portal.cluster.slurm import Slurm, SlurmError
 
@@ -44,6 +50,20 @@ def _alt_name(name: str) -> str:
     except ValueError:
         return f"DNS:{name}"
     return f"IP:{name}"
+
+
+USERS_DOMAIN = "users.dsportal.invalid"  # .invalid: never a real host's name (RFC 2606)
+_PLAIN_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+def user_host_name(user: str) -> str:
+    """The name in a session certificate that says whose session it is: ``<user>.users.dsportal.invalid``.
+    A user name that is not a plain DNS label (capitals, dots, other characters, or '--' where
+    punycode puts it) is written ``xx--<SHA-256 of the name, 56 hex digits>``, so that no two users
+    share a name. portal/hub/proxy.js computes the same (userHostName)."""
+    if _PLAIN_LABEL.fullmatch(user) and user[2:4] != "--":
+        return f"{user}.{USERS_DOMAIN}"
+    return f"xx--{hashlib.sha256(user.encode()).hexdigest()[:56]}.{USERS_DOMAIN}"
 
 
 NODES_MAX_AGE = 300.0  # nodes come and go rarely: a start does not wait for a fresh sinfo
@@ -67,7 +87,9 @@ REUSE_MIN_VALIDITY = timedelta(days=7)  # a certificate this close to its end is
 
 def _still_fits(record: dict, names: list[str]) -> bool:
     """The user's last session certificate fits this start: signed by today's notebooks CA, for
-    exactly ``names``, valid for another week, its key still in the store."""
+    exactly ``names`` (the user's own name among them: a certificate made before certificates
+    named their user does not fit, and is made anew), valid for another week, its key still in
+    the store."""
     try:
         cert = x509.load_pem_x509_certificate(Path(record["files"]["cert"]).read_bytes())
         cert.verify_directly_issued_by(x509.load_pem_x509_certificate(Path(record["files"]["ca"]).read_bytes()))
@@ -83,11 +105,11 @@ def _still_fits(record: dict, names: list[str]) -> bool:
 
 def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: str) -> dict:
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
-    localhost and ``alt_names``), made here so that the hub can make it off its event loop. The
+    localhost and ``alt_names``, plus the user's own name), made here so that the hub can make it off its event loop. The
     user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
     costs 50-80 ms of the hub's CPU (the CA's RSA key loaded and checked, an RSA key made, the
     store rewritten), which every start waited for and a class of 30 paid 30 times over."""
-    names = ["DNS:localhost", "IP:127.0.0.1", *alt_names]
+    names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
     with _STORE:
         store = Certipy(store_dir=store_dir)
         try:
@@ -97,6 +119,20 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
         if record is None or record.get("parent_ca") != "notebooks-ca" or not _still_fits(record, names):
             record = store.create_signed_pair(f"user-{user}", "notebooks-ca", alt_names=names, overwrite=True)
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
+
+
+def issued_certificate(store_dir: str, user: str) -> bytes | None:
+    """The session certificate the hub last made for ``user`` (DER), the one her running session
+    presents; None if there is none."""
+    with _STORE:
+        try:
+            record = Certipy(store_dir=store_dir).store.get_record(f"user-{user}")
+        except CertNotFoundError:
+            return None
+    try:
+        return x509.load_pem_x509_certificate(Path(record["files"]["cert"]).read_bytes()).public_bytes(Encoding.DER)
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:

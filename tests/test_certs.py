@@ -1,10 +1,18 @@
-"""A user's session certificate is made once and used again while it fits (spawner/certs.py)."""
+"""A user's session certificate names its user, and is made once and used again while it fits
+(spawner/certs.py)."""
 
 from __future__ import annotations
 
-from certipy import Certipy
+import json
+import subprocess
+from pathlib import Path
 
-from spawner.certs import session_pair
+from certipy import Certipy
+from cryptography import x509
+
+from spawner.certs import session_pair, user_host_name
+
+PROXY_JS = Path(__file__).resolve().parent.parent / "portal/hub/proxy.js"
 
 NODES = ["DNS:node1", "IP:198.51.100.11", "DNS:node2", "IP:198.51.100.12"]
 
@@ -34,3 +42,33 @@ def test_a_new_notebooks_ca_means_a_new_certificate(tmp_path):
     first = _pair(store, NODES)
     Certipy(store_dir=store).create_ca("notebooks-ca", overwrite=True)  # the hub's CA made anew
     assert _pair(store, NODES) != first
+
+
+def _dns_names(cert_pem: str) -> list[str]:
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+
+
+def test_a_certificate_names_its_user_and_one_made_before_that_is_made_anew(tmp_path):
+    store = _store(tmp_path)
+    # alice's certificate as the hub made it before certificates named their user: it still fits
+    # everything else (same CA, same nodes, valid for years), so it was used again at each start.
+    old = Certipy(store_dir=store).create_signed_pair("user-alice", "notebooks-ca",
+                                                      alt_names=["DNS:localhost", "IP:127.0.0.1", *NODES])
+    old_pair = open(old["files"]["cert"]).read(), open(old["files"]["key"]).read()
+    cert, key = _pair(store, NODES)
+    assert (cert, key) != old_pair and key != old_pair[1]  # made anew, with a new key
+    assert "alice.users.dsportal.invalid" in _dns_names(cert) and "node1" in _dns_names(cert)
+    assert _pair(store, NODES) == (cert, key)  # and from then on used again while it fits
+
+
+def test_the_proxy_reads_user_names_in_certificates_as_the_hub_writes_them():
+    names = ["alice", "bob", "first_last", "a", "x" * 63, "x" * 64, "ab--c", "xx--1", "Alice", "j.doe",
+             "-x", "x-", "ünï", "a b", "o'neil"]
+    script = ("const {userHostName} = require(process.argv[1]);"
+              "console.log(JSON.stringify(JSON.parse(process.argv[2]).map(userHostName)))")
+    from_node = subprocess.run(["node", "-e", script, str(PROXY_JS), json.dumps(names)],
+                               capture_output=True, text=True, check=True).stdout
+    assert json.loads(from_node) == [user_host_name(name) for name in names]
+    assert len({user_host_name(name) for name in names}) == len(names)
+    assert user_host_name("alice") == "alice.users.dsportal.invalid"

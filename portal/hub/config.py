@@ -21,6 +21,7 @@ from .. import templating
 from . import metrics
 from .auth import configure_ldap
 from .portreport import install_port_handler
+from .routeowner import check_sessions_by_their_certificate, proxy_command
 
 
 def session_ended(user) -> str:
@@ -40,10 +41,13 @@ def _proxy_command(command: list[str]) -> list[str]:
 def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     """TLS between hub, proxy and sessions: JupyterHub's internal_ssl, its certificates under the
     hub's data folder. The hub's certificate also names the address the compute nodes reach it at;
-    each session's names its node (spawner/slurm.py)."""
+    each session's names its node (spawner/slurm.py) and its user: the proxy and the hub's checks
+    talk to a user's route only if its certificate is that user's (portal/hub/routeowner.py)."""
     c.JupyterHub.internal_ssl = True
     if not hasattr(jupyterhub.user.make_ssl_context, "original"):
         jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
+    check_sessions_by_their_certificate()
+    c.ConfigurableHTTPProxy.command = proxy_command(_proxy_command(hub.proxy_command))
     c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")
     names = {urlparse(url).hostname for url in (hub.hub_bind_url, hub.hub_connect_url) if url}
     c.JupyterHub.trusted_alt_names = sorted(f"{'IP' if _is_address(n) else 'DNS'}:{n}" for n in names

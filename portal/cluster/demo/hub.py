@@ -33,7 +33,7 @@ def code_fingerprint() -> str:
     roots = [Path(__file__).parents[2], Path(spawner.__file__).parent]
     for root in roots:
         for path in sorted(root.rglob("*")):
-            if path.suffix in (".py", ".j2", ".yaml") and path.is_file():
+            if path.suffix in (".py", ".j2", ".yaml", ".js") and path.is_file():  # .js: the proxy's wrapper
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
