@@ -26,8 +26,10 @@ def _default_config() -> Path:
 
 CONFIG_ENV = "DSPORTAL_CONFIG"
 
-_WALLTIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$")
-_MEMORY = re.compile(r"^(\d+)\s*([KMGT]?)B?$", re.IGNORECASE)
+# ASCII digits only ([0-9], not \d): "٢" (Arabic-Indic two) is a \d and int() takes it as 2.
+_WALLTIME = re.compile(r"(?:([0-9]+)-)?([0-9]{1,2}):([0-9]{2}):([0-9]{2})")
+_MEMORY = re.compile(r"([0-9]+)\s*([KMGT]?)B?", re.IGNORECASE)
+_WHOLE = re.compile(r"-?[0-9]+")
 # A value that may appear on an #SBATCH line or in a Slurm name: no blanks, quotes or shell syntax.
 SLURM_TOKEN = re.compile(r"^[A-Za-z0-9_.:@%+=,/-]+$")
 
@@ -38,13 +40,20 @@ class SettingsError(ValueError):
 
 def parse_walltime(text: str) -> int:
     """'D-HH:MM:SS' or 'HH:MM:SS' -> seconds."""
-    match = _WALLTIME.match(str(text).strip())
+    match = _WALLTIME.fullmatch(str(text).strip())
     if not match:
         raise ValueError(f"{text!r} is not a walltime like 08:00:00 or 1-12:00:00")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
     if minutes > 59 or seconds > 59:
         raise ValueError(f"{text!r}: minutes and seconds must be below 60")
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def whole_number(text: str) -> int | None:
+    """'12' -> 12, '-3' -> -3 (blanks around ignored); None for anything else. ASCII digits only:
+    '²' passes str.isdigit() and then fails int(), and int() takes '٢' (Arabic-Indic) as 2."""
+    text = text.strip() if isinstance(text, str) else ""
+    return int(text) if _WHOLE.fullmatch(text) else None
 
 
 def format_walltime(seconds: int) -> str:
@@ -93,7 +102,7 @@ def described(value) -> str:
 
 def parse_memory_mb(text: str | int) -> int:
     """'48G', '512M', '1T' or a bare number of megabytes -> megabytes."""
-    match = _MEMORY.match(str(text).strip())
+    match = _MEMORY.fullmatch(str(text).strip())
     if not match:
         raise ValueError(f"{text!r} is not a memory size like 48G or 4096M")
     number, unit = int(match.group(1)), match.group(2).upper()
@@ -147,6 +156,21 @@ class SlurmSettings(_Model):
     )
 
 
+class LoginThrottleSettings(_Model):
+    """Failed logins: a guesser gets slow, a neighbour cannot keep an account's owner out for long."""
+
+    free_failures: int = Field(5, ge=1, description="Wrong passwords for one account from one address before "
+                               "each further attempt from there must wait (a success clears them).")
+    first_delay: float = Field(5.0, gt=0, description="Seconds the first wait lasts; it doubles with each failure.")
+    max_delay: float = Field(60.0, gt=0, description="The longest wait per account and address, in seconds.")
+    account_failures: int = Field(20, ge=1, description="Wrong passwords for one account from any addresses within "
+                                  "account_window that refuse it for account_lock seconds, except from addresses "
+                                  "it logged in from before.")
+    account_window: float = Field(300.0, gt=0, description="Seconds over which account_failures are counted.")
+    account_lock: float = Field(30.0, gt=0, description="Seconds an account is refused once account_failures "
+                                "is reached (keep it short: anyone can trigger it).")
+
+
 class LdapSettings(_Model):
     server_address: str = "127.0.0.1"
     server_port: int = Field(389, gt=0, lt=65536)
@@ -161,6 +185,8 @@ class LdapSettings(_Model):
         8.0, gt=0, description="Seconds a whole login may take; past it the login page says the login service "
         "is not answering. Logins run off the hub's event loop, so a hung LDAP never stalls other users.",
     )
+    throttle: LoginThrottleSettings = Field(
+        default_factory=LoginThrottleSettings, description="Failed logins: refused for a while, without asking LDAP.")
 
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"

@@ -11,7 +11,7 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from portal.settings import Profile, format_walltime, described, parse_memory_mb, parse_walltime, shown
+from portal.settings import Profile, format_walltime, described, parse_memory_mb, parse_walltime, shown, whole_number
 
 
 class RequestError(ValueError):
@@ -34,9 +34,10 @@ class SessionSlice:
 def _as_int(name: str, value) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if not isinstance(value, str) or not value.strip().isdigit():
-        raise RequestError(f"{name} must be a whole number, not {described(value)}")
-    return int(value.strip())
+    number = whole_number(value)
+    if number is None or number < 0:  # digits 0-9 only: whole_number refuses '²' and '٢'
+        raise RequestError(f"{name} must be a whole number (digits 0-9), not {described(value)}")
+    return number
 
 
 def session_slice(profile: Profile, gpus=None, walltime=None) -> SessionSlice:

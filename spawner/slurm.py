@@ -48,9 +48,12 @@ def shared_slurm(conf: str, bin_dir: str, submit_as: str, squeue_interval: float
 class SpawnFailed(SpawnException):
     """The session job was refused, or ended before JupyterLab answered; the message is for the user."""
 
-    def __init__(self, message: str, *, reason: str = "job-failed", status_code: int = 500):
-        super().__init__(message, reason=reason, status_code=status_code)
-        self.jupyterhub_message = message  # shown as is on the spawn page and in the progress stream
+    def __init__(self, message: str, *, reason: str = "job-failed", status_code: int = 500, private: str = "",
+                 logged: str = ""):
+        # The hub logs str(self): ``logged`` (else the message). ``private`` (the user's own log
+        # lines) is shown to her alone, on the spawn page and in the progress stream.
+        super().__init__(logged or message, reason=reason, status_code=status_code)
+        self.jupyterhub_message = f"{message}{private}"
 
 
 class RequestRefused(SpawnFailed):
@@ -314,9 +317,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                                               not_before=getattr(self, "_submitted_wall", None))).strip()
         state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
         message = f"Session job {job_id} {what} ({state})."
-        if tail:
-            message += f" Last lines of {log_path}:\n{tail}"
-        return SpawnFailed(message)
+        if not tail:
+            return SpawnFailed(message)
+        # Her log's lines are hers: shown to her, while the hub's log names the file.
+        return SpawnFailed(message, private=f" Last lines of {log_path}:\n{tail}",
+                           logged=f"{message} Last lines of {log_path} shown to {self.user.name}.")
 
     async def start(self):
         self.last_end = ""

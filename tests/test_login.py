@@ -1,8 +1,13 @@
 """LDAP login: who gets in, who is refused, and what the login page tells them."""
 
+import random
+import re
 import pytest
+import requests
+import yaml
+from requests.adapters import HTTPAdapter
 
-from conftest import PASSWORDS
+from conftest import CONFIG, HUB, PASSWORDS
 from hubclient import HubUser
 
 REFUSAL = "Invalid username or password"
@@ -34,3 +39,66 @@ def test_refused_with_a_message_on_the_login_page(portal, name, password):
     assert REFUSAL in response.text
     # and no session was handed out
     assert user.web.get(f"{portal}/hub/api/user").status_code == 403
+
+
+# Issue 27: failed logins are throttled (ldap.throttle in config/portal.yaml: 5 free failures per
+# account and address, then 5 s doubling up to 60 s; 20 per account from any address lock it for
+# 30 s, except from addresses it logged in from before). A neighbour with a shell on the login
+# node can connect from any loopback address (127.0.0.N): each is a client address of its own.
+
+
+class FromAddress(HTTPAdapter):
+    def __init__(self, address: str):
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, source_address=(self.address, 0), **kwargs)
+
+
+def from_address(name: str, address: str) -> HubUser:
+    user = HubUser(HUB, name)
+    user.web.mount("http://", FromAddress(address))
+    return user
+
+
+def logins_counted(admin) -> dict[str, float]:
+    # A hub page: served at the hub's own host (hub.subdomain_host, where set), which a token's
+    # request must name itself (requests drops the token on a redirect to another host).
+    pages = yaml.safe_load(CONFIG.read_text())["hub"].get("subdomain_host") or HUB
+    text = requests.get(f"{pages}/hub/metrics", headers={"Authorization": f"token {admin.token}"}, timeout=30).text
+    found = re.findall(r'^dsportal_logins_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {outcome: float(value) for outcome, value in found}
+
+
+def test_a_guesser_waits_longer_after_each_failure_and_ldap_is_not_asked(portal, admin):
+    guesser = from_address("alice", f"127.0.0.{random.randint(100, 250)}")
+    for attempt in range(5):
+        assert guesser.login(f"guess-{attempt}").status_code == 403
+    before = logins_counted(admin)
+    refused = guesser.login("guess-5")
+    assert refused.status_code == 429, refused.status_code
+    assert "Too many failed logins for alice; try again in 5 s." in refused.text
+    # The right password from that address waits too (else guessing would only be slower to see).
+    assert guesser.login(PASSWORDS["alice"]).status_code == 429
+    after = logins_counted(admin)
+    assert after.get("throttled", 0) - before.get("throttled", 0) == 2
+    assert after.get("refused", 0) == before.get("refused", 0), "a throttled attempt reached LDAP"
+    # alice, from her own address, is not kept out by it.
+    assert HubUser(portal, "alice").login(PASSWORDS["alice"]).status_code == 302
+
+
+def test_a_neighbour_cannot_lock_alice_out_of_her_usual_address(portal):
+    assert HubUser(portal, "alice").login(PASSWORDS["alice"]).status_code == 302  # her usual address
+    refused = None
+    for attempt in range(25):  # each from an address of its own: the per-account limit must hold
+        response = from_address("alice", f"127.0.1.{10 + attempt}").login("wrong")
+        if response.status_code == 429:
+            refused = response
+            break
+        assert response.status_code == 403
+    assert refused is not None, "25 wrong passwords for alice from 25 addresses were all sent to LDAP"
+    wait = int(re.search(r"try again in (\d+) s", refused.text).group(1))
+    assert 0 < wait <= 30, refused.text  # a short lock, for addresses alice never used
+    assert HubUser(portal, "alice").login(PASSWORDS["alice"]).status_code == 302
+    assert HubUser(portal, "bob").login(PASSWORDS["bob"]).status_code == 302

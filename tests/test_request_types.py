@@ -68,3 +68,31 @@ def test_port_reports_of_the_wrong_type_get_400(alice):
     # A well-formed one from her (not from the job being started) is still refused, as before.
     assert alice.api("POST", "/hub/api/batchspawner", json={"port": 1234, "job_id": "1"}).status_code == 409
     assert alice.api("GET", "/user/alice/api/status").status_code == 200
+
+
+# Issue 27: digits other than 0-9 pass str.isdigit() ('²', superscript two, then fails int(): a
+# 500) or are read by int() ('٢', Arabic-Indic two, taken as 2). Refused in words, nothing submitted.
+NOT_ASCII_DIGITS = ["²", "٢", "１", "2²"]
+
+
+def test_spawn_requests_with_digits_other_than_0_to_9_get_400(alice):
+    cases = [("gpus", value) for value in NOT_ASCII_DIGITS] + [("walltime", "٠١:٠٠:٠٠"), ("walltime", "01:٠٠:00")]
+    for field, value in cases:
+        response = alice.start_server({"profile": "gpu", "gpus": 1, field: value})
+        assert response.status_code == 400, (field, value, response.status_code, response.text[:300])
+        message = response.json()["message"]
+        assert ("whole number (digits 0-9)" if field == "gpus" else "is not a walltime") in message, message
+    assert not active_jobs("alice")
+    assert not alice.model()["servers"]
+
+
+def test_job_requests_with_digits_other_than_0_to_9_get_400(alice):
+    alice.spawn({"profile": "cpu"})
+    jobs_before = {j["job_id"] for j in active_jobs("alice")}
+    cases = [(field, value) for field in JOB_NUMBER_FIELDS for value in NOT_ASCII_DIGITS]
+    for field, value in cases + [("walltime", "٠٠:١٠:٠٠")]:
+        response = alice.api("POST", "/user/alice/dsportal/api/jobs", json={"code": "print(1)", "nodes": 1, field: value})
+        assert response.status_code == 400, (field, value, response.status_code, response.text[:300])
+        message = response.json()["message"]
+        assert "refused" in message and field in message, (field, value, message)
+    assert {j["job_id"] for j in active_jobs("alice")} == jobs_before, "a refused request submitted a job"

@@ -33,6 +33,11 @@ SLURM_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+# A user's file the hub shows her (her session's log): at most its last TAIL_BYTES, lines cut.
+TAIL_BYTES = 64 * 1024
+LINE_CHARS = 500
+# What of the hub's environment its Slurm commands get (the locale, where Slurm and munge are).
+PASSED_ON = {"PATH", "LANG", "LANGUAGE", "TZ", "SLURM_CONF", "MUNGE_SOCKET"}
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "SUSPENDED"}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 
@@ -133,7 +138,7 @@ def profile_of(comment: str) -> str:
 def job_gpus(environ=os.environ) -> set[int]:
     """The job's GPUs as device minor numbers (/dev/nvidiaN), as Slurm names them."""
     value = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
-    return {int(part) for part in value.split(",") if part.strip().isdigit()}
+    return {int(part) for part in value.split(",") if part.strip().isascii() and part.strip().isdigit()}
 
 
 def _exit_status(raw) -> int:
@@ -294,8 +299,14 @@ class Slurm:
 
     # -- running commands -------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(extra if extra is not None else os.environ)
+        """A command's environment: what the hub's own holds that a Slurm client needs, and ``extra``.
+
+        Never the hub's whole environment: a command run as the user (and sbatch's job, which gets
+        sbatch's environment) is hers to read in /proc/PID/environ, and the hub holds secrets
+        (JUPYTERHUB_CRYPT_KEY, CONFIGPROXY_AUTH_TOKEN, LDAP passwords, API keys)."""
+        env = {name: value for name, value in os.environ.items() if name in PASSED_ON or name.startswith("LC_")}
         env.setdefault("PATH", SAFE_PATH)
+        env.update(extra or {})
         if self.conf:
             env["SLURM_CONF"] = str(self.conf)
         return env
@@ -390,7 +401,7 @@ class Slurm:
             return Job(job_id=int(job_id), user=record["User"], name=record["JobName"],
                        state=(record["State"].split() or ["UNKNOWN"])[0], reason=record.get("Reason") or "None",
                        partition=record["Partition"], batch_host="", nodes=record.get("NodeList", ""), stdout="",
-                       exit_code=int(exit_code) if exit_code.isdigit() else 0, start_time=0, submit_time=0)
+                       exit_code=int(exit_code) if exit_code.isascii() and exit_code.isdigit() else 0, start_time=0, submit_time=0)
         return None
 
     async def nodes(self, max_age: float = 10.0) -> list[Node]:
@@ -420,16 +431,19 @@ class Slurm:
         return partition_resources(await self.nodes(max_age))
 
     async def read_as_user(self, user: str, path: str, lines: int = 30, not_before: float | None = None) -> str:
-        """Tail a file the user owns, with the user's rights (a symlink cannot leak root's files);
-        "" when it was last written before ``not_before`` (a time.time() value)."""
+        """The last ``lines`` lines of a file the user owns, read with the user's rights (a symlink
+        she planted cannot show her a file she may not read); "" when it was last written before
+        ``not_before`` (a time.time() value). Her file, her size: only its last TAIL_BYTES are read,
+        and each line is cut to LINE_CHARS, so a log of one huge line costs the hub nothing."""
         try:
             if not_before is not None:
                 modified = await self.run(self.as_user(user, ["stat", "-c", "%Y", "--", path]))
                 if float(modified.strip() or 0) < int(not_before) - 1:
                     return ""
-            return await self.run(self.as_user(user, ["tail", "-n", str(int(lines)), "--", path]))
+            tail = await self.run(self.as_user(user, ["tail", "-c", str(TAIL_BYTES), "--", path]))
         except SlurmError as error:
-            return f"(log {path} unreadable: {error})"
+            return f"(log {path} unreadable: {str(error)[:LINE_CHARS]})"
+        return bounded_tail(tail, lines)
 
     async def make_private_dir_as_user(self, user: str, path: str) -> None:
         """mkdir -p as the user, every folder it makes below the home 0700, and the folders of the
@@ -455,6 +469,13 @@ class Slurm:
     async def partitions(self) -> list[str]:
         out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])
         return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def bounded_tail(text: str, lines: int) -> str:
+    """The last ``lines`` lines of ``text``, each cut to LINE_CHARS (marked where cut)."""
+    kept = text.splitlines()[-max(0, int(lines)):] if lines else []
+    return "\n".join(line if len(line) <= LINE_CHARS else f"{line[:LINE_CHARS]} [... {len(line) - LINE_CHARS} more characters]"
+                     for line in kept)
 
 
 def command_name(argv: list[str]) -> str:

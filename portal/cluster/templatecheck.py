@@ -35,6 +35,7 @@ from ..templatesources import notebooks
 
 CHECK_ENV = "DSPORTAL_TEMPLATE_CHECK"
 RUN_MARK = "DSPORTAL_TEMPLATE_RUN"
+RESULT_CHARS = 64 * 1024  # the longest line root reads from a runner (a result is far shorter)
 
 
 def run_one(notebook: Path, timeout: int) -> dict:
@@ -133,6 +134,20 @@ def _runner_main(argv: list[str]) -> int:
     return 0
 
 
+def _result(line: str) -> dict:
+    """A runner's JSON line as the result it must be; ValueError for anything else."""
+    result = json.loads(line)
+    if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
+        raise ValueError("not a result")
+    return {"notebook": _printable(result.get("notebook", "")), "passed": result["passed"],
+            "seconds": float(result.get("seconds") or 0), "error": _printable(result.get("error") or "")}
+
+
+def _printable(value) -> str:
+    """Text from the user's runner, as root's terminal may show it: short, no control characters."""
+    return "".join(char if char.isprintable() else "?" for char in str(value)[:300])
+
+
 class NoCheckUser(Exception):
     """No portal user to run a source's notebooks as; the message says what to pass instead."""
 
@@ -213,13 +228,13 @@ def users_for(settings, sources: list, user: str | None) -> dict[str, tuple[str,
 
 
 def _user_env(settings, user: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JUPYTER", "DSPORTAL_LAUNCH"))}
+    """The runner's whole environment, built here: what a session of the user's would hold that
+    a notebook needs, never root's own (its secrets, PYTHON* variables, ...)."""
     prefix = str(settings.session.environment)
-    env.update(settings.slurm_env())
-    env[CHECK_ENV] = "1"
-    env["PATH"] = f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin"
     entry = pwd.getpwnam(user)
-    env.update(HOME=entry.pw_dir, USER=user, LOGNAME=user)
+    env = {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": entry.pw_dir, "USER": user,
+           "LOGNAME": user, "SHELL": entry.pw_shell or "/bin/sh", "LANG": os.environ.get("LANG") or "C.UTF-8",
+           "TERM": "dumb", CHECK_ENV: "1", **settings.slurm_env()}
     profiles = [p for p in settings.profiles if may_use(p, unix_groups(user))]
     if profiles:  # what the hub would give this user's session: the job launcher works in templates
         default = settings.profile().name if settings.profile() in profiles else profiles[0].name
@@ -232,21 +247,28 @@ def _user_env(settings, user: str) -> dict[str, str]:
 def _run_as(settings, user: str, rows: list[Row], timeout: int, log, out) -> tuple[list[dict], str | None]:
     """One runner process as ``user`` for its notebooks: prints and returns a result per notebook,
     and what went wrong if the runner stopped early."""
-    command = [f"{settings.session.environment}/bin/python", "-m", "portal.cluster.templatecheck", str(timeout),
-               *[str(row.notebook) for row in rows]]
+    # -I: the runner's imports come from the session environment only, never from its folder, a
+    # PYTHONPATH or the user's site-packages (with plain -m, a module planted in the folder, /tmp
+    # for one, would be imported first and run as this user); and it runs in a folder nobody writes.
+    command = [f"{settings.session.environment}/bin/python", "-I", "-m", "portal.cluster.templatecheck",
+               str(timeout), *[str(row.notebook) for row in rows]]
     if user != pwd.getpwuid(os.geteuid()).pw_name:
         command = [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", *command]
     print(f"#### {len(rows)} notebook(s) as {user}", file=log, flush=True)
     # The kernels' own chatter (TensorFlow start-up, ...) and full tracebacks go to the log.
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                            env=_user_env(settings, user), cwd="/tmp")
+                            env=_user_env(settings, user), cwd="/")
     results, pending = [], iter(rows)
-    for line in proc.stdout:
+    # The runner runs as the user, who may make it print anything: one line at most RESULT_CHARS.
+    for line in iter(lambda: proc.stdout.readline(RESULT_CHARS), ""):
         try:
-            result = json.loads(line)
-        except ValueError:
+            result = _result(line)
+        except (ValueError, TypeError):
             continue
-        result["name"] = next(pending).name
+        row = next(pending, None)
+        if row is None:  # more results than notebooks: not from the runner's own code
+            break
+        result["name"] = row.name
         results.append(result)
         verdict = "PASS" if result["passed"] else "FAIL"
         print(f"  {verdict}  {result['name']:<44} {result['seconds']:7.1f} s"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import re
 
 import ldap3
 from ldap3.core.exceptions import LDAPBindError, LDAPCommunicationError, LDAPResponseTimeoutError
@@ -21,7 +22,9 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 from traitlets import Float, Integer
 
+from ..settings import human_duration
 from . import metrics
+from .loginthrottle import LoginThrottle
 
 NOT_ANSWERING = "The login service (LDAP) is not answering right now. Please try again in a minute."
 
@@ -33,6 +36,23 @@ class LoginServiceUnavailable(web.HTTPError):
         super().__init__(503, NOT_ANSWERING)
 
 
+class TooManyFailedLogins(web.HTTPError):
+    """The account (from this address) failed too often: the login form says how long to wait, 429."""
+
+    def __init__(self, username: str, seconds: int):
+        super().__init__(429, f"Too many failed logins for {username}; try again in {human_duration(seconds)}.")
+
+
+def client_address(handler) -> str:
+    """Who is logging in: the address the proxy saw (it appends it last to X-Forwarded-For), else
+    the connection's. Not tornado's remote_ip, which takes a client's own X-Real-Ip header as is."""
+    if handler is None:
+        return ""
+    forwarded = handler.request.headers.get("X-Forwarded-For", "").split(",")[-1].strip()
+    peer = getattr(getattr(handler.request.connection, "context", None), "address", None)
+    return forwarded or (str(peer[0]) if isinstance(peer, tuple) and peer else handler.request.remote_ip or "")
+
+
 class PortalAuthenticator(LDAPAuthenticator):
     """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
     timeouts on every LDAP operation, logins off the event loop."""
@@ -41,8 +61,25 @@ class PortalAuthenticator(LDAPAuthenticator):
     receive_timeout = Float(5.0, help="Seconds to wait for each LDAP answer.").tag(config=True)
     login_timeout = Float(8.0, help="Seconds one whole login may take.").tag(config=True)
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
+    free_failures = Integer(5, help="Failed logins of one account from one address before each further "
+                            "attempt from there waits.").tag(config=True)
+    first_delay = Float(5.0, help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
+    max_delay = Float(60.0, help="The longest wait per account and address, in seconds.").tag(config=True)
+    account_failures = Integer(20, help="Failed logins of one account from any address within account_window "
+                               "that refuse it for account_lock seconds (not from addresses it logged in from "
+                               "before).").tag(config=True)
+    account_window = Float(300.0, help="Seconds over which account_failures are counted.").tag(config=True)
+    account_lock = Float(30.0, help="Seconds an account is refused after account_failures.").tag(config=True)
 
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
+    _throttle: LoginThrottle | None = None
+
+    @property
+    def throttle(self) -> LoginThrottle:
+        if self._throttle is None:
+            self._throttle = LoginThrottle(self.free_failures, self.first_delay, self.max_delay,
+                                           self.account_failures, self.account_window, self.account_lock)
+        return self._throttle
 
     def normalize_username(self, username):
         return super().normalize_username(username.strip())
@@ -65,7 +102,29 @@ class PortalAuthenticator(LDAPAuthenticator):
         # The parent's coroutine never awaits: run it to the end on this worker thread.
         return asyncio.run(LDAPAuthenticator.authenticate(self, None, data))
 
+    def _throttled_name(self, data) -> str | None:
+        """The account a password guess is for, as the throttle counts it; None where the attempt
+        never reaches LDAP anyway (a name LDAP may not see, a blank password)."""
+        name = self.normalize_username(str(data.get("username") or ""))
+        password = data.get("password")
+        if not re.match(self.valid_username_regex, name) or not isinstance(password, str) or not password.strip():
+            return None
+        return name
+
     async def authenticate(self, handler, data):
+        account, address = self._throttled_name(data), client_address(handler)
+        wait = self.throttle.wait(account, address) if account else 0
+        if wait:
+            self.log.warning("Login of %s from %s refused without asking LDAP: too many failures (%d s left)",
+                             account, address, wait)
+            metrics.LOGINS.labels("throttled").inc()
+            raise TooManyFailedLogins(account, wait)
+        answer = await self._ldap_login(data)
+        if account:
+            (self.throttle.succeeded if answer else self.throttle.failed)(account, address)
+        return answer
+
+    async def _ldap_login(self, data):
         if self._pool is None:
             type(self)._pool = concurrent.futures.ThreadPoolExecutor(self.login_threads, "ldap-login")
         check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
@@ -91,6 +150,8 @@ def configure_ldap(c, settings) -> None:
     c.PortalAuthenticator.connect_timeout = ldap.connect_timeout
     c.PortalAuthenticator.receive_timeout = ldap.receive_timeout
     c.PortalAuthenticator.login_timeout = ldap.login_timeout
+    for name, value in ldap.throttle.model_dump().items():
+        setattr(c.PortalAuthenticator, name, value)
     # Unix account names only: they become Slurm job owners.
     c.LDAPAuthenticator.valid_username_regex = r"^[a-z_][a-z0-9_-]{0,31}$"
     if not ldap.allowed_groups:

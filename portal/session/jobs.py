@@ -30,7 +30,7 @@ from spawner import form
 from ..cluster.images import image_status
 from ..cluster.slurm import UNREACHABLE_HINTS, job_gpus, parse_sinfo_json, partition_resources
 from ..launchpolicy import POLICY_ENV, JobRequestError, LaunchPolicy
-from ..settings import Image, Profile, described, parse_walltime, shown
+from ..settings import Image, Profile, described, parse_walltime, shown, whole_number
 from ..templating import render
 from .containers import Bind, Launch, runtime
 
@@ -109,9 +109,10 @@ def _whole(request: dict, name: str, default: int) -> int:
     value = request[name]
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if not isinstance(value, str) or not value.strip().lstrip("-").isdigit():
-        raise JobRequestError(f"{name} must be a whole number, not {described(value)}")
-    return int(value)
+    number = whole_number(value)  # digits 0-9 only: '²' and '٢' are refused in words
+    if number is None:
+        raise JobRequestError(f"{name} must be a whole number (digits 0-9), not {described(value)}")
+    return number
 
 
 def _text(request: dict, name: str) -> str | None:
@@ -375,9 +376,9 @@ def session_slice(environ=os.environ) -> dict:
     job_id = environ.get("SLURM_JOB_ID", "")
     cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SLURM_CPUS_ON_NODE") or "0"
     mem = environ.get("SLURM_MEM_PER_NODE") or "0"
-    found = {"job_id": int(job_id) if job_id.isdigit() else None, "partition": environ.get("SLURM_JOB_PARTITION", ""),
-             "gpus": len(job_gpus(environ)), "cpus": int(cpus) if cpus.isdigit() else 0,
-             "memory_mb": int(mem) if mem.isdigit() else 0, "time_limit_s": None, "time_left_s": None, "node": ""}
+    found = {"job_id": whole_number(job_id), "partition": environ.get("SLURM_JOB_PARTITION", ""),
+             "gpus": len(job_gpus(environ)), "cpus": whole_number(cpus) or 0,
+             "memory_mb": whole_number(mem) or 0, "time_limit_s": None, "time_left_s": None, "node": ""}
     if found["job_id"] is None:
         return found
     fields = _scontrol_jobs(found["job_id"]).get(found["job_id"], {})

@@ -50,7 +50,8 @@ def ensure_hub(config_path: Path | None = None) -> None:
         stop_hub()
     log_path = paths().log / "hub.log"
     env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
-    with open(log_path, "ab") as log:
+    private_data_dir(Path(settings.hub.data_dir))
+    with private_log(log_path) as log:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "dsportal"), "hub"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
@@ -69,6 +70,20 @@ def ensure_hub(config_path: Path | None = None) -> None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise DemoError(f"{error}\n{tail}") from None
     say(f"JupyterHub started (log {log_path})")
+
+
+def private_log(path: Path):
+    """The hub's log, opened for appending, readable by root only (an older one made so too):
+    it names users, their jobs and what went wrong for them."""
+    handle = open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
+    os.fchmod(handle.fileno(), 0o600)
+    return handle
+
+
+def private_data_dir(path: Path) -> None:
+    """The hub's data folder (database, cookie secret, internal CA) 0700, also if made before."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
 
 
 def stop_hub() -> None:
