@@ -93,10 +93,12 @@ def check_user_environment(settings) -> Result:
     for tool in ("python", "jupyterhub-singleuser"):
         if not (prefix / "bin" / tool).exists():
             return Result("user environment", False, f"{prefix}/bin/{tool} is missing")
-    # Users, not root, run it: prove an unprivileged account can import the session stack.
+    # Users, not root, run it: prove an unprivileged account can import the session stack. Isolated
+    # (-I), in /, with none of root's environment: a module planted in the admin's current folder
+    # (/tmp, say) must not run, and root's variables are not the probe's business.
     probe = subprocess.run(
-        ["runuser", "-u", "nobody", "--", str(python), "-c", f"import {USER_SIDE_MODULES}"],
-        capture_output=True, text=True,
+        ["runuser", "-u", "nobody", "--", str(python), "-I", "-c", f"import {USER_SIDE_MODULES}"],
+        capture_output=True, text=True, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
     )
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
