@@ -15,7 +15,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..cluster.slurm import partition_resources
 
-LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable).", ["outcome"])
+LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, throttled: too many "
+                 "failures, LDAP not asked).", ["outcome"])
 SESSIONS_ENDED = Counter(
     "dsportal_sessions_ended_outside", "Session jobs that ended without a stop through the portal, by how: "
     "Slurm's state (CANCELLED, TIMEOUT, NODE_FAIL, FAILED...), or IDLE when the idle limit stopped them.",
