@@ -12,6 +12,7 @@ import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -125,6 +126,13 @@ class HubSettings(_Model):
     proxy_api_url: str = Field(
         "http://127.0.0.1:8001", description="configurable-http-proxy's REST API (local only)."
     )
+    subdomain_host: str | None = Field(
+        None, description="Each user's server on a web origin of its own (JupyterHub's subdomain_host): the "
+        "hub's public scheme://host[:port], e.g. https://hub.example.org; alice's server is then "
+        "https://alice.hub.example.org/user/alice/ (wildcard DNS, and with https a wildcard certificate). A page "
+        "one user's server serves then never runs with another user's hub or server cookies. Over https the "
+        "hub's cookies are also host-locked (__Host- prefix). Hub pages opened at any other host (bind_url) "
+        "are sent here; the hub API answers on every host. Empty: one origin for everybody (trusted users only).")
     internal_ssl: bool = Field(
         False, description="TLS with mutual certificates between the hub, its proxy and every session "
         "(JupyterHub's internal_ssl): sessions on the compute nodes answer only the hub and proxy over "
@@ -135,6 +143,17 @@ class HubSettings(_Model):
     http_timeout: int = Field(60, gt=0)
     proxy_command: list[str] = ["configurable-http-proxy"]
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+    @field_validator("subdomain_host")
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        url = urlparse(value)
+        if url.scheme not in ("http", "https") or not url.hostname or url.path.strip("/") or url.query:
+            raise ValueError(f"{value!r} is not scheme://host[:port] (http or https, no path)")
+        return f"{url.scheme}://{url.netloc}"
 
 
 class SlurmSettings(_Model):

@@ -92,6 +92,10 @@ class PartitionSpawner(WrapSpawner):
     async def create_certs(self):
         # The session's node is not known yet when its certificate is made: it names every node.
         names = await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
+        if self.user.settings.get("subdomain_host"):
+            # The proxy reaches the session for the user's own host (alice.<hub host>, hub.subdomain_host)
+            # and checks the certificate against that name, as JupyterHub's own certificates name it.
+            names.append(f"DNS:{self.user.domain}")
         return await asyncio.to_thread(certs.session_pair, self.internal_certs_location, self.user.name, names,
                                        self.internal_trust_bundles["notebooks-ca"])
 

@@ -6,9 +6,12 @@ import json
 import subprocess
 import time
 import uuid
+from http.cookiejar import DefaultCookiePolicy
+from urllib.parse import urlparse
 
 import requests
 import websocket
+from jupyterhub.utils import subdomain_hook_idna
 
 DEMO_SLURM_CONF = "/var/lib/dsportal-demo/slurm/slurm.conf"
 
@@ -17,13 +20,67 @@ class LoginRefused(AssertionError):
     pass
 
 
+# Where each hub serves users' servers, learnt from the server models it gives: hub URL -> None (on
+# the hub's own origin) or (scheme, domain, ":port") when each user's server has its own origin
+# (JupyterHub's subdomain_host: alice's at scheme://alice.domain:port).
+_SERVER_ORIGINS: dict[str, tuple[str, str, str] | None] = {}
+
+
+def _origin(url: str) -> str:
+    parsed = urlparse(url)
+    return f"{parsed.scheme}://{parsed.netloc}"
+
+
+class _BrowserCookies(DefaultCookiePolicy):
+    """Cookies as a browser keeps them for hosts without a dot (the demo's hub at localhost):
+    http.cookiejar reads such a host as 'localhost.local', so the hub's session id cookie (Domain=
+    localhost) would never go back to localhost itself; browsers send it there, and only there
+    ('localhost' is a public suffix for them, not a domain its subdomains share)."""
+
+    def _dotless(self, domain: str, request) -> bool | None:
+        if "." in domain.lstrip("."):
+            return None
+        return domain.lstrip(".") == urlparse(request.get_full_url()).hostname
+
+    def domain_return_ok(self, domain, request):
+        ok = self._dotless(domain, request)
+        return super().domain_return_ok(domain, request) if ok is None else ok
+
+    def return_ok_domain(self, cookie, request):
+        ok = self._dotless(cookie.domain, request)
+        return super().return_ok_domain(cookie, request) if ok is None else ok
+
+
+class _Browser(requests.Session):
+    """A browser session that opened the hub at base: like a browser, it is where the hub sent it
+    (the hub's own host, hub_origin) and each user's server at that server's origin; base's URLs
+    (the tests' {HUB}/hub/spawn, {HUB}/user/alice/lab) are read as those pages."""
+
+    def __init__(self, user: "HubUser"):
+        super().__init__()
+        self.user = user
+        self.cookies.set_policy(_BrowserCookies())
+
+    def request(self, method, url, *args, **kwargs):
+        return super().request(method, self.user.url(url, web=True), *args, **kwargs)
+
+    def prepare_request(self, request):
+        """Cookies from this session's own jar, with its policy (requests copies them into a jar with
+        the default policy for a request's first hop; redirects use this jar)."""
+        prepared = super().prepare_request(request)
+        prepared.headers.pop("Cookie", None)
+        prepared.prepare_cookies(self.cookies)
+        return prepared
+
+
 class HubUser:
     """One person's browser session on the hub (cookies + xsrf), plus an API token."""
 
     def __init__(self, base_url: str, name: str, token: str | None = None):
         self.base = base_url.rstrip("/")
+        self.hub_origin = self.base  # where the hub serves its pages: the login page says (login)
         self.name = name
-        self.web = requests.Session()
+        self.web = _Browser(self)
         # A new connection per request: a kept-alive one that sat idle can be closed by the proxy
         # (Node's 5 s keep-alive timeout) just as a request goes out on it, and a POST sent into
         # that closing socket comes back as 'Connection reset by peer' (seen once in CI).
@@ -32,10 +89,11 @@ class HubUser:
 
     # -- login ----------------------------------------------------------------------
     def login(self, password: str, timeout: float | None = None) -> requests.Response:
-        self.web.get(f"{self.base}/hub/login", timeout=timeout)
+        page = self.web.get(f"{self.base}/hub/login", timeout=timeout)
+        self.hub_origin = _origin(page.url)  # the hub sends its pages to its own host (subdomain_host)
         return self.web.post(
-            f"{self.base}/hub/login",
-            data={"username": self.name, "password": password, "_xsrf": self.web.cookies.get("_xsrf")},
+            f"{self.hub_origin}/hub/login",
+            data={"username": self.name, "password": password, "_xsrf": self._hub_xsrf()},
             allow_redirects=False, timeout=timeout,
         )
 
@@ -45,14 +103,52 @@ class HubUser:
             raise LoginRefused(f"{self.name} could not log in: {response.status_code}")
         return self
 
+    def _hub_xsrf(self) -> str:
+        """The hub's _xsrf cookie (each user's server sets one of its own too)."""
+        host = urlparse(self.hub_origin).hostname
+        return next((c.value for c in self.web.cookies if c.name == "_xsrf" and c.path.startswith("/hub")
+                     and c.domain.lstrip(".") in (host, f"{host}.local")), "")
+
     @property
     def xsrf(self) -> dict:
-        return {"X-XSRFToken": self.web.cookies.get("_xsrf", "")}
+        return {"X-XSRFToken": self._hub_xsrf()}
+
+    # -- where things are ---------------------------------------------------------------
+    def url(self, path: str, web: bool = False) -> str:
+        """The URL of a path (or of a URL at base): /user/NAME/... at NAME's server's origin (its own
+        when the hub gives each user one), the hub's at base, or for the browser (web) at the hub's own host."""
+        if path.startswith(self.base + "/"):
+            path = path[len(self.base):]
+        elif not path.startswith("/"):
+            return path
+        parts = path.split("/", 3)
+        if len(parts) > 2 and parts[1] == "user" and parts[2]:
+            return self.server_origin(parts[2].split("?")[0]) + path
+        return (self.hub_origin if web else self.base) + path
+
+    def server_origin(self, name: str) -> str:
+        """Where NAME's server answers: its own origin (JupyterHub's subdomain_host), else the hub's."""
+        if self.base not in _SERVER_ORIGINS and self._token is not None:
+            self.model()  # my server's model says where servers are, if mine runs
+        layout = _SERVER_ORIGINS.get(self.base)
+        if layout is None:
+            return self.base
+        scheme, domain, port = layout
+        return f"{scheme}://{subdomain_hook_idna(name, domain, 'user')}{port}"
+
+    def _learn_server_origins(self, model: dict) -> None:
+        for server in model.get("servers", {}).values():
+            url = urlparse(server.get("url", ""))
+            if url.hostname and url.hostname.startswith(subdomain_hook_idna(model["name"], "", "user")):
+                domain = url.hostname[len(subdomain_hook_idna(model["name"], "", "user")):]
+                _SERVER_ORIGINS[self.base] = (url.scheme, domain, f":{url.port}" if url.port else "")
+            elif server.get("url"):
+                _SERVER_ORIGINS[self.base] = None
 
     @property
     def token(self) -> str:
         if self._token is None:
-            response = self.web.post(f"{self.base}/hub/api/users/{self.name}/tokens", headers=self.xsrf,
+            response = self.web.post(f"{self.hub_origin}/hub/api/users/{self.name}/tokens", headers=self.xsrf,
                                      json={"note": "dsportal tests", "expires_in": 3600})
             response.raise_for_status()
             self._token = response.json()["token"]
@@ -60,13 +156,15 @@ class HubUser:
 
     def api(self, method: str, path: str, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}
-        return requests.request(method, f"{self.base}{path}", headers=headers, timeout=60, **kwargs)
+        return requests.request(method, self.url(path), headers=headers, timeout=60, **kwargs)
 
     # -- the server -----------------------------------------------------------------
     def model(self, user: str | None = None) -> dict:
         response = self.api("GET", f"/hub/api/users/{user or self.name}")
         response.raise_for_status()
-        return response.json()
+        model = response.json()
+        self._learn_server_origins(model)
+        return model
 
     def start_server(self, options: dict | None = None) -> requests.Response:
         return self.api("POST", f"/hub/api/users/{self.name}/server", json=options or {})
@@ -116,7 +214,7 @@ class HubUser:
 
     # -- kernels ----------------------------------------------------------------------
     def _channels(self, kernel_id: str, timeout: float):
-        url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/api/kernels/{kernel_id}/channels"
+        url = self.url(f"/user/{self.name}/api/kernels/{kernel_id}/channels").replace("http", "ws", 1)
         return websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
 
     def _execute(self, ws, code: str, timeout: float) -> str:
@@ -164,7 +262,7 @@ class HubUser:
         created = self.api("POST", f"/user/{self.name}/api/terminals")
         created.raise_for_status()
         name = created.json()["name"]
-        url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/terminals/websocket/{name}"
+        url = self.url(f"/user/{self.name}/terminals/websocket/{name}").replace("http", "ws", 1)
         ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
         marker = uuid.uuid4().hex[:12]
         try:

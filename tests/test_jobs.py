@@ -63,8 +63,8 @@ def jobs_api(user, method: str, path: str = "", owner: str | None = None, **kwar
 
 def stream(user, job_id: int, timeout: float = 240, on_line=None, owner: str | None = None) -> list[dict]:
     """Every message of the job's websocket until it closes, each with its arrival time."""
-    base = user.base.replace("http", "ws", 1)
-    ws = websocket.create_connection(f"{base}/user/{owner or user.name}/dsportal/api/jobs/{job_id}/stream",
+    url = user.url(f"/user/{owner or user.name}/dsportal/api/jobs/{job_id}/stream").replace("http", "ws", 1)
+    ws = websocket.create_connection(url,
                                      header=[f"Authorization: token {user.token}"], timeout=timeout)
     messages = []
     try:
@@ -228,7 +228,7 @@ def test_only_the_owner_reaches_the_launcher(alice_session, bob):
                                ("DELETE", f"/{job_id}", None)):
         as_bob = jobs_api(bob, method, path, owner="alice", json=body)
         assert as_bob.status_code == 403, (method, path, as_bob.status_code)
-        anonymous = requests.request(method, f"{alice.base}/user/alice/dsportal/api/jobs{path}", json=body,
+        anonymous = requests.request(method, alice.url(f"/user/alice/dsportal/api/jobs{path}"), json=body,
                                      allow_redirects=False, timeout=30)
         assert anonymous.status_code in (302, 403), (method, path, anonymous.status_code)
     with pytest.raises(websocket.WebSocketBadStatusException) as refused:

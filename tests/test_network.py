@@ -31,7 +31,8 @@ except Exception as error:
 
 def route_of(admin, user: str) -> str:
     routes = admin.api("GET", "/hub/api/proxy").json()
-    return routes[f"/user/{user}/"]["target"]
+    # "/user/alice/", or with each user's own host (hub.subdomain_host) "alice.localhost/user/alice/"
+    return next(route for spec, route in routes.items() if spec.endswith(f"/user/{user}/"))["target"]
 
 
 def test_session_is_reached_at_its_node_on_the_node_network(admin, alice):

@@ -54,11 +54,12 @@ def test_other_users_and_anonymous_clients_cannot_reach_a_session(alice, bob):
     assert bob.api("GET", "/user/alice/api/status").status_code == 403
     assert bob.api("POST", "/user/alice/api/kernels", json={"name": "python3"}).status_code == 403
 
-    # Nobody logged in: sent to the login page, API refused.
+    # Nobody logged in: sent to the login page (at the hub's own host), API refused (at alice's
+    # server's own origin, where hub.subdomain_host puts it).
     anonymous = requests.get(f"{HUB}/user/alice/lab")
-    assert anonymous.url.startswith(f"{HUB}/hub/login")
-    assert requests.get(f"{HUB}/user/alice/api/status").status_code == 403
-    assert requests.get(f"{HUB}/user/alice/api/kernels").status_code == 403
+    assert anonymous.url.startswith(f"{alice.hub_origin}/hub/login"), anonymous.url
+    assert requests.get(alice.url("/user/alice/api/status")).status_code == 403
+    assert requests.get(alice.url("/user/alice/api/kernels")).status_code == 403
 
 
 def _session_token(user: str) -> str:

@@ -20,6 +20,7 @@ from .. import settings as settings_module
 from .. import templating
 from . import metrics
 from .auth import configure_ldap
+from .origins import configure_user_origins
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
 
@@ -118,6 +119,7 @@ def configure(c, settings=None) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
     c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
     c.ConfigurableHTTPProxy.api_url = hub.proxy_api_url
+    configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)
     c.JupyterHub.log_level = hub.log_level
@@ -139,6 +141,9 @@ def configure(c, settings=None) -> None:
     c.Spawner.start_timeout = hub.start_timeout
     c.Spawner.http_timeout = hub.http_timeout
     c.Spawner.default_url = "/lab"
+    # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:
+    # with it she could add pages that answer without login (portal/session/singleuser.py).
+    c.Spawner.disable_user_config = True
     c.SlurmGPUSpawner.python_prefix = str(settings.session.environment)
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
     c.SlurmGPUSpawner.umask = settings.session.umask

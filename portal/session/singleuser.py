@@ -24,6 +24,8 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
+import jupyter_core.paths
+
 from .kernels import write_catalog
 from .onuse import LoadOnUse, OnUse
 
@@ -90,6 +92,27 @@ def resolve_names_in_threads() -> None:
     sys.modules.setdefault("aiodns", None)  # None: `import aiodns` raises ImportError
 
 
+def _the_paths(*, paths=()) -> list[str]:
+    """Stands in for jupyter_core.paths.jupyter_config_path (its code; the list is its keyword default)."""
+    return list(paths)
+
+
+def leave_out_the_users_config_folders() -> None:
+    """With JUPYTERHUB_DISABLE_USER_CONFIG (the hub's disable_user_config), jupyterhub-singleuser leaves
+    the home's config files, extensions and data folders out (config_file_paths, jupyter_path), but not
+    jupyter_config_path: JupyterLab's page config (labconfig/page_config.json: disabled extensions,
+    where the page loads its code from) and the frontend config sections (nbconfig) would still be
+    read from ~/.jupyter and ~/.local/etc/jupyter. Its code is replaced, as JupyterHub does for
+    jupyter_path, so that modules which imported the function already get the list without the home."""
+    if os.environ.get("JUPYTERHUB_DISABLE_USER_CONFIG", "") in ("", "0"):
+        return
+    home = Path.home().resolve()
+    kept = tuple(path for path in jupyter_core.paths.jupyter_config_path()
+                 if not Path(path).resolve().is_relative_to(home))
+    jupyter_core.paths.jupyter_config_path.__code__ = _the_paths.__code__
+    jupyter_core.paths.jupyter_config_path.__kwdefaults__ = {"paths": kept}
+
+
 def _no_yarn_config(logger):
     return {"yarn config": {}, "npm config": {}}  # what JupyterLab uses where Node.js is not installed
 
@@ -134,6 +157,7 @@ def main() -> None:
     else:
         sys.argv.append(f"--port={port}")
     resolve_names_in_threads()
+    leave_out_the_users_config_folders()
     leave_out_the_hubs_database()
     skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]
