@@ -6,6 +6,11 @@ by hand) writes one kernelspec per image into a folder only this session reads (
 with the job's own CUDA_VISIBLE_DEVICES passed in. An
 image that is missing or unreadable still gets a kernelspec that says why, so the launcher
 shows it as unavailable and starting it fails with that reason; the session keeps working.
+
+A container kernel talks to the server over unix sockets in the session's runtime folder (see
+portal.session.kernelsockets), bound into the image at the same path. Its image's ipykernel loads
+a copy of portal.session.kernelpipe (written into that folder) so that its pipe for forked
+children's output is a unix socket there too, not a TCP port.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +29,15 @@ from .containers import Bind, Launch, runtime
 
 if TYPE_CHECKING:
     from ..settings import DataMount, Image
+
+# Copied, not imported: the file runs inside the image's kernel, and importing it here would load
+# zmq and ipykernel into every session start.
+KERNEL_PIPE_SOURCE = Path(__file__).with_name("kernelpipe.py")
+KERNEL_PIPE_CONFIG = "dsportal_kernel_pipe.py"  # in the runtime folder, an IPython config file for the kernel
+
+
+def kernel_pipe_config(runtime_dir: str) -> str:
+    return os.path.join(runtime_dir, KERNEL_PIPE_CONFIG)
 
 
 def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None) -> dict:
@@ -39,7 +54,8 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
     binds = [Bind(home, home), Bind(runtime_dir, runtime_dir)]
     binds += [Bind(str(m.source), m.target, m.read_only) for m in mounts]
     launch = Launch(image=str(image.path), binds=binds,
-                    command=[image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+                    command=[image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                             f"--config={kernel_pipe_config(runtime_dir)}"])
     env = {"CUDA_VISIBLE_DEVICES": cuda} if cuda is not None else {}
     return {
         "display_name": image.display_name,
@@ -53,6 +69,8 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
 def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], home: str, runtime_dir: str,
                       cuda: str | None) -> list[str]:
     written = []
+    if images:
+        shutil.copyfile(KERNEL_PIPE_SOURCE, kernel_pipe_config(runtime_dir))
     for image in images:
         folder = dest / "kernels" / f"dsportal-{image.name}"
         folder.mkdir(parents=True, exist_ok=True)

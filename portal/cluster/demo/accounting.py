@@ -50,8 +50,10 @@ def ensure_accounting() -> None:
     run(["mariadb", f"--socket={socket_path}", "-e", sql])
     conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password,
                   login_address=LOGIN_ADDRESS)
-    write_if_changed(p.slurm / "slurmdbd.conf", conf, 0o600)  # slurmdbd refuses a readable one: it holds the password
+    changed = write_if_changed(p.slurm / "slurmdbd.conf", conf, 0o600)  # slurmdbd refuses a readable one: it holds the password
     env = slurm_env()
+    if changed and alive(p.run / "slurmdbd.pid"):  # a changed conf (PrivateData, ...) holds once restarted
+        stop_pid(p.run / "slurmdbd.pid", "slurmdbd")
     if not alive(p.run / "slurmdbd.pid"):
         run(["/usr/sbin/slurmdbd"], env=env)
         wait_for(lambda: socket.create_connection(("127.0.0.1", DBD_PORT), timeout=1).close() or True,
