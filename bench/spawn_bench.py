@@ -107,6 +107,8 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     hub = f"http://{login}:{ports[1]}"
     config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
                          start_timeout=start_timeout)
+    if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
+        config["hub"]["subdomain_host"] = f"http://localhost:{ports[0]}"
     environment = str(broken_environment(data.parent)) if broken else config["session"]["environment"]
     config["session"]["environment"] = environment
     path = data / "portal.yaml"
