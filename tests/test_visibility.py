@@ -30,9 +30,13 @@ def bobs_own_finished_job() -> str:
                   "--output=/dev/null", "--chdir=/tmp", "--job-name=bobs-own", "--wrap", "true")
     job_id = out.strip().split(";")[0]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not as_user("bob", "sacct", "-X", "-n", "-j", job_id, "-o", "JobID").strip():
+    while time.monotonic() < deadline and f"{job_id}|bob|bobs-own" not in bobs_sacct():
         time.sleep(0.5)
     return job_id
+
+
+def bobs_sacct() -> str:
+    return as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "-o", "JobID,User,JobName,NodeList")
 
 
 def free_gpus_in_form(user) -> int:
@@ -57,7 +61,7 @@ def test_bob_sees_none_of_alices_jobs_while_the_portal_sees_what_it_needs(alice,
         "squeue her id": as_user("bob", "squeue", "-h", "-j", alices["id"], "-o", "%i %j %u %N"),
         "scontrol all": as_user("bob", "scontrol", "show", "job", "-o"),
         "scontrol her id": as_user("bob", "scontrol", "show", "job", "-o", alices["id"]),
-        "sacct": as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "-o", "JobID,User,JobName,NodeList"),
+        "sacct": bobs_sacct(),
         "sacct her id": as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-j", alices["id"], "-o", "JobID,User,JobName"),
     }
     for command, out in bob_sees.items():
