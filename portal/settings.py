@@ -219,8 +219,6 @@ class JobSettings(_Model):
     mpi_plugin: str = Field("pmix", pattern=r"^[a-z0-9_]+$", description="srun --mpi= value: pmix, pmi2, ...")
     torchrun: bool = Field(True, description="Offer torch.distributed jobs (launcher 'torchrun'): srun starts one "
                            "torchrun per node, which starts one process per GPU (rendezvous c10d on the first node).")
-    rendezvous_port: int = Field(29400, gt=1023, lt=64536, description="torchrun's rendezvous port on the job's first "
-                                 "node is this plus the job id modulo 1000 (jobs sharing a node do not collide).")
     max_nodes: int | None = Field(None, gt=0, description="Most nodes one job may ask for (default: the partition's).")
     default_walltime: str = "01:00:00"
     container_binds: list[str] = Field(

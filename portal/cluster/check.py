@@ -168,7 +168,9 @@ def check_firewall() -> Result:
     if separated is None:
         return Result("node firewall", True, "not in place on this host: users' TCP ports are reachable from other "
                       "users' processes (dsportal firewall up; see docs/admin.md)", warning=True)
-    return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own")
+    hosts = firewall.cluster_hosts() or []
+    return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own; "
+                  f"cluster hosts: {', '.join(hosts) if hosts else 'none named (users reach no other host)'}")
 
 
 # /proc mount options under which a user sees only their own processes (root sees all).

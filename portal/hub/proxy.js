@@ -48,11 +48,13 @@ function refusal(message) {
   return error;
 }
 
-// checkServerIdentity for a route of `user` (null: a route that is no user's): whose certificate
-// it is first (so that another user's session always gets the 502 that says so, also where the
-// usual check would refuse it too, as with subdomain_host), then the usual check of the host name.
-function identityCheck(user) {
-  return (host, cert) => {
+// checkServerIdentity for a route of `user` (null: a route that is no user's) to `targetHost`:
+// whose certificate it is first (so that another user's session always gets the 502 that says so),
+// then the usual check of the host name, against the route's target: Node checks the name it sent
+// in SNI, which is the browser's Host (alice.localhost with subdomain_host), not the host we dial.
+function identityCheck(user, targetHost) {
+  return (sniHost, cert) => {
+    const host = targetHost || sniHost;
     const named = namedUsers(cert);
     if (user === null && named.length) {
       return refusal(`a session's certificate (${named.join(", ")}) on a route that is no user's`);
@@ -90,23 +92,28 @@ function routeOwnerCheckingProxy(ConfigurableProxy) {
   return class RouteOwnerCheckingProxy extends ConfigurableProxy {
     constructor(options) {
       super(options);
-      this.agentsByUser = new Map();
-      this.agentForNoUser = this.newAgent(null);
+      this.agentsByUser = new Map(); // user and target host -> its agent
       for (const kind of ["web", "ws"]) this.sendThroughOwnersAgent(kind);
     }
 
-    newAgent(user) {
+    newAgent(user, targetHost) {
       // Keep-alive as CHP's own agent. A resumed TLS session skips checkServerIdentity, but only
       // the server that took part in it can resume it: another process on the port cannot.
-      return new https.Agent({ keepAlive: true, checkServerIdentity: identityCheck(user) });
+      return new https.Agent({ keepAlive: true, checkServerIdentity: identityCheck(user, targetHost) });
     }
 
     agentFor(req) {
       const route = routeOf.get(req);
       const user = route && typeof route.user === "string" ? route.user : null;
-      if (user === null) return this.agentForNoUser;
-      if (!this.agentsByUser.has(user)) this.agentsByUser.set(user, this.newAgent(user));
-      return this.agentsByUser.get(user);
+      let targetHost = null;
+      try {
+        targetHost = route ? new URL(route.target).hostname : null;
+      } catch (error) {
+        targetHost = null;
+      }
+      const key = `${user === null ? "" : user}\0${targetHost || ""}`;
+      if (!this.agentsByUser.has(key)) this.agentsByUser.set(key, this.newAgent(user, targetHost));
+      return this.agentsByUser.get(key);
     }
 
     async targetForReq(req) {
