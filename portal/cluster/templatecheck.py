@@ -45,6 +45,7 @@ def run_one(notebook: Path, timeout: int) -> dict:
     check's log), after a line naming the notebook, which the kernel's own messages follow too.
     """
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     started = time.monotonic()
@@ -58,7 +59,10 @@ def run_one(notebook: Path, timeout: int) -> dict:
         shutil.copytree(notebook.parent, scratch, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
         nb = nbformat.read(scratch / notebook.name, as_version=4)
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        # The kernel's channels are unix sockets in the scratch folder (mkdtemp: 0700), not TCP
+        # ports of the login node that anyone there could connect to.
+        kernel = KernelManager(kernel_name="python3", transport="ipc", connection_file=str(scratch / "kernel.json"))
+        client = NotebookClient(nb, km=kernel, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(scratch)}},
                                 on_cell_execute=lambda cell, cell_index: running.update(
                                     cell=cell_label(nb.cells, cell_index)))
