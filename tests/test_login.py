@@ -1,7 +1,9 @@
 """LDAP login: who gets in, who is refused, and what the login page tells them."""
 
+import json
 import random
 import re
+import subprocess
 import pytest
 import requests
 import yaml
@@ -102,3 +104,43 @@ def test_a_neighbour_cannot_lock_alice_out_of_her_usual_address(portal):
     assert 0 < wait <= 30, refused.text  # a short lock, for addresses alice never used
     assert HubUser(portal, "alice").login(PASSWORDS["alice"]).status_code == 302
     assert HubUser(portal, "bob").login(PASSWORDS["bob"]).status_code == 302
+
+
+# A session's certificate (its user can read it) opens the hub's own port, where no proxy appends
+# the real address to X-Forwarded-For: a neighbour there could name alice's usual address in it,
+# fail a few logins and so lock her out of it. Logins come through the proxy only.
+FORGED_LOGINS = """
+import glob, http.cookiejar, json, os, ssl, sys, urllib.parse, urllib.request
+folder = sorted(glob.glob(os.path.expanduser("~/.dsportal/certs/*/")))[0]
+context = ssl.create_default_context(cafile=folder + "ca.crt") if os.path.exists(folder + "ca.crt") else ssl._create_unverified_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+context.load_cert_chain(folder + "session.crt", folder + "session.key")
+jar = http.cookiejar.CookieJar()
+opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), urllib.request.HTTPCookieProcessor(jar))
+forged = {{"X-Forwarded-For": "{address}", "X-Real-Ip": "{address}"}}
+opener.open(urllib.request.Request("{hub}/hub/login", headers=forged), timeout=20).read()
+xsrf = next(c.value for c in jar if c.name == "_xsrf")
+codes = []
+for attempt in range(7):
+    body = urllib.parse.urlencode({{"username": "alice", "password": "wrong", "_xsrf": xsrf}}).encode()
+    try:
+        codes.append(opener.open(urllib.request.Request("{hub}/hub/login", data=body, headers=forged), timeout=20).status)
+    except urllib.error.HTTPError as error:
+        codes.append(error.code)
+print(json.dumps(codes))
+"""
+
+
+def test_logins_from_a_sessions_certificate_are_refused_and_lock_nobody_out(portal, admin, bob):
+    bob.spawn({"profile": "gpu", "gpus": 1})  # bob has a session certificate of his own now
+    hub = yaml.safe_load(CONFIG.read_text())["hub"]["hub_bind_url"].replace("http://", "https://")
+    result = subprocess.run(["runuser", "-u", "bob", "--", "/opt/dsportal/env/bin/python", "-c",
+                             FORGED_LOGINS.format(address="127.0.0.1", hub=hub)],
+                            capture_output=True, text=True, timeout=120, cwd="/")
+    print(f"bob's logins as alice at {hub} with his session certificate, X-Forwarded-For 127.0.0.1: "
+          f"{result.stdout.strip()} {result.stderr[-300:]}")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [403] * 7
+    # alice, from 127.0.0.1 through the proxy, is not held up by any of it.
+    assert HubUser(portal, "alice").login(PASSWORDS["alice"]).status_code == 302

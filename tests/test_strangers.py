@@ -202,3 +202,11 @@ def test_nobody_takes_anothers_folder_in_the_nodes_temporary_folder():
         tried = subprocess.run(["runuser", "-u", "bob", "--", "mkdir", str(tmpfs / "spmix_appdir_5101_999999.0")],
                                capture_output=True, text=True)
         assert tried.returncode != 0 and "Permission denied" in tried.stderr, tried
+
+
+def test_nobody_lists_the_nodes_job_folders():
+    """slurmd's spool holds a folder per job, named after its id and owned by its user's group."""
+    for node in network.node_names():
+        tried = subprocess.run(["runuser", "-u", "bob", "--", "ls", f"/var/lib/dsportal-demo/slurm/spool/{node}"],
+                               capture_output=True, text=True)
+        assert tried.returncode != 0 and "Permission denied" in tried.stderr, tried

@@ -14,16 +14,15 @@ connection:
   accounts (uid below ``first_user_uid``: root's hub and proxy, slurmd, slurmstepd) send 0; a user
   this host does not know sends :data:`STRANGER`, which matches nobody;
 - the answer (SYN-ACK) of a portal user's listener goes out only when the mark is 0 (a system
-  service on this host or on a cluster host) or is the listener's own uid. Otherwise it is turned
-  into a reset, so the client gets "connection refused" at once and the listener never sees a
-  connection;
-- an answer that belongs to no socket (a SYN cookie: the kernel's answer when a listener's queue of
-  half-open connections is full) to a user's connection is a reset too, and a user once refused by
-  a port is refused at the door for :data:`REFUSED_FOR` before reaching it again, so that a burst of
-  refused attempts cannot fill the listener's queue (which would lock its owner out, or make the
-  kernel answer with cookies);
-- IPv6 from another host, and anything from a host outside the cluster, reaches no portal user's
-  listener (over the loopback IPv6 is told apart like IPv4).
+  service on this host or on a cluster host) or is the listener's own uid. Otherwise it is dropped
+  and a reset goes back to the listener (it keeps no half-open connection, and never sees one);
+  the client's retry (TCP's, a second later) and every attempt of that user at that port for
+  :data:`REFUSED_FOR` are refused at the door with a reset: "connection refused" within a second.
+  So a burst of refused attempts cannot fill the listener's queue (which would lock its owner
+  out, or make the kernel answer with SYN cookies);
+- an answer that belongs to no socket (a SYN cookie) to anybody but a system account is refused too;
+- IPv6 from another host, and anything from a host outside the cluster, is a stranger's (over the
+  loopback IPv6 is told apart like IPv4).
 
 Tags are uids, so portal users' uids must be below 65535. A spoofed tag needs a raw socket
 (CAP_NET_RAW), which users do not have; and every host rewrites its SYNs' tag anyway.
@@ -34,7 +33,7 @@ stay reachable, and they reach every session. Portal users are named in the tabl
 Slurm ``Prolog``, before a job starts on the node; see docs/admin.md). A host must know the users
 whose listeners it protects and whose connections it sends: compute nodes the users of their jobs,
 login nodes every portal user. The demo cluster adds its accounts on every host.
-What it cannot separate: UDP (no handshake to answer), and services of non-portal accounts.
+What it cannot separate: UDP (no handshake to refuse), and services of non-portal accounts.
 """
 
 from __future__ import annotations
@@ -98,8 +97,8 @@ table inet {TABLE} {{
   set refused {{ typeof tcp dport . ct mark; flags timeout; timeout {REFUSED_FOR}; }}
   chain input {{
     type filter hook input priority 0; policy accept;
-    iif != "lo" {syn} ct mark set 0
-    iif != "lo" {syn} ip saddr @cluster ip id != 0 ct mark set {STRANGER_MARK:#x}
+    iif != "lo" {syn} ct mark set {STRANGER_MARK:#x}
+    iif != "lo" {syn} ip saddr @cluster ip id 0 ct mark set 0
     iif != "lo" {syn} ip saddr @cluster ct mark set ip id map @tag_mark
     {syn} ct mark != 0 tcp dport . ct mark @refused counter reject with tcp reset comment "refused by this port a moment ago"
   }}
@@ -114,17 +113,11 @@ table inet {TABLE} {{
     tcp flags & (syn | ack) == (syn | ack) jump answer
   }}
   chain answer {{
-    ct mark != 0 meta skuid . ct mark @same_user accept comment "the listener's own user"
-    ct mark != 0 meta skuid != @users accept comment "a system service or a non-portal account answering"
-    ct mark != 0 goto refuse comment "another user, or a SYN cookie (no socket) for a user"
-    meta skuid != @users accept
-    oif "lo" accept comment "a system service on this host: the hub, the proxy"
-    ip daddr @cluster accept comment "a system service of a cluster host: the hub, the proxy, slurmstepd"
-    goto refuse comment "IPv6 from another host, or a host outside the cluster"
-  }}
-  chain refuse {{
-    ct mark != 0 add @refused {{ tcp sport . ct mark }}
-    counter tcp flags set rst | ack
+    ct mark 0 accept comment "a system account (the hub, the proxy, slurmstepd) on this host or a cluster host"
+    meta skuid . ct mark @same_user accept comment "the listener's own user"
+    meta skuid != @users accept comment "a system service or a non-portal account answering"
+    add @refused {{ tcp sport . ct mark }} comment "another user, a stranger, or a SYN cookie (no socket)"
+    counter reject with tcp reset comment "the reset goes to the listener: it keeps no half-open connection"
   }}
 }}
 """

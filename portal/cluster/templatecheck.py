@@ -62,6 +62,9 @@ def run_one(notebook: Path, timeout: int) -> dict:
         # The kernel's channels are unix sockets in the scratch folder (mkdtemp: 0700), not TCP
         # ports of the login node that anyone there could connect to.
         kernel = KernelManager(kernel_name="python3", transport="ipc", connection_file=str(scratch / "kernel.json"))
+        # The kernel's temporary files too (TensorBoard's .tensorboard-info, which it makes 0777):
+        # on the login node /tmp is everybody's, unlike in a session job.
+        os.environ["TMPDIR"] = str(scratch)
         client = NotebookClient(nb, km=kernel, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(scratch)}},
                                 on_cell_execute=lambda cell, cell_index: running.update(

@@ -22,6 +22,8 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 from traitlets import Float, Integer
 
+from spawner.certs import USERS_DOMAIN
+
 from ..settings import human_duration
 from . import metrics
 from .loginthrottle import LoginThrottle
@@ -51,6 +53,27 @@ def client_address(handler) -> str:
     forwarded = handler.request.headers.get("X-Forwarded-For", "").split(",")[-1].strip()
     peer = getattr(getattr(handler.request.connection, "context", None), "address", None)
     return forwarded or (str(peer[0]) if isinstance(peer, tuple) and peer else handler.request.remote_ip or "")
+
+
+class NotThroughTheProxy(web.HTTPError):
+    """A login straight to the hub's own port with a session's certificate (every user can read
+    her own): it could name any client address in X-Forwarded-For and so make the throttle lock
+    another user out of her usual address. People log in through the proxy; sessions never do."""
+
+    def __init__(self):
+        super().__init__(403, "Log in through the portal's address, not from a session.")
+
+
+def from_a_session(handler) -> bool:
+    """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
+    stream = getattr(getattr(handler, "request", None) and handler.request.connection, "stream", None)
+    getpeercert = getattr(getattr(stream, "socket", None), "getpeercert", None)
+    try:
+        certificate = getpeercert() if getpeercert else None
+    except ValueError:  # not connected any more
+        return False
+    return any(kind == "DNS" and value.endswith(f".{USERS_DOMAIN}")
+               for kind, value in (certificate or {}).get("subjectAltName", ()))
 
 
 class PortalAuthenticator(LDAPAuthenticator):
@@ -112,6 +135,10 @@ class PortalAuthenticator(LDAPAuthenticator):
         return name
 
     async def authenticate(self, handler, data):
+        if handler is not None and from_a_session(handler):
+            self.log.warning("Login of %r refused: it came straight from a session, not through the proxy",
+                             data.get("username"))
+            raise NotThroughTheProxy()
         account, address = self._throttled_name(data), client_address(handler)
         wait = self.throttle.wait(account, address) if account else 0
         if wait:

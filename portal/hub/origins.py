@@ -10,7 +10,8 @@ JupyterHub then serves its pages at subdomain_host. A browser that opens the hub
 (the demo's http://127.0.0.1:8000, what README and `make demo` print) would get the hub's login
 cookies for that host, and be asked to log in again once its server's OAuth sends it to the hub's
 own host: the hub's pages, opened at any other host, redirect to the same path on the hub's host.
-The hub API (/hub/api/, token or OAuth) answers on every host, as scripts use it.
+The hub API (/hub/api/, token or OAuth) and any request with a token (/hub/metrics) answer on every
+host, as scripts use them.
 
 On a machine where users have shells (the demo), the hub also holds [::1]:<port> for localhost names
 (hold_the_ipv6_loopback_port)."""
@@ -38,8 +39,8 @@ class HubPageOnAnotherHost(Matcher):
     def match(self, request):
         if request.method not in ("GET", "HEAD") or request.host_name == self.hub_host_name:
             return None
-        if "X-Forwarded-For" not in request.headers:
-            return None
+        if "X-Forwarded-For" not in request.headers or "Authorization" in request.headers:
+            return None  # the proxy's own requests, and scripts with a token (Prometheus' /hub/metrics)
         path = request.path
         if not (path + "/").startswith(self.hub_prefix) or (path + "/").startswith(self.api_prefix):
             return None

@@ -92,6 +92,11 @@ def write_slurm_conf() -> bool:
         folder.mkdir(parents=True, exist_ok=True)
     os.chmod(p.root, 0o755)
     os.chmod(p.slurm, 0o755)
+    # slurmd's spool (each job's folder, named after its id, and its script): a user may reach her
+    # job's folder, which Slurm makes hers, but not list the others (ids, owners).
+    for spool in (p.slurm / "spool", *(p.slurm / "spool" / node for node in node_names())):
+        spool.mkdir(exist_ok=True)
+        os.chmod(spool, 0o711)
     nodes = [{"name": name, "address": address(name)} for name in node_names()]
     conf = render(
         "slurm.conf.j2",
