@@ -30,7 +30,7 @@ server = '''
 import socket, sys
 s = socket.socket(socket.AF_INET6)
 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-s.bind(("::", 0)); s.listen(64)
+s.bind(("::", 0)); s.listen({backlog})
 print(s.getsockname()[1], flush=True)
 while True:
     c, peer = s.accept()
@@ -96,7 +96,7 @@ def alice_listening(alice):
     holder = subprocess.Popen(["runuser", "-u", "alice", "--", "srun", "--partition=cpu", f"--nodelist={other}",
                                "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", "sleep", "300"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    port = int(alice.run_code(ALICE_LISTENS.format(secret=SECRET), keep=True).strip())
+    port = int(alice.run_code(ALICE_LISTENS.format(secret=SECRET, backlog=64), keep=True).strip())
     yield home, other, port
     holder.terminate()
     holder.wait(timeout=30)
@@ -210,3 +210,41 @@ def test_nobody_lists_the_nodes_job_folders():
         tried = subprocess.run(["runuser", "-u", "bob", "--", "ls", f"/var/lib/dsportal-demo/slurm/spool/{node}"],
                                capture_output=True, text=True)
         assert tried.returncode != 0 and "Permission denied" in tried.stderr, tried
+
+
+PESTER = """
+import socket, time
+end, held, attempts = time.monotonic() + {seconds}, [], 0
+while time.monotonic() < end:
+    s = socket.socket(); s.setblocking(False)
+    try:
+        s.connect(({host!r}, {port}))
+    except OSError:
+        pass
+    held.append(s); attempts += 1; time.sleep(0.05)
+print("attempts", attempts)
+"""
+
+
+def test_a_burst_of_refused_attempts_does_not_lock_alice_out_of_a_small_queue(alice, bob):
+    """A listener with a queue of one half-open connection (like `nc -l`): bob's refused attempts
+    must leave nothing in it, else alice's own connections would find it full."""
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    home = active_jobs("alice")[0]["nodes"]
+    other = next(n for n in network.node_names() if n != home)
+    port = int(alice.run_code(ALICE_LISTENS.format(secret=SECRET, backlog=1), keep=True).strip())
+    address = network.address(home)
+    attack = subprocess.Popen(["runuser", "-u", "bob", "--", "srun", "--partition=cpu", f"--nodelist={other}",
+                               "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", "/usr/bin/python3",
+                               "-c", PESTER.format(host=address, port=port, seconds=15)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(4)  # bob's job is running and trying
+        answers = []
+        for _ in range(6):
+            answers.append(run_as("alice", PROBE.format(host=address, port=port, burst=0)))
+            time.sleep(1)
+    finally:
+        print("bob:", attack.communicate(timeout=120)[0].strip())
+    print(f"alice from the login node during bob's attempts on her queue-of-1 listener: {answers}")
+    assert answers == [f"ANSWERED {SECRET}"] * 6, answers
