@@ -66,6 +66,18 @@ except OSError as error:
 """
 
 
+PROBE_ALL = """
+import socket
+for host, port in {targets!r}:
+    s = socket.socket(); s.settimeout(10)
+    try:
+        s.connect((host, port))
+        print("ANSWERED", host, port)
+    except OSError as error:
+        print("REFUSED", host, port, type(error).__name__)
+"""
+
+
 def run_as(user: str, code: str, node: str | None = None) -> str:
     """``code`` run by ``user``: in a shell of theirs on the login node, or in a job on ``node``."""
     if node is None:
@@ -248,3 +260,60 @@ def test_a_burst_of_refused_attempts_does_not_lock_alice_out_of_a_small_queue(al
         print("bob:", attack.communicate(timeout=120)[0].strip())
     print(f"alice from the login node during bob's attempts on her queue-of-1 listener: {answers}")
     assert answers == [f"ANSWERED {SECRET}"] * 6, answers
+
+
+# Each rank prints the TCP ports it listens on as alice (Open MPI's, Horovod's), then waits so
+# that bob can try them, then all-reduces: the job must still come out right.
+HOROVOD_LISTENS = """
+import os, socket, time
+import torch
+import horovod.torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)  # every rank connected: its ports are open
+mine = set()
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        mine.add(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
+ports = set()
+for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        # its own listeners: not the one of slurmstepd's (root's) PMIx server it inherits
+        if fields[3] == "0A" and f"socket:[{fields[9]}]" in mine and int(fields[7]) == os.getuid():
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+print(f"rank {hvd.rank()} on {socket.gethostname()} listens on {sorted(ports)}", flush=True)
+time.sleep(40)
+total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
+print(f"rank {hvd.rank()} allreduce sum {total.item():.0f}", flush=True)
+"""
+
+
+def test_bob_cannot_open_alices_horovod_ranks(alice, bob):
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    response = jobs_api(alice, "POST", json={"code": HOROVOD_LISTENS, "nodes": 2, "gpus_per_node": 1,
+                                             "image": "horovod"})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["job"]["job_id"]
+    folder = Path(f"/home/alice/.dsportal/jobs/{job_id}")
+    deadline = time.monotonic() + 120
+    listening = {}
+    while time.monotonic() < deadline and len(listening) < 2:
+        for rank in (0, 1):
+            for line in _read(folder / f"rank-{rank}.out").splitlines():
+                if " listens on " in line:
+                    node = line.split(" on ")[1].split()[0]
+                    listening[rank] = (node, [int(p) for p in line.split("[")[1].rstrip("]").split(",") if p.strip()])
+        time.sleep(0.5)
+    print(f"alice's Horovod job {job_id}: {listening}")
+    assert len(listening) == 2 and all(ports for _, ports in listening.values()), listening
+    targets = [(network.address(node), port) for node, ports in listening.values() for port in ports]
+    for where in (None, *network.node_names()):  # the login node, and a job of bob's on each node
+        answers = run_as("bob", PROBE_ALL.format(targets=targets), where).splitlines()
+        print(f"bob from {where or 'the login node'} -> alice's ranks {targets}: {answers}")
+        assert len(answers) == len(targets) and all("ConnectionRefused" in a for a in answers), answers
+    messages = stream(alice, job_id)
+    assert messages[-1]["state"] == "COMPLETED", messages[-1]
+    sums = [m["line"] for m in messages if m["type"] == "line" and "allreduce sum" in m["line"]]
+    assert sorted(sums) == ["rank 0 allreduce sum 1", "rank 1 allreduce sum 1"], sums
