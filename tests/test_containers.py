@@ -5,6 +5,7 @@ import pwd
 
 from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 from hubclient import active_jobs
+from portal.cluster.demo import network
 
 PROBE = """
 import json, os
@@ -23,6 +24,8 @@ with open(path, "w") as f:
 seen["home_rw"] = open(path).read()
 import numpy
 seen["numpy"] = numpy.__version__
+import socket  # the node's own name, from the cluster's /etc/hosts (not a DNS server it cannot reach)
+seen["node"] = [socket.gethostname(), socket.gethostbyname(socket.gethostname())]
 print(json.dumps(seen))
 """
 
@@ -41,6 +44,8 @@ def test_container_kernel_runs_in_the_image_as_the_user_with_the_slice(alice):
     assert seen["uid"] == pwd.getpwnam("alice").pw_uid
     assert seen["cuda"] == host_gpus and len(seen["cuda"].split(",")) == 2
     assert seen["job"] == str(active_jobs("alice")[0]["job_id"])
+    node = active_jobs("alice")[0]["nodes"]
+    assert seen["node"] == [node, network.address(node)], seen["node"]
     assert "README.txt" in seen["datasets"]
     assert seen["home_rw"] == "from the container"
     with open("/home/alice/written-in-container.txt") as written:  # the real home, seen from the host

@@ -150,13 +150,24 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
     print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
 
 
+# Files ch-run binds from the host when the image has them: without /etc/hosts (debootstrap makes
+# none) a kernel's lookup of its own node's name went to the image's copy of the build machine's
+# DNS server, unreachable from the nodes: 10 s per lookup, a container kernel's start 20 s.
+HOST_FILES = ("etc/hosts", "etc/resolv.conf")
+
+
 def add_mount_points(image_dir: Path, targets: list[str]) -> None:
-    """Charliecloud binds onto folders the image has only: make them (mode 755)."""
+    """Charliecloud binds onto folders and files the image has only: make them (mode 755/644)."""
     for target in targets:
         folder = image_dir / target.lstrip("/")
         if not folder.is_dir():
             folder.mkdir(parents=True, exist_ok=True)
             os.chmod(folder, 0o755)
+    for name in HOST_FILES:
+        path = image_dir / name
+        if not path.exists() and not path.is_symlink():
+            path.touch(mode=0o644)
+            os.chmod(path, 0o644)
 
 
 def bind_targets(settings) -> list[str]:
