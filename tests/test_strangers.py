@@ -18,6 +18,7 @@ from hubclient import active_jobs
 from portal.cluster import firewall
 from portal.cluster.demo import network
 from test_jobs import jobs_api, stream
+from test_network import job_as
 
 SECRET = "alice-only-7d1f"
 
@@ -80,13 +81,18 @@ for host, port in {targets!r}:
 
 def run_as(user: str, code: str, node: str | None = None) -> str:
     """``code`` run by ``user``: in a shell of theirs on the login node, or in a job on ``node``."""
-    if node is None:
-        argv = ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code]
-    else:
-        argv = ["runuser", "-u", user, "--", "srun", "--partition=cpu", f"--nodelist={node}", "--ntasks=1",
-                "--cpus-per-task=1", "--mem=256M", "--time=5", "--chdir=/tmp", "/usr/bin/python3", "-c", code]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    if node is not None:
+        return job_as(user, node, code).strip()
+    result = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code],
+                            capture_output=True, text=True, timeout=120)
     return (result.stdout + result.stderr).strip()
+
+
+def job_in_background(user: str, node: str, *command: str, **popen) -> subprocess.Popen:
+    """A job of ``user`` on ``node`` running ``command`` while the test goes on."""
+    return subprocess.Popen(["runuser", "-u", user, "--", "srun", "--partition=cpu", f"--nodelist={node}",
+                             "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", *command],
+                            **(popen or {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}))
 
 
 def link_local(node: str) -> str:
@@ -105,9 +111,7 @@ def alice_listening(alice):
     alice.spawn({"profile": "gpu", "gpus": 1})
     home = active_jobs("alice")[0]["nodes"]
     other = next(n for n in network.node_names() if n != home)
-    holder = subprocess.Popen(["runuser", "-u", "alice", "--", "srun", "--partition=cpu", f"--nodelist={other}",
-                               "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", "sleep", "300"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    holder = job_in_background("alice", other, "sleep", "300")
     port = int(alice.run_code(ALICE_LISTENS.format(secret=SECRET, backlog=64), keep=True).strip())
     yield home, other, port
     holder.terminate()
@@ -117,9 +121,7 @@ def alice_listening(alice):
 def test_bob_reaches_alices_service_from_nowhere(alice_listening, bob):
     home, other, port = alice_listening
     # bob also holds a job on alice's other node: the node where she has a job is no opening.
-    bob_holds = subprocess.Popen(["runuser", "-u", "bob", "--", "srun", "--partition=cpu", f"--nodelist={other}",
-                                  "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", "sleep", "300"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bob_holds = job_in_background("bob", other, "sleep", "300")
     try:
         address, v6 = network.address(home), link_local(home)
         attempts = {
@@ -246,10 +248,8 @@ def test_a_burst_of_refused_attempts_does_not_lock_alice_out_of_a_small_queue(al
     other = next(n for n in network.node_names() if n != home)
     port = int(alice.run_code(ALICE_LISTENS.format(secret=SECRET, backlog=1), keep=True).strip())
     address = network.address(home)
-    attack = subprocess.Popen(["runuser", "-u", "bob", "--", "srun", "--partition=cpu", f"--nodelist={other}",
-                               "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", "/usr/bin/python3",
-                               "-c", PESTER.format(host=address, port=port, seconds=15)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    attack = job_in_background("bob", other, "/usr/bin/python3", "-c", PESTER.format(host=address, port=port, seconds=15),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(4)  # bob's job is running and trying
         answers = []
