@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import math
 import re
+import ssl
 
 import ldap3
 from ldap3.core.exceptions import LDAPBindError, LDAPCommunicationError, LDAPResponseTimeoutError
@@ -66,10 +67,12 @@ class NotThroughTheProxy(web.HTTPError):
 
 def from_a_session(handler) -> bool:
     """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
-    stream = getattr(getattr(handler, "request", None) and handler.request.connection, "stream", None)
-    getpeercert = getattr(getattr(stream, "socket", None), "getpeercert", None)
+    connection = getattr(handler.request.connection, "stream", None)  # tornado's HTTP/1 stream
+    tls = getattr(connection, "socket", None)
+    if not isinstance(tls, ssl.SSLSocket):  # plain HTTP: no certificate to tell by
+        return False
     try:
-        certificate = getpeercert() if getpeercert else None
+        certificate = tls.getpeercert()
     except ValueError:  # not connected any more
         return False
     return any(kind == "DNS" and value.endswith(f".{USERS_DOMAIN}")
