@@ -79,7 +79,7 @@ def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, 
         name = label(mode, gpus)
         nodes, per_node = layout(gpus)
         bench_args = ["--mode", mode, "--label", "portal", *(["--steps", str(steps)] if steps else [])]
-        plan = jobs.plan_job({"code": code, "args": bench_args, "nodes": nodes,
+        plan = jobs.plan({"code": code, "args": bench_args, "nodes": nodes,
                               "gpus_per_node": per_node, "launcher": "torchrun" if mode == "ddp" else "mpi",
                               "walltime": "00:20:00", "name": f"bench-{name}"}, policy, HOME)
         job_dir = f"{HOME}/.dsportal/jobs/{name}"

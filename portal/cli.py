@@ -11,6 +11,7 @@ from pathlib import Path
 from . import settings as settings_module
 from .cluster import demo, firewall, images, templatecheck, usage
 from .cluster.check import run_checks
+from .cluster.slurmclient import SlurmCommands
 from .templatesources import notebooks
 
 
@@ -110,7 +111,7 @@ def cmd_usage(args) -> int:
         print(f"dsportal usage: {error}", file=sys.stderr)
         return 2
     try:
-        rows = usage.collect(since, args.user, env={**os.environ, **settings.slurm_env()})
+        rows = usage.collect(since, SlurmCommands.from_settings(settings), args.user)
     except usage.UsageUnavailable as error:
         print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
               "(AccountingStorageType=accounting_storage/slurmdbd); see docs/admin.md.", file=sys.stderr)

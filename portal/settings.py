@@ -17,6 +17,9 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import defaults
+
+
 def _default_config() -> Path:
     """The repo's config/portal.yaml when run from a checkout, else the packaged copy."""
     checkout = Path(__file__).resolve().parent.parent / "config" / "portal.yaml"
@@ -158,12 +161,12 @@ class HubSettings(_Model):
 
 class SlurmSettings(_Model):
     conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF).")
-    bin_dir: Path = Path("/usr/bin")
+    bin_dir: Path = Path(defaults.SLURM_BIN_DIR)
     submit_as: Literal["runuser", "sudo"] = Field(
-        "runuser", description="How the hub (root) runs sbatch/scancel as the user."
+        defaults.SUBMIT_AS, description="How the hub (root) runs sbatch/scancel as the user."
     )
     poll_interval: float = Field(
-        1.0, gt=0, description="Seconds between the shared squeue calls while sessions start."
+        defaults.SLURM_POLL_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start."
     )
     session_check_interval: int = Field(
         2, gt=0, description="Seconds between the hub's checks that each running session's job still runs. "
@@ -198,10 +201,10 @@ class LdapSettings(_Model):
     allowed_groups: list[str] = Field(
         default_factory=list, description="Group DNs whose members may log in (empty: any account)."
     )
-    connect_timeout: float = Field(5.0, gt=0, description="Seconds to open the connection to the LDAP server.")
-    receive_timeout: float = Field(5.0, gt=0, description="Seconds to wait for each LDAP answer (bind, search).")
+    connect_timeout: float = Field(defaults.LDAP_CONNECT_TIMEOUT, gt=0, description="Seconds to open the connection to the LDAP server.")
+    receive_timeout: float = Field(defaults.LDAP_RECEIVE_TIMEOUT, gt=0, description="Seconds to wait for each LDAP answer (bind, search).")
     login_timeout: float = Field(
-        8.0, gt=0, description="Seconds a whole login may take; past it the login page says the login service "
+        defaults.LDAP_LOGIN_TIMEOUT, gt=0, description="Seconds a whole login may take; past it the login page says the login service "
         "is not answering. Logins run off the hub's event loop, so a hung LDAP never stalls other users.",
     )
     throttle: LoginThrottleSettings = Field(
@@ -360,20 +363,20 @@ class DataMount(_Model):
 
 class SessionSettings(_Model):
     environment: Path = Field(
-        Path("/opt/dsportal/env"),
+        Path(defaults.ENVIRONMENT),
         description="World-readable Python prefix with jupyterhub-singleuser, JupyterLab, ipykernel.",
     )
-    log_dir: str = Field("{home}/.dsportal/logs", description="Per-user job logs; {home}, {user}. "
+    log_dir: str = Field(defaults.SESSION_LOG_DIR, description="Per-user job logs; {home}, {user}. "
                          "Created private (0700) whatever the home's mode.")
-    workdir: str = "{home}"
-    umask: str = Field("077", pattern=r"^0?[0-7]{3}$",
+    workdir: str = defaults.SESSION_WORKDIR
+    umask: str = Field(defaults.SESSION_UMASK, pattern=r"^0?[0-7]{3}$",
                        description="umask of everything the session job runs (files 0600, folders 0700 by "
                        "default): other users sharing the node cannot read what a session writes.")
     default_profile: str | None = None
     activity_interval: int = Field(
-        60, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
+        defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
         "and busy GPUs count); the idle limits of profiles are measured from the last report.")
-    gpu_busy_percent: int = Field(5, ge=0, le=100, description="GPU utilisation from which a session's GPU counts as in use.")
+    gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100, description="GPU utilisation from which a session's GPU counts as in use.")
 
 
 _FOLDER = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

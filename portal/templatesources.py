@@ -1,4 +1,4 @@
-"""The template sources a user sees: handed by the hub to each session (``DSPORTAL_TEMPLATES``).
+"""The template sources a user sees: handed by the hub to each session (``sessionvars.TEMPLATES``).
 
 The spawner (hub) builds a :class:`Spec` from portal.yaml's ``templates`` section and the
 user's groups; the session (portal/session/nbtemplates.py) publishes it, and the admin's
@@ -12,7 +12,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SPEC_ENV = "DSPORTAL_TEMPLATES"
+from . import sessionvars
+
+SPEC_ENV = sessionvars.TEMPLATES
 _SKIPPED = {".ipynb_checkpoints", "__pycache__"}
 
 

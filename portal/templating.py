@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 
+from . import sessionvars
 from .settings import SLURM_TOKEN
 
 _CHECKOUT = Path(__file__).resolve().parent.parent / "templates"
@@ -42,6 +43,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["shell"] = lambda value: shlex.quote(str(value))
     env.filters["sbatch"] = sbatch_value
+    env.globals["vars"] = sessionvars  # the session's variables by name: {{ vars.SESSION_DIR }}
     return env
 
 

@@ -36,12 +36,11 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from portal.cluster.slurm import Slurm, SlurmError
+from portal.cluster.slurmclient import Slurm, SlurmError
 
 FOLDER = ".dsportal/certs"
 # Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time.
 _STORE = threading.Lock()
-LOCAL_CLIENT_ENV = "DSPORTAL_SSL_LOCAL_CLIENT"  # folder of the kernels' client certificate and the CA
 
 
 def _alt_name(name: str) -> str:

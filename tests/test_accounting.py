@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hubclient import active_jobs
-from portal.cluster.slurm import Slurm
+from portal.cluster.slurmclient import Slurm
 from test_jobs import jobs_api
 
 DSPORTAL = str(Path(sys.executable).parent / "dsportal")
@@ -98,7 +98,7 @@ def test_final_states_come_from_accounting_once_slurmctld_forgot_them(alice):
         "from portal.session import jobs\n"
         f"folder = jobs.jobs_root() / '{job_id}'\n"
         "(folder / 'state.json').unlink(missing_ok=True)\n"
-        f"info = jobs.load({job_id}, slurm={{}})\n"
+        f"info = jobs.load({job_id}, listed={{}})\n"
         "print(json.dumps([info.state, info.reason]))")
     assert json.loads(answer) == ["COMPLETED", "from Slurm accounting"], answer
 

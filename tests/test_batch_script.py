@@ -4,13 +4,13 @@ import pytest
 
 from portal.settings import load
 from portal.templating import render
-from spawner.form import RequestError, session_slice
+from portal.rules import RequestError, slice_for
 from conftest import CONFIG
 
 
 def script(**overrides):
     profile = load(CONFIG).profile("gpu")
-    chosen = session_slice(profile, overrides.pop("gpus", None), overrides.pop("walltime", None))
+    chosen = slice_for(profile, overrides.pop("gpus", None), overrides.pop("walltime", None))
     context = dict(job_name="dsportal-alice", partition=profile.partition, gpus=chosen.gpus, cpus=chosen.cpus,
                    mem_mb=chosen.mem_mb, walltime=chosen.walltime, log_path="/home/alice/.dsportal/logs/session-%j.log",
                    workdir="/home/alice", profile=profile.model_dump(), environment="/opt/dsportal/env",
@@ -48,13 +48,13 @@ def test_shell_values_are_quoted():
 @pytest.mark.parametrize("gpus", [3, -1, "2; id", "1.5", True])
 def test_gpu_counts_outside_the_choices_are_refused(gpus):
     with pytest.raises(RequestError):
-        session_slice(load(CONFIG).profile("gpu"), gpus)
+        slice_for(load(CONFIG).profile("gpu"), gpus)
 
 
 @pytest.mark.parametrize("walltime", ["13:00:00", "8h", "00:00:00", "1-00:00:00"])
 def test_walltimes_outside_the_limit_are_refused(walltime):
     with pytest.raises(RequestError):
-        session_slice(load(CONFIG).profile("gpu"), 1, walltime)
+        slice_for(load(CONFIG).profile("gpu"), 1, walltime)
 
 
 def test_session_runs_with_a_private_umask():

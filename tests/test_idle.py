@@ -16,7 +16,7 @@ from playwright.sync_api import sync_playwright
 from conftest import login
 from test_browser import ARGS, CHROMIUM, SHOTS
 from hubclient import active_jobs, squeue_jobs
-from portal.cluster.slurm import job_gpus
+from portal.cluster.slurmclient import job_gpus
 from portal.session.activity import busy_gpus
 
 LIMIT = 30

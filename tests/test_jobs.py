@@ -267,7 +267,7 @@ def test_policy_and_slice_are_served_to_the_owner(alice_session, bob):
 
 # -- the batch script itself (no cluster needed) ------------------------------------------
 def _policy(**jobs_settings):
-    from portal.launchpolicy import LaunchPolicy
+    from portal.rules import LaunchPolicy
     from portal.settings import Image, Profile
 
     profile = Profile(name="gpu", partition="gpu", display_name="GPU", account="proj1",
@@ -282,7 +282,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
     policy = _policy()
-    plan = jobs.plan_job({"code": "print(1)", "nodes": 4, "gpus_per_node": 4, "image": "ngc",
+    plan = jobs.plan({"code": "print(1)", "nodes": 4, "gpus_per_node": 4, "image": "ngc",
                           "env": {"NCCL_DEBUG": "INFO", "MY_VAR": "$(touch /var/tmp/dsportal-pwned)"},
                           "args": ["--lr", "0.1; rm -rf ~"]}, policy, tmp_path)
     script = jobs.render_script(plan, policy, "/home/u/.dsportal/jobs/x", "/home/u/.dsportal/jobs/x/cell.py",
@@ -298,7 +298,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
                               "-u", "/home/u/.dsportal/jobs/x/cell.py", "--lr", "'0.1;", "rm", "-rf", "~'"]
     # The same plan under mpirun: Open MPI maps the ranks, the rest is identical.
     policy = _policy(launcher="mpirun")
-    plan = jobs.plan_job({"code": "print(1)", "nodes": 2}, policy, tmp_path)
+    plan = jobs.plan({"code": "print(1)", "nodes": 2}, policy, tmp_path)
     script = jobs.render_script(plan, policy, "/j", "/j/cell.py", "/home/u")
     assert 'mpirun -np "$SLURM_NTASKS" -bind-to none -map-by slot' in script and "srun" not in script
 

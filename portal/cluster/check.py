@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import socket
@@ -15,7 +14,7 @@ import ldap3
 from .. import settings as settings_module
 from ..templatesources import notebooks
 from . import firewall
-from .slurm import Slurm, SlurmError
+from .slurmclient import SlurmCommands, SlurmError
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
@@ -33,9 +32,8 @@ class Result:
 
 
 def check_slurm(settings) -> list[Result]:
-    slurm = Slurm.from_settings(settings)
     try:
-        found = asyncio.run(slurm.partitions())
+        found = SlurmCommands.from_settings(settings).partitions()
     except SlurmError as error:
         return [Result("Slurm controller", False, f"not reachable: {error}")]
     results = [Result("Slurm controller", True, f"answers; partitions {', '.join(found) or 'none'}")]
@@ -48,10 +46,10 @@ def check_slurm(settings) -> list[Result]:
 
 def check_nodes(settings) -> list[Result]:
     """Each compute node's address, and whether this host (the login node: hub, proxy) reaches it."""
-    slurm = Slurm.from_settings(settings)
+    slurm = SlurmCommands.from_settings(settings)
     try:
-        nodes = asyncio.run(slurm.nodes(max_age=0))
-        port = int(slurm_config(settings).get("SlurmdPort") or 6818)
+        nodes = slurm.nodes()
+        port = int(slurm.config().get("SlurmdPort") or 6818)
     except (SlurmError, ValueError) as error:
         return [Result("compute nodes", True, f"not known ({error})", warning=True)]
     results = []
@@ -187,20 +185,6 @@ def proc_hidepid(mounts: str = "/proc/mounts") -> str | None:
     return None
 
 
-def slurm_config(settings) -> dict[str, str]:
-    """`scontrol show config` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
-    slurm = Slurm.from_settings(settings)
-    out = asyncio.run(slurm.run([slurm.tool("scontrol"), "show", "config"]))
-    found = {}
-    for line in out.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() and " " not in key.strip():
-            found[key.strip()] = value.strip()
-    if not found:
-        raise SlurmError("scontrol show config printed nothing")
-    return found
-
-
 def _job_confinement(config: dict[str, str]) -> Result:
     missing = [what for what, ok in (
         ("ProctrackType=proctrack/cgroup (processes a job leaves behind keep running)",
@@ -230,7 +214,7 @@ def check_confinement(settings) -> list[Result]:
     """What keeps slices that share a node apart beyond files and ports: Slurm's confinement of
     each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
     try:
-        config = slurm_config(settings)
+        config = SlurmCommands.from_settings(settings).config()
     except SlurmError as error:
         results = [Result("job confinement", True, f"not known ({error})", warning=True)]
     else:
@@ -249,11 +233,10 @@ def check_confinement(settings) -> list[Result]:
 
 def check_accounting(settings) -> Result:
     try:
-        result = subprocess.run(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], capture_output=True,
-                                text=True, timeout=30, env={**os.environ, **settings.slurm_env()})
-        problem = (result.stderr or "").strip() if result.returncode else ""
-    except (OSError, subprocess.TimeoutExpired) as error:
-        problem = str(error)
+        SlurmCommands.from_settings(settings).accounting_since("now-1minutes", ("JobID",), timeout=30)
+        problem = ""
+    except SlurmError as error:
+        problem = str(error) or "no answer"
     if problem:
         return Result("Slurm accounting", True, f"sacct does not answer ({problem.splitlines()[-1]}): finished "
                       "jobs show as UNKNOWN once slurmctld forgets them and `dsportal usage` has no data "

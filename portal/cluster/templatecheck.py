@@ -28,13 +28,12 @@ import uuid
 from pathlib import Path
 from typing import NamedTuple
 
-from spawner.form import may_use, unix_groups
-
-from ..launchpolicy import POLICY_ENV, LaunchPolicy
+from .. import sessionvars
+from ..rules import LaunchPolicy, may_use, unix_groups
 from ..templatesources import notebooks
 
-CHECK_ENV = "DSPORTAL_TEMPLATE_CHECK"
-RUN_MARK = "DSPORTAL_TEMPLATE_RUN"
+CHECK_ENV = sessionvars.TEMPLATE_CHECK
+RUN_MARK = sessionvars.TEMPLATE_RUN
 RESULT_CHARS = 64 * 1024  # the longest line root reads from a runner (a result is far shorter)
 
 
@@ -245,7 +244,7 @@ def _user_env(settings, user: str) -> dict[str, str]:
     profiles = [p for p in settings.profiles if may_use(p, unix_groups(user))]
     if profiles:  # what the hub would give this user's session: the job launcher works in templates
         default = settings.profile().name if settings.profile() in profiles else profiles[0].name
-        env[POLICY_ENV] = LaunchPolicy(
+        env[sessionvars.LAUNCH_POLICY] = LaunchPolicy(
             profiles=profiles, default_profile=default, images=settings.images,
             data_mounts=settings.data_mounts, environment=prefix).to_env()
     return env

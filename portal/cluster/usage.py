@@ -11,11 +11,10 @@ time, CPU-hours likewise with AllocTRES cpu. One sacct call.
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .slurm import profile_of
+from .slurmclient import SlurmCommands, SlurmError, profile_of
 
 FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
 KEYS = ("user", "account", "profile")
@@ -73,15 +72,10 @@ def gpus_of(tres: str) -> int:
     return int(untyped.group(1)) if untyped else sum(int(n) for n in _GPUS.findall(tres or ""))
 
 
-def parse(text: str) -> dict[tuple[str, str, str], Row]:
+def summed(records: list[dict[str, str]]) -> dict[tuple[str, str, str], Row]:
+    """Accounting's records (FIELDS) summed per user, account and profile."""
     rows: dict[tuple[str, str, str], Row] = {}
-    for line in text.splitlines():
-        values = line.split("|")
-        if len(values) != len(FIELDS):
-            continue
-        record = dict(zip(FIELDS, values))
-        if not record["JobID"].isdigit():
-            continue
+    for record in records:
         profile = profile_of(record["Comment"]) or f"({record['Partition']})"
         key = (record["User"], record["Account"] or "-", profile)
         row = rows.setdefault(key, Row(*key))
@@ -111,16 +105,11 @@ def grouped(rows: dict[tuple[str, str, str], Row], by: tuple[str, ...]) -> dict[
     return result
 
 
-def collect(since: datetime, user: str | None = None, env: dict | None = None) -> dict[tuple[str, str, str], Row]:
-    argv = ["sacct", "-X", "-n", "-P", "-S", since.strftime("%Y-%m-%dT%H:%M:%S"), "-E", "now", "-o", ",".join(FIELDS)]
-    argv += ["-u", user] if user else ["-a"]
+def collect(since: datetime, slurm: SlurmCommands, user: str | None = None) -> dict[tuple[str, str, str], Row]:
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise UsageUnavailable(f"sacct did not run: {error}") from None
-    if result.returncode != 0:
-        raise UsageUnavailable((result.stderr or result.stdout).strip() or f"sacct exit status {result.returncode}")
-    return parse(result.stdout)
+        return summed(slurm.accounting_since(since.strftime("%Y-%m-%dT%H:%M:%S"), FIELDS, user=user))
+    except SlurmError as error:
+        raise UsageUnavailable(str(error)) from None
 
 
 def report(rows: dict[tuple[str, str, str], Row], since: datetime, by: tuple[str, ...] = KEYS) -> str:

@@ -25,6 +25,7 @@ from traitlets import Float, Integer
 
 from spawner.certs import USERS_DOMAIN
 
+from .. import defaults
 from ..settings import human_duration
 from . import metrics
 from .loginthrottle import LoginThrottle
@@ -83,9 +84,9 @@ class PortalAuthenticator(LDAPAuthenticator):
     """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
     timeouts on every LDAP operation, logins off the event loop."""
 
-    connect_timeout = Float(5.0, help="Seconds to open a connection to the LDAP server.").tag(config=True)
-    receive_timeout = Float(5.0, help="Seconds to wait for each LDAP answer.").tag(config=True)
-    login_timeout = Float(8.0, help="Seconds one whole login may take.").tag(config=True)
+    connect_timeout = Float(defaults.LDAP_CONNECT_TIMEOUT, help="Seconds to open a connection to the LDAP server.").tag(config=True)
+    receive_timeout = Float(defaults.LDAP_RECEIVE_TIMEOUT, help="Seconds to wait for each LDAP answer.").tag(config=True)
+    login_timeout = Float(defaults.LDAP_LOGIN_TIMEOUT, help="Seconds one whole login may take.").tag(config=True)
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
     free_failures = Integer(5, help="Failed logins of one account from one address before each further "
                             "attempt from there waits.").tag(config=True)

@@ -13,8 +13,8 @@ import jupyterhub.user
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from spawner.profiles import PartitionSpawner
-from spawner.slurm import SlurmGPUSpawner
+from spawner.partitionspawner import PartitionSpawner
+from spawner.gpuspawner import SlurmGPUSpawner
 
 from .. import settings as settings_module
 from .. import templating
@@ -42,7 +42,7 @@ def _proxy_command(command: list[str]) -> list[str]:
 def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     """TLS between hub, proxy and sessions: JupyterHub's internal_ssl, its certificates under the
     hub's data folder. The hub's certificate also names the address the compute nodes reach it at;
-    each session's names its node (spawner/slurm.py) and its user: the proxy and the hub's checks
+    each session's names its node (spawner/gpuspawner.py) and its user: the proxy and the hub's checks
     talk to a user's route only if its certificate is that user's (portal/hub/routeowner.py)."""
     c.JupyterHub.internal_ssl = True
     if not hasattr(jupyterhub.user.make_ssl_context, "original"):

@@ -1,7 +1,8 @@
 """The portal's Prometheus metrics, served with JupyterHub's own at /hub/metrics.
 
-Counters are counted where things happen (logins, sessions ending, idle reclaims, refused port
-reports; the Slurm client's command counters are defined beside it, in portal/cluster/slurm.py). The session and capacity gauges are read at scrape time from
+Counters are counted where things happen: logins and refused port reports here, sessions starting,
+ending and reclaimed in spawner/metrics.py, the Slurm client's commands in portal/cluster/slurmclient.py.
+The session and capacity gauges are read at scrape time from
 the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of its own.
 """
 
@@ -10,45 +11,19 @@ from __future__ import annotations
 import re
 import time
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from ..cluster.slurm import partition_resources
+from spawner.metrics import IDLE_AFTER_S, last_uses
+
+from ..cluster.slurmclient import partition_resources
 
 LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, throttled: too many "
                  "failures, LDAP not asked).", ["outcome"])
-SESSIONS_ENDED = Counter(
-    "dsportal_sessions_ended_outside", "Session jobs that ended without a stop through the portal, by how: "
-    "Slurm's state (CANCELLED, TIMEOUT, NODE_FAIL, FAILED...), or IDLE when the idle limit stopped them.",
-    ["partition", "how"])
-IDLE_GPUS_RECLAIMED = Counter(
-    "dsportal_idle_gpus_reclaimed", "GPUs given back to the queue by stopping unused sessions.", ["partition"])
-SPAWN_FAILURES = Counter(
-    "dsportal_spawn_failures", "Session starts that failed, by profile and reason (invalid-request: refused by the "
-    "portal; submit-refused: refused by sbatch, e.g. a QoS limit; scheduler-unavailable; job-failed: the job ended "
-    "before JupyterLab answered).", ["profile", "reason"])
-SPAWN_PENDING = Histogram(
-    "dsportal_spawn_pending_seconds", "How long session jobs waited in Slurm's queue before they started, by profile.",
-    ["profile"], buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400))
 PORT_REPORTS_REFUSED = Counter(
     "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
 
 SESSION_JOB = re.compile(r"^dsportal-")
-IDLE_AFTER_S = 900  # a running GPU session unused this long counts as holding its GPUs idle
-
-# Running sessions' partition, GPUs and when each was last used (monotonic clock), kept up to date
-# by the spawners' polls and dropped when a session stops.
-_last_use: dict[int, tuple[str, int, float]] = {}
-
-
-def session_idle(key: int, partition: str, gpus: int, idle_seconds: float | None) -> None:
-    """Called on each poll of a running session (None: starting, stopping or gone)."""
-    if idle_seconds is None:
-        _last_use.pop(key, None)
-    else:
-        _last_use[key] = (partition, gpus, time.monotonic() - idle_seconds)
-
-
 class SlurmCollector:
     """Session jobs and GPUs by partition and state, and each partition's GPUs, at scrape time."""
 
@@ -62,7 +37,7 @@ class SlurmCollector:
                                  labels=["partition", "state"])
         counts: dict[tuple[str, str], list[int]] = {}
         by_profile: dict[tuple[str, str], int] = {}
-        for job in self.slurm._squeue.value.values():
+        for job in self.slurm.last_jobs.values():
             if not SESSION_JOB.match(job.name) or job.finished:
                 continue
             state = "running" if job.running else "pending"
@@ -86,7 +61,7 @@ class SlurmCollector:
                                  labels=["partition"])
         held: dict[str, int] = {}
         now = time.monotonic()
-        for partition, n, last_use in list(_last_use.values()):
+        for partition, n, last_use in last_uses():
             if n and now - last_use >= IDLE_AFTER_S:
                 held[partition] = held.get(partition, 0) + n
         for partition, n in sorted(held.items()):

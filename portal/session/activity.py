@@ -22,10 +22,10 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
-from ..cluster.slurm import job_gpus
+from .. import defaults, sessionvars
+from ..cluster.slurmclient import job_gpus
 
 KEY = "dsportal_last_activity"
-LIMIT_ENV = "DSPORTAL_IDLE_LIMIT"  # seconds, from the hub: the profile's idle limit for this slice
 NVIDIA_SMI_QUERY = ["--query-gpu=minor_number,utilization.gpu", "--format=csv,noheader,nounits"]
 
 
@@ -79,8 +79,8 @@ def count_only_changes_as_use() -> None:
 
 def setup(server_app) -> None:
     count_only_changes_as_use()
-    interval = int(os.environ.get("DSPORTAL_ACTIVITY_INTERVAL") or 60)
-    threshold = int(os.environ.get("DSPORTAL_GPU_BUSY_PERCENT") or 5)
+    interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
+    threshold = int(os.environ.get(sessionvars.GPU_BUSY_PERCENT) or defaults.GPU_BUSY_PERCENT)
     settings = server_app.web_app.settings
     mine = job_gpus()
 
@@ -98,9 +98,9 @@ def setup(server_app) -> None:
 
 def idle_state(web_app) -> dict:
     """What JupyterLab shows before the hub stops an unused session (GET dsportal/api/idle)."""
-    limit = int(os.environ.get(LIMIT_ENV) or 0)
+    limit = int(os.environ.get(sessionvars.IDLE_LIMIT) or 0)
     idle = (datetime.now(timezone.utc) - web_app.last_activity()).total_seconds()
-    interval = int(os.environ.get("DSPORTAL_ACTIVITY_INTERVAL") or 60)
+    interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
     return {"limit_s": limit or None, "idle_s": int(idle),
             # the hub hears of use once per activity interval: stop-in counts from its view
             "stop_in_s": max(0, int(limit - idle - interval)) if limit else None}

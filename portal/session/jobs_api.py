@@ -27,7 +27,7 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
-from ..cluster.slurm import refusal_hint
+from ..cluster.slurmclient import SlurmError, SlurmUnavailable, refusal_hint
 from .api import MessageAPIHandler
 from .onuse import module_on_use
 
@@ -48,11 +48,11 @@ class _JobsAPI(MessageAPIHandler):
     def _fail(self, error: Exception):
         if isinstance(error, jobs.JobNotFound):
             raise web.HTTPError(404, str(error))
-        if isinstance(error, jobs.SchedulerUnavailable):
+        if isinstance(error, SlurmUnavailable):
             raise web.HTTPError(503, f"The cluster scheduler is not answering right now, please retry: {error}")
-        if isinstance(error, jobs.SlurmRefused):
+        if isinstance(error, SlurmError):
             raise web.HTTPError(400, f"Slurm refused the job: {error}{refusal_hint(str(error))}")
-        if isinstance(error, jobs.JobRequestError):
+        if isinstance(error, jobs.RequestError):
             raise web.HTTPError(400, f"Your job request was refused: {error}")
         raise error
 
@@ -74,7 +74,7 @@ class JobsHandler(_JobsAPI):
             raise web.HTTPError(400, "Your job request was refused: the body is not JSON") from None
         try:
             policy = await asyncio.to_thread(_policy)
-            plan = jobs.plan_job(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
+            plan = jobs.plan(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
             info = await asyncio.to_thread(jobs.submit, plan, policy)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
@@ -107,7 +107,7 @@ class PolicyHandler(_JobsAPI):
     async def get(self):
         try:
             policy = await asyncio.to_thread(_policy)
-        except jobs.JobRequestError as error:
+        except jobs.RequestError as error:
             self._fail(error)
         self.finish(policy.to_env())
 
@@ -116,7 +116,7 @@ class SliceHandler(_JobsAPI):
     @web.authenticated
     async def get(self):
         try:
-            found = await asyncio.to_thread(jobs.session_slice)
+            found = await asyncio.to_thread(jobs.held_slice)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
         self.finish(json.dumps(found))
@@ -166,7 +166,7 @@ class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
                     checked = time.monotonic()
                     try:
                         info = await asyncio.to_thread(jobs.load, self.job_id)
-                    except jobs.SchedulerUnavailable:
+                    except SlurmUnavailable:
                         pass  # keep streaming; ask again next second
                 ended = info.finished
                 for event in follower.poll(final=ended):

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..cluster.slurmclient import SlurmError, SlurmUnavailable
+from ..rules import RequestError
 from . import jobs
 
 
@@ -89,7 +91,7 @@ def launch(**request) -> Job:
     """Submit a job (same fields as the REST API: script or code, nodes, gpus_per_node, image, ...)."""
     policy = jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
     request = {key: value for key, value in request.items() if value is not None}  # Python's "not given"
-    plan = jobs.plan_job(request, policy, os.getcwd())
+    plan = jobs.plan(request, policy, os.getcwd())
     info = jobs.submit(plan, policy)
     print(f"Submitted job {info.job_id}: {info.description}\nLogs: {info.folder}", flush=True)
     return Job(info.job_id)
@@ -116,13 +118,13 @@ def _parse(line: str) -> tuple[dict, bool]:
     try:
         args, rest = parser.parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, ValueError) as error:
-        raise jobs.JobRequestError(f"%%horovod: {error}") from None
+        raise RequestError(f"%%horovod: {error}") from None
     if rest:
-        raise jobs.JobRequestError(f"%%horovod: unknown option(s) {' '.join(rest)}")
+        raise RequestError(f"%%horovod: unknown option(s) {' '.join(rest)}")
     env = {}
     for item in args.env:
         if "=" not in item:
-            raise jobs.JobRequestError(f"%%horovod: --env takes NAME=VALUE, not {item!r}")
+            raise RequestError(f"%%horovod: --env takes NAME=VALUE, not {item!r}")
         key, value = item.split("=", 1)
         env[key] = value
     request = {k: v for k, v in {
@@ -145,10 +147,10 @@ def horovod(line: str, cell: str, launcher: str | None = None):
         if launcher:
             request["launcher"] = launcher
         job = launch(code=cell, **request)
-    except jobs.JobRequestError as error:
-        raise UsageError(f"Job refused: {error}") from None
-    except jobs.SchedulerUnavailable as error:
+    except SlurmUnavailable as error:
         raise UsageError(f"The cluster scheduler is not answering right now, please retry: {error}") from None
+    except (RequestError, SlurmError) as error:
+        raise UsageError(f"Job refused: {error}") from None
     if wait:
         info = job.follow()
         if info.finished and info.state != "COMPLETED":

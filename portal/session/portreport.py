@@ -19,7 +19,7 @@ from jupyterhub.services.auth import HubAuth
 from jupyterhub.utils import make_ssl_context, url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from .singleuser import REPORT_ENV
+from .. import sessionvars
 
 
 def refusal(code: int, body: bytes) -> str:
@@ -35,7 +35,7 @@ def refusal(code: int, body: bytes) -> str:
 
 
 async def report(server_app) -> None:
-    if not os.environ.pop(REPORT_ENV, ""):
+    if not os.environ.pop(sessionvars.REPORT_PORT, ""):
         return
     port = server_app.port  # the one it bound (the chosen one, unless taken meanwhile)
     hub_auth = HubAuth()

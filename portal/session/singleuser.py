@@ -1,7 +1,7 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
-1. Writes this session's container kernelspecs (the catalog the hub put in DSPORTAL_KERNEL_CATALOG)
-   into the session's own folder (DSPORTAL_SESSION_DIR, on JUPYTER_PATH).
+1. Writes this session's container kernelspecs (the catalog the batch script put in sessionvars.KERNEL_CATALOG)
+   into the session's own folder (sessionvars.SESSION_DIR, on JUPYTER_PATH).
 2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
    process, without the hub's database layer and without asking yarn for a registry (below).
 3. Once the server listens, the session extension reports the port and the Slurm job id to the hub
@@ -26,13 +26,11 @@ from urllib.parse import urlparse, urlunparse
 
 import jupyter_core.paths
 
+from .. import sessionvars
 from .kernels import write_catalog
 from .onuse import LoadOnUse, OnUse
 
 # What the batch script (templates/session.sbatch.j2) and this entry point hand on, in the environment.
-CATALOG_ENV = "DSPORTAL_KERNEL_CATALOG"  # the profile's images and data mounts (JSON), for kernelspecs
-SESSION_DIR_ENV = "DSPORTAL_SESSION_DIR"  # the session's private folder (on JUPYTER_PATH)
-REPORT_ENV = "DSPORTAL_REPORT_PORT"  # set: this server is a session job's and reports its port
 
 
 def _import_without_sqlalchemy(name: str) -> None:
@@ -135,7 +133,7 @@ def free_port() -> int:
 
 
 def write_container_kernels() -> None:
-    catalog, folder = os.environ.pop(CATALOG_ENV, ""), os.environ.get(SESSION_DIR_ENV, "")
+    catalog, folder = os.environ.pop(sessionvars.KERNEL_CATALOG, ""), os.environ.get(sessionvars.SESSION_DIR, "")
     if not catalog or not folder:
         return
     try:
@@ -149,7 +147,7 @@ def write_container_kernels() -> None:
 def main() -> None:
     write_container_kernels()
     port = free_port()
-    os.environ[REPORT_ENV] = "1"
+    os.environ[sessionvars.REPORT_PORT] = "1"
     service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
     if service_url:
         url = urlparse(service_url)

@@ -19,10 +19,10 @@ $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
 $PY - <<'PYEOF'
 from portal import settings
 from portal.templating import render
-from spawner.form import session_slice
+from portal.rules import slice_for
 s = settings.load("config/portal.yaml")
 for gpus in (1, 2):
-    chosen = session_slice(s.profile("gpu"), gpus, None)
+    chosen = slice_for(s.profile("gpu"), gpus, None)
     script = render("session.sbatch.j2", job_name="dsportal-alice", partition=chosen.profile.partition,
                     gpus=chosen.gpus, cpus=chosen.cpus, mem_mb=chosen.mem_mb, walltime=chosen.walltime,
                     log_path="/home/alice/.dsportal/logs/session-%j.log", workdir="/home/alice",

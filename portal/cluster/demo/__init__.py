@@ -25,7 +25,7 @@ from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub
 from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .network import ensure_network, network_status, remove_hosts, remove_network
-from .slurm import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
+from .slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 
 __all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm", "paths", "status", "stop_hub",
            "stop_pid", "up"]

@@ -15,17 +15,18 @@ import asyncio
 import time
 from datetime import datetime, timezone
 
-from traitlets import Float, List, Unicode, default
+from sqlalchemy.orm import object_session
+from traitlets import Any, Float, List, Unicode, default
 from wrapspawner import WrapSpawner
 
-from portal.cluster.slurm import SlurmError
-from portal.hub import metrics
+from portal.cluster.slurmclient import SlurmError
+from portal.rules import RequestError, SessionSlice, may_use, parse_options, unix_groups
 from portal.settings import Profile, parse_memory_mb
 from portal.templating import render
 
-from . import certs
-from .form import RequestError, may_use, options_from_form, parse_options, unix_groups
-from .slurm import RequestRefused, SlurmGPUSpawner
+from . import certs, metrics
+from .form import options_from_form
+from .gpuspawner import RequestRefused, SlurmGPUSpawner
 
 
 class PartitionSpawner(WrapSpawner):
@@ -34,11 +35,13 @@ class PartitionSpawner(WrapSpawner):
     resources_interval = Float(10.0, help="Seconds the form's live resources are cached.").tag(config=True)
 
     child_profile = Unicode()
-    session_ended = ""  # why the last session ended outside the portal, until the next start
+    session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")
+    created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
+    validated = Any(None, help="(options, slice) of the last form the user sent, validated: its start uses the slice.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._created_at = time.monotonic()
+        self.created_at = time.monotonic()
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:
@@ -48,7 +51,7 @@ class PartitionSpawner(WrapSpawner):
         groups = unix_groups(self.user.name)
         return [p for p in self.profile_models() if may_use(p, groups)]
 
-    def validated_slice(self, options: dict):
+    def validated_slice(self, options: dict) -> SessionSlice:
         try:
             return parse_options(options or {}, self.profile_models(), unix_groups(self.user.name),
                                  self.default_profile or self.profile_models()[0].name)
@@ -85,7 +88,7 @@ class PartitionSpawner(WrapSpawner):
 
     def options_from_form(self, formdata):
         options = options_from_form(formdata)
-        self.validated_slice(options)  # refuse now: the form comes back with the message
+        self.validated = (options, self.validated_slice(options))  # refuse now: the form comes back with the message
         return options
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
@@ -143,7 +146,10 @@ class PartitionSpawner(WrapSpawner):
     def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
         try:
-            chosen = self.validated_slice(self.user_options)
+            form, chosen = self.validated or (None, None)
+            self.validated = None
+            if form is None or form != self.user_options:  # the REST API's options: not seen yet
+                chosen = self.validated_slice(self.user_options)
         except RequestRefused:
             asked = (self.user_options or {}).get("profile")
             known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
@@ -151,15 +157,16 @@ class PartitionSpawner(WrapSpawner):
             metrics.SPAWN_FAILURES.labels(label, "invalid-request").inc()
             # JupyterHub already saved these options as the defaults of the next start;
             # a refused request must not stick to the user's later plain starts.
-            if self.orm_spawner is not None:
+            if self.orm_spawner is not None and (session := object_session(self.orm_spawner)) is not None:
                 self.orm_spawner.user_options = {}
-                self.db.commit()
+                session.commit()
             raise
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != chosen.profile.name:
             self.child_spawner = None
         self.select_profile(chosen.profile.name)
         self.construct_child()
+        self.child_spawner.slice = chosen  # validated once: the child submits exactly this
         return self.child_spawner.start()
 
     async def poll(self):
@@ -175,11 +182,8 @@ class PartitionSpawner(WrapSpawner):
         return status
 
     def _report_idle(self, idle: float | None) -> None:
-        """For the metric of GPUs held idle (portal.hub.metrics.session_idle)."""
-        try:
-            chosen = self.child_spawner.session_slice() if idle is not None else None
-        except (RequestError, ValueError):
-            chosen = None
+        """For the metric of GPUs held idle (spawner.metrics.session_idle)."""
+        chosen = self.child_spawner.slice if idle is not None else None
         metrics.session_idle(id(self), chosen.profile.partition if chosen else "", chosen.gpus if chosen else 0,
                              idle if chosen else None)
 
@@ -191,7 +195,7 @@ class PartitionSpawner(WrapSpawner):
             return None
         # After a hub restart the sessions' reports of the downtime arrive within one interval:
         # until then the recorded last activity may be old for a session that was in use.
-        if time.monotonic() - self._created_at < 2 * self.child_spawner.activity_interval + 5:
+        if time.monotonic() - self.created_at < 2 * self.child_spawner.activity_interval + 5:
             return None
         last = self.orm_spawner.last_activity or self.orm_spawner.started
         if last is None:

@@ -1,7 +1,7 @@
 """SlurmGPUSpawner: a JupyterLab session as a Slurm job holding the user's GPU slice.
 
 Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
-which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurm`: argv
+which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurmclient`: argv
 lists instead of shell strings, one shared ``squeue --json`` for all sessions, and a start
 that fails fast with the job's own error text when the job dies before its server answers.
 """
@@ -17,32 +17,22 @@ from datetime import datetime
 import batchspawner
 from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
-from portal.cluster.slurm import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint
-from portal.hub import metrics
-from portal.launchpolicy import POLICY_ENV, LaunchPolicy
+from portal import defaults, sessionvars
+from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
+from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
 from portal.settings import Profile, human_duration, parse_walltime
-from portal.templatesources import SPEC_ENV, Spec
+from portal.templatesources import Spec
 from portal.templating import render
 
-from .form import RequestError, session_slice, unix_groups
-
-_clients: dict[tuple, Slurm] = {}
+from . import metrics
 
 # How a session job that ended outside the portal is described to its user, by Slurm state.
 ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
-
-
-def shared_slurm(conf: str, bin_dir: str, submit_as: str, squeue_interval: float) -> Slurm:
-    """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
-    key = (conf, bin_dir, submit_as)
-    if key not in _clients:
-        _clients[key] = Slurm(conf or None, bin_dir, submit_as, cache_seconds=squeue_interval)
-    return _clients[key]
 
 
 class SpawnFailed(SpawnException):
@@ -65,32 +55,32 @@ class RequestRefused(SpawnFailed):
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     python_prefix = Unicode(
-        "/opt/dsportal/env",
+        defaults.ENVIRONMENT,
         help="World-readable Python prefix holding jupyterhub-singleuser, JupyterLab and ipykernel; "
         "the job runs <environment>/bin/jupyterhub-singleuser.",
     ).tag(config=True)
 
     log_dir = Unicode(
-        "{home}/.dsportal/logs",
+        defaults.SESSION_LOG_DIR,
         help="Where the job writes its log, created as the user; {home} and {user} are expanded.",
     ).tag(config=True)
 
-    workdir = Unicode("{home}", help="Working directory of the session job.").tag(config=True)
+    workdir = Unicode(defaults.SESSION_WORKDIR, help="Working directory of the session job.").tag(config=True)
 
     umask = Unicode(
-        "077", help="umask of the session job and of the files Slurm writes for it (its log): what a session "
+        defaults.SESSION_UMASK, help="umask of the session job and of the files Slurm writes for it (its log): what a session "
         "writes is private to its user, whatever the mode of the home folder."
     ).tag(config=True)
 
     slurm_conf = Unicode("", help="slurm.conf for the client commands (exported as SLURM_CONF).").tag(
         config=True
     )
-    slurm_bin_dir = Unicode("/usr/bin", help="Folder holding sbatch, squeue, scancel.").tag(config=True)
+    slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help="Folder holding sbatch, squeue, scancel.").tag(config=True)
     submit_as = Unicode(
-        "runuser", help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
+        defaults.SUBMIT_AS, help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
     ).tag(config=True)
     squeue_interval = Float(
-        1.0, help="Seconds between looks at the shared squeue snapshot while a session starts."
+        defaults.SLURM_POLL_INTERVAL, help="Seconds between looks at the shared squeue snapshot while a session starts."
     ).tag(config=True)
 
     profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
@@ -116,11 +106,24 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
     activity_interval = Integer(
-        60, help="Seconds between the session's activity reports to the hub (busy kernels and GPUs count)."
+        defaults.ACTIVITY_INTERVAL, help="Seconds between the session's activity reports to the hub (busy kernels and GPUs count)."
     ).tag(config=True)
-    gpu_busy_percent = Integer(5, help="GPU utilisation from which the session's GPU counts as in use.").tag(
+    gpu_busy_percent = Integer(defaults.GPU_BUSY_PERCENT, help="GPU utilisation from which the session's GPU counts as in use.").tag(
         config=True
     )
+
+    # ------------------------------------------------------- runtime state
+    slice = Instance(SessionSlice, allow_none=True,
+                     help="The slice this session holds, validated once (by PartitionSpawner, or at submit); kept in "
+                     "the hub's state, so a restarted hub neither re-derives nor re-judges it.")
+    job = Instance(Job, allow_none=True, help="The session job as Slurm last listed it.")
+    submitted_at = Float(0.0, help="time.monotonic() when sbatch returned: older squeue snapshots cannot list the job.")
+    submitted_wall = Float(0.0, help="time.time() of the submission: the job's log must be newer.")
+    awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
+    port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
+    launch_policy_json = Unicode("", help="The session's launch policy (sessionvars.LAUNCH_POLICY), made at submit.")
+    last_end = Unicode("", help="Why the session ended without a stop through the portal; PartitionSpawner keeps it "
+                       "in the hub's state for the user's next page.")
 
     # batchspawner's own startup loop polls every 0.5 s with one squeue each; ours reads the
     # shared snapshot, so the interval only decides how soon a change is noticed.
@@ -138,11 +141,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         def value(name):
             return section[name] if name in section else traits[name].default_value
 
-        return shared_slurm(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"))
+        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"))
 
     @property
     def slurm(self) -> Slurm:
-        return shared_slurm(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval)
+        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval)
 
     @property
     def home(self) -> str:
@@ -151,13 +154,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def _expand(self, template: str) -> str:
         return template.format(home=self.home, user=self.user.name)
 
-    def session_slice(self):
-        profile = Profile.model_validate(self.profile)
+    def slice_from_options(self) -> SessionSlice:
+        """The slice the user's options ask for on this spawner's profile (RequestError if not allowed)."""
         options = self.user_options or {}
-        return session_slice(profile, options.get("gpus"), options.get("walltime"))
+        return slice_for(Profile.model_validate(self.profile), options.get("gpus"), options.get("walltime"))
 
-    def job_script(self) -> str:
-        chosen = self.session_slice()
+    def job_script(self, chosen: SessionSlice) -> str:
         env_prefix = self.python_prefix.rstrip("/")
         command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
@@ -194,25 +196,45 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def get_env(self):
         env = super().get_env()
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
-        env["DSPORTAL_ACTIVITY_INTERVAL"] = str(self.activity_interval)
-        env["DSPORTAL_GPU_BUSY_PERCENT"] = str(self.gpu_busy_percent)
-        if self.profile and self.user_options is not None and (limit := self.idle_limit()):
-            env["DSPORTAL_IDLE_LIMIT"] = str(limit)
-        if getattr(self, "_launch_policy", None):
-            env[POLICY_ENV] = self._launch_policy
+        env[sessionvars.ACTIVITY_INTERVAL] = str(self.activity_interval)
+        env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
+        if limit := self.idle_limit():
+            env[sessionvars.IDLE_LIMIT] = str(limit)
+        if self.launch_policy_json:
+            env[sessionvars.LAUNCH_POLICY] = self.launch_policy_json
         if self.templates.get("sources"):
-            env[SPEC_ENV] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
+            env[sessionvars.TEMPLATES] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
         return env
+
+    # ------------------------------------------------------- the hub's state
+    def get_state(self):
+        state = super().get_state()
+        if self.slice is not None:
+            state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
+                              "walltime": self.slice.walltime}
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        if "slice" in state:  # as it was validated at the start, whatever the config says now
+            self.slice = SessionSlice(profile=Profile.model_validate(self.profile), **state["slice"])
+
+    def clear_state(self):
+        super().clear_state()
+        self.slice = None
+        self.job = None
 
     # ------------------------------------------------ batchspawner's job interface
     async def submit_batch_script(self):
         try:
-            script = self.job_script()
+            if self.slice is None:  # started without PartitionSpawner, which validates the request
+                self.slice = self.slice_from_options()
+            script = self.job_script(self.slice)
         except (RequestError, ValueError) as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        profile = self.session_slice().profile
-        self._launch_policy = self.launch_policy(profile.name)
-        self._submitted_wall = time.time()
+        profile = self.slice.profile
+        self.launch_policy_json = self.launch_policy(profile.name)
+        self.submitted_wall = time.time()
         try:
             await self.slurm.make_private_dir_as_user(self.user.name, self._expand(self.log_dir))
             # sbatch hands its umask to slurmstepd, which creates the job's log with it.
@@ -226,10 +248,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                               status_code=400) from None
         self.log.info("Submitted session job %s for %s", job_id, self.user.name)
         self.job_id = str(job_id)
-        self._job = None
+        self.job = None
         # Only a squeue started after sbatch returned is sure to list the job: an earlier one,
         # still running when sbatch returned, may not (the job then looked "ended" at once).
-        self._submitted_at = time.monotonic()
+        self.submitted_at = time.monotonic()
         return self.job_id
 
     async def query_job_status(self, fresh_after: float | None = None):
@@ -239,14 +261,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         try:
             # A snapshot older than our own sbatch cannot know the job yet.
             if fresh_after is None:
-                fresh_after = getattr(self, "_submitted_at", 0.0)
+                fresh_after = self.submitted_at
             job = await self.slurm.job(int(self.job_id), fresh_after=fresh_after)
         except SlurmError as error:
             # One failed squeue must never drop a session: report UNKNOWN and look again later.
             self.log.warning("Job %s: squeue failed, keeping the session: %s", self.job_id, error)
             self.job_status = f"UNKNOWN {error}"
             return JobStatus.UNKNOWN
-        self._job = job
+        self.job = job
         if job is None:
             self.job_status = ""
             return JobStatus.NOTFOUND
@@ -268,20 +290,16 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.log.warning("scancel %s failed: %s", self.job_id, error)
 
     def state_ispending(self):
-        return bool(self._current_job and self._current_job.pending)
+        return bool(self.job and self.job.pending)
 
     def state_isrunning(self):
-        return bool(self._current_job and self._current_job.running)
+        return bool(self.job and self.job.running)
 
     def state_isunknown(self):
         return self.job_status.startswith("UNKNOWN")
 
     def state_gethost(self):
-        return self._current_job.batch_host if self._current_job else ""
-
-    @property
-    def _current_job(self) -> Job | None:
-        return getattr(self, "_job", None)
+        return self.job.batch_host if self.job else ""
 
     # ------------------------------------------------------- the port report
     async def accept_port(self, port: int, job_id: str) -> str | None:
@@ -290,7 +308,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         Only while this spawner waits for it, only from the job being started, only once: a later
         post (any process of the user holds the session's token) cannot move the route.
         """
-        if not getattr(self, "_awaiting_port", False) or self.port:
+        if not self.awaiting_port or self.port:
             return (f"session job {self.job_id or '-'} of {self.user.name} is not starting "
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
@@ -300,10 +318,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             job = await self.slurm.job(int(self.job_id), max_age=0)
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
-        self._job = job  # the route goes to the batch host this answer names
+        self.job = job  # the route goes to the batch host this answer names
         self.port = port
-        self._awaiting_port = False
-        self._port_reported.set()
+        self.awaiting_port = False
+        self.port_reported.set()
         return None
 
     # ---------------------------------------------------------------- lifecycle
@@ -314,7 +332,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         # Job ids come round again after a Slurm reset: a log from before this submission is another job's.
         job = await self._final(job)
         tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines),
-                                              not_before=getattr(self, "_submitted_wall", None))).strip()
+                                              not_before=self.submitted_wall or None)).strip()
         state = f"{job.state}, reason {job.reason}, exit code {job.exit_code}" if job else "no longer known to Slurm"
         message = f"Session job {job_id} {what} ({state})."
         if not tail:
@@ -331,19 +349,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.server.port = self.port
         try:
             await self.submit_batch_script()
-            self._awaiting_port = True  # the job may report before we see it running
-            self._port_reported = asyncio.Event()
+            self.port_reported = asyncio.Event()
+            self.awaiting_port = True  # the job may report before we see it running
             try:
                 return await self._wait_until_serving()
             finally:
-                self._awaiting_port = False
+                self.awaiting_port = False
         except SpawnFailed as failure:
             metrics.SPAWN_FAILURES.labels(self.profile.get("name", ""), failure.reason).inc()
             raise
 
     async def _until_port_or(self, seconds: float) -> None:
         try:
-            await asyncio.wait_for(self._port_reported.wait(), seconds)
+            await asyncio.wait_for(self.port_reported.wait(), seconds)
         except asyncio.TimeoutError:
             pass
 
@@ -356,9 +374,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 break
             if status == JobStatus.NOTFOUND:
                 # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.
-                raise await self._failure(self._current_job, "ended before it started")
+                raise await self._failure(self.job, "ended before it started")
             await self._until_port_or(self.startup_poll_interval)
-        metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self._submitted_at)
+        metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self.submitted_at)
 
         self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
@@ -366,9 +384,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             await self._until_port_or(self.startup_poll_interval)
             status = await self.query_job_status()
             if status == JobStatus.NOTFOUND and self.port == 0:
-                raise await self._failure(self._current_job, "ended before JupyterLab started")
+                raise await self._failure(self.job, "ended before JupyterLab started")
 
-        self.db.commit()
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
         return self.ip, self.port
 
@@ -385,7 +402,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
-        job = await self._final(self._current_job)
+        job = await self._final(self.job)
         self.last_end = self.end_message(job)
         self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         metrics.SESSIONS_ENDED.labels(job.partition if job else "", job.state if job else "GONE").inc()
@@ -442,15 +459,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     def idle_limit(self) -> int | None:
         """Seconds this session may stay unused (its profile's idle limit for its GPU count)."""
-        try:
-            chosen = self.session_slice()
-        except (RequestError, ValueError):  # the config changed under a running session: keep it
-            return None
-        return chosen.profile.idle_limit(chosen.gpus)
+        return self.slice.idle_limit if self.slice is not None else None
 
     async def reclaim(self, idle_seconds: float) -> None:
         """Stop a session nobody used for longer than its profile allows: its GPUs go back."""
-        chosen = self.session_slice()
+        chosen = self.slice
         limit = chosen.profile.idle_timeout if chosen.gpus else chosen.profile.idle_timeout_without_gpu
         held = f"its {chosen.gpus} GPU(s)" if chosen.gpus else "its CPUs"
         self.last_end = (f"Your session job {self.job_id} was stopped after {human_duration(idle_seconds)} "
@@ -475,14 +488,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             message += f", exit code {job.exit_code}"
         return message + f"; seen at {when})."
 
-    # Why the session ended without a stop through the portal; PartitionSpawner keeps it in the
-    # hub's state for the user's next page.
-    last_end = ""
-
     async def progress(self):
         started = time.monotonic()
         while True:
-            job = self._current_job
+            job = self.job
             waited = int(time.monotonic() - started)
             if job is None:
                 yield {"message": f"Submitting your session to Slurm... ({waited} s)"}

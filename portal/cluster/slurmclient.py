@@ -1,9 +1,14 @@
 """The one place that talks to Slurm and parses what it says.
 
-Commands run with an argv list (never a shell). Job state comes from ``squeue --json``,
-which in Slurm 22.05 lists every job the controller still remembers (finished ones
-included, for MinJobAge), so a single call serves every session of the hub: callers
-share one cached snapshot instead of each running its own squeue.
+Commands run with an argv list (never a shell), and fail with one set of errors: SlurmError
+(Slurm's own words) and SlurmUnavailable (slurmctld did not answer). Two clients share them:
+
+- :class:`Slurm`, asynchronous, for the hub: it runs commands as a user (runuser/sudo), and job
+  state comes from ``squeue --json``, which in Slurm 22.05 lists every job the controller still
+  remembers (finished ones included, for MinJobAge), so a single call serves every session of the
+  hub: callers share one cached snapshot (:func:`shared_client`) instead of each running its own;
+- :class:`SlurmCommands`, blocking, for code that runs Slurm as its own user and has no event loop
+  of its own to spare: a session's job launcher (in kernels and threads) and the admin's commands.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import pwd
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +244,69 @@ def parse_squeue_json(text: str) -> dict[int, Job]:
     return {job.job_id: job for job in (Job.from_json(item) for item in data.get("jobs") or [])}
 
 
+def checked_output(argv: list[str], returncode: int, out: str, err: str) -> str:
+    """A finished command's output, or the error its words call for."""
+    if returncode != 0:
+        message = (err or out).strip() or f"exit status {returncode}"
+        kind = SlurmUnavailable if any(h in message for h in UNREACHABLE_HINTS) else SlurmError
+        raise kind(message)
+    return out
+
+
+def parse_job_id(out: str) -> int:
+    """``sbatch --parsable``'s answer: 'ID' or 'ID;cluster'."""
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    try:
+        return int(last.split(";")[0])
+    except ValueError:
+        raise SlurmError(f"sbatch gave no job id: {out.strip()!r}") from None
+
+
+def parse_scontrol_jobs(text: str) -> dict[int, dict[str, str]]:
+    """``scontrol show job -o`` lines -> {job id: {field: value}}."""
+    jobs = {}
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if "JobId" in fields:
+            jobs[int(fields["JobId"])] = fields
+    return jobs
+
+
+def parse_sacct(text: str, fields: tuple[str, ...]) -> dict[int, dict[str, str]]:
+    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> {job id: {field: value}}, the State's first
+    word ('CANCELLED by 5101' -> 'CANCELLED'). Where an id comes round again (a reset cluster,
+    wrap-around), the newest submission wins."""
+    jobs: dict[int, dict[str, str]] = {}
+    for record in sacct_records(text, fields):
+        if "State" in record:
+            record["State"] = (record["State"].split() or ["UNKNOWN"])[0]
+        earlier = jobs.get(int(record["JobID"]))
+        if earlier is None or record.get("Submit", "") >= earlier.get("Submit", ""):
+            jobs[int(record["JobID"])] = record
+    return jobs
+
+
+def sacct_records(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
+    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> one {field: value} per whole job."""
+    records = []
+    for line in text.splitlines():
+        values = line.split("|")
+        if len(values) == len(fields) and values[0].isascii() and values[0].isdigit():
+            records.append(dict(zip(fields, values)))
+    return records
+
+
+def sacct_argv(sacct: str, fields: tuple[str, ...], *, job_ids: Iterable[int] = (), since: str = "",
+               user: str | None = None) -> list[str]:
+    """Whole jobs (-X), one per line (-P): those of ``job_ids``, or those since ``since``; of ``user``, or all."""
+    argv = [sacct, "-X", "-n", "-P"]
+    if job_ids:
+        argv += ["-j", ",".join(str(int(j)) for j in job_ids)]
+    if since:
+        argv += ["-S", since, "-E", "now"]
+    return argv + ["-o", ",".join(fields)] + (["-u", user] if user else ["-a"])
+
+
 class _Snapshot:
     """One shared, briefly cached result of a Slurm query: concurrent callers wait for a single call."""
 
@@ -263,6 +332,9 @@ class _Snapshot:
             self.calls += 1
             self.value, self.taken_at = value, started
             return value
+
+
+ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
 
 
 class Slurm:
@@ -353,21 +425,13 @@ class Slurm:
             proc.kill()
             await proc.wait()
             raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
-        if proc.returncode != 0:
-            message = (err or out).decode(errors="replace").strip() or f"exit status {proc.returncode}"
-            kind = SlurmUnavailable if any(h in message for h in UNREACHABLE_HINTS) else SlurmError
-            raise kind(message)
-        return out.decode(errors="replace")
+        return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     # -- jobs -------------------------------------------------------------------------
     async def submit(self, user: str, script: str, env: dict[str, str] | None = None) -> int:
         """sbatch the script as ``user``; returns the job id."""
-        out = await self.run(self.as_user(user, [self.tool("sbatch"), "--parsable"]), input=script, env=env)
-        last = out.strip().splitlines()[-1] if out.strip() else ""
-        try:
-            return int(last.split(";")[0])
-        except ValueError:
-            raise SlurmError(f"sbatch gave no job id: {out.strip()!r}") from None
+        return parse_job_id(await self.run(self.as_user(user, [self.tool("sbatch"), "--parsable"]), input=script,
+                                           env=env))
 
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, [self.tool("scancel"), str(int(job_id))]))
@@ -388,21 +452,19 @@ class Slurm:
         """The job as Slurm accounting (slurmdbd) recorded it, once slurmctld has forgotten it;
         None where the cluster keeps no accounting or has no record. Job ids come round again
         (a reset cluster, wrap-around): the newest record of the id (of that user) is the one."""
-        fields = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
-        argv = [self.tool("sacct"), "-X", "-n", "-P", "-j", str(int(job_id)), "-o", ",".join(fields)]
         try:
-            out = await self.run(argv + (["-u", user] if user else ["-a"]))
+            out = await self.run(sacct_argv(self.tool("sacct"), ACCOUNTING_FIELDS, job_ids=[job_id], user=user))
         except SlurmError:
             return None
-        records = [dict(zip(fields, line.split("|"))) for line in out.splitlines()]
-        records = [r for r in records if r.get("JobID") == str(int(job_id)) and (not user or r.get("User") == user)]
-        for record in sorted(records, key=lambda r: r.get("Submit", ""), reverse=True)[:1]:
-            exit_code = record.get("ExitCode", "0:0").split(":")[0]
-            return Job(job_id=int(job_id), user=record["User"], name=record["JobName"],
-                       state=(record["State"].split() or ["UNKNOWN"])[0], reason=record.get("Reason") or "None",
-                       partition=record["Partition"], batch_host="", nodes=record.get("NodeList", ""), stdout="",
-                       exit_code=int(exit_code) if exit_code.isascii() and exit_code.isdigit() else 0, start_time=0, submit_time=0)
-        return None
+        record = parse_sacct(out, ACCOUNTING_FIELDS).get(int(job_id))
+        if record is None or (user and record["User"] != user):
+            return None
+        exit_code = record.get("ExitCode", "0:0").split(":")[0]
+        return Job(job_id=int(job_id), user=record["User"], name=record["JobName"], state=record["State"],
+                   reason=record.get("Reason") or "None", partition=record["Partition"], batch_host="",
+                   nodes=record.get("NodeList", ""), stdout="",
+                   exit_code=int(exit_code) if exit_code.isascii() and exit_code.isdigit() else 0, start_time=0,
+                   submit_time=0)
 
     async def nodes(self, max_age: float = 10.0) -> list[Node]:
         """Every node, from one shared ``sinfo --json`` taken at most every ``max_age`` seconds."""
@@ -412,6 +474,11 @@ class Slurm:
     def last_nodes(self) -> list[Node]:
         """The nodes of the last ``sinfo`` that answered (none before the first)."""
         return self._sinfo.value
+
+    @property
+    def last_jobs(self) -> dict[int, Job]:
+        """The jobs of the last ``squeue`` snapshot (none before the first), without asking Slurm."""
+        return self._squeue.value
 
     @property
     def squeue_calls(self) -> int:
@@ -466,9 +533,97 @@ class Slurm:
         script = 'umask 077 && while read -r name data; do printf %s "$data" | base64 -d > "$1/$name" || exit 1; done'
         await self.run(self.as_user(user, ["/bin/sh", "-c", script, "sh", folder]), input=lines)
 
-    async def partitions(self) -> list[str]:
-        out = await self.run([self.tool("sinfo"), "-h", "-o", "%R"])
+
+_clients: dict[tuple, Slurm] = {}
+
+
+def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds: float) -> Slurm:
+    """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
+    key = (str(conf or ""), str(bin_dir), submit_as)
+    if key not in _clients:
+        _clients[key] = Slurm(Path(conf) if conf else None, Path(bin_dir), submit_as, cache_seconds=cache_seconds)
+    return _clients[key]
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s 'Name = value' lines -> {Name: value}."""
+    values = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() and " " not in name.strip():
+            values[name.strip()] = value.strip()
+    if not values:
+        raise SlurmError("scontrol show config printed nothing")
+    return values
+
+
+class SlurmCommands:
+    """The Slurm commands run as the calling process's own user, blocking: for a session's job
+    launcher (its Jupyter server's threads, the magics in kernels) and the admin's commands.
+
+    ``env`` is the commands' whole environment (None: this process's own)."""
+
+    def __init__(self, env: dict[str, str] | None = None, bin_dir: Path | None = None, command_timeout: float = 30.0):
+        self.env = env
+        self.bin_dir = bin_dir
+        self.command_timeout = command_timeout
+
+    @classmethod
+    def from_settings(cls, settings) -> "SlurmCommands":
+        return cls(env={**os.environ, **settings.slurm_env()}, bin_dir=settings.slurm.bin_dir)
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir else name
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None) -> str:
+        timeout = self.command_timeout if timeout is None else timeout
+        try:
+            result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=self.env)
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]} is not installed on this node") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {timeout:.0f} s") from None
+        return checked_output(argv, result.returncode, result.stdout, result.stderr)
+
+    def submit_file(self, script: str) -> int:
+        """sbatch a batch script file; returns the job id."""
+        return parse_job_id(self.run([self.tool("sbatch"), "--parsable", script]))
+
+    def cancel(self, job_id: int) -> None:
+        self.run([self.tool("scancel"), str(int(job_id))])
+
+    def jobs(self, job_id: int | None = None) -> dict[int, dict[str, str]]:
+        """``scontrol show job``'s fields of one job or of all (only her own, with PrivateData=jobs);
+        {} for an id slurmctld does not know (any more)."""
+        argv = [self.tool("scontrol"), "show", "job", "-o"] + ([str(int(job_id))] if job_id is not None else [])
+        try:
+            return parse_scontrol_jobs(self.run(argv))
+        except SlurmError as error:
+            if "Invalid job id" in str(error) and not isinstance(error, SlurmUnavailable):
+                return {}
+            raise
+
+    def accounting(self, job_ids: list[int], fields: tuple[str, ...], timeout: float = 15) -> dict[int, dict[str, str]]:
+        """What Slurm accounting recorded of this user's ``job_ids`` (raises where the cluster keeps none)."""
+        argv = sacct_argv(self.tool("sacct"), fields, job_ids=job_ids, user=pwd.getpwuid(os.getuid()).pw_name)
+        return parse_sacct(self.run(argv, timeout=timeout), fields)
+
+    def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,
+                         timeout: float = 60) -> list[dict[str, str]]:
+        """Every whole job accounting recorded since ``since`` (a Slurm time: 2026-11-01T00:00:00, now-1minutes)."""
+        return sacct_records(self.run(sacct_argv(self.tool("sacct"), fields, since=since, user=user),
+                                      timeout=timeout), fields)
+
+    def nodes(self, timeout: float = 10) -> list[Node]:
+        return parse_sinfo_json(self.run([self.tool("sinfo"), "--json"], timeout=timeout))
+
+    def partitions(self) -> list[str]:
+        out = self.run([self.tool("sinfo"), "-h", "-o", "%R"])
         return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
+        return parse_config(self.run([self.tool("scontrol"), "show", "config"]))
 
 
 def bounded_tail(text: str, lines: int) -> str:

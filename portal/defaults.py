@@ -1,0 +1,19 @@
+"""Defaults that more than one side needs: portal.yaml's model (portal/settings.py) takes them from
+here, and so do the traits of the hub's classes and the session's fallbacks. One value, one place.
+No imports: the session's start reads this module too.
+"""
+
+ENVIRONMENT = "/opt/dsportal/env"  # the world-readable Python prefix sessions run from
+SESSION_LOG_DIR = "{home}/.dsportal/logs"
+SESSION_WORKDIR = "{home}"
+SESSION_UMASK = "077"
+ACTIVITY_INTERVAL = 60  # seconds between a session's activity reports
+GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in use
+
+SLURM_BIN_DIR = "/usr/bin"
+SUBMIT_AS = "runuser"
+SLURM_POLL_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions start
+
+LDAP_CONNECT_TIMEOUT = 5.0
+LDAP_RECEIVE_TIMEOUT = 5.0
+LDAP_LOGIN_TIMEOUT = 8.0

@@ -1,0 +1,367 @@
+"""The portal's rules: what a user may ask for, in one place for the hub, the session and the admin.
+
+- profiles and who may use them (by the user's Unix groups): :func:`may_use`;
+- the slice a session or a job's node gets (GPUs, and CPUs and memory per GPU, walltime): :func:`slice_for`;
+- a spawn request (the form or the hub REST API's ``user_options``): :func:`parse_options`;
+- what a user may launch from her session (:class:`LaunchPolicy`: the profiles, images and data
+  mounts that are hers, handed by the hub to the session) and a multi-node job request, typed
+  (:class:`JobRequest`) and checked against it (:func:`plan_job`).
+
+Every message is meant for the user and reaches her as it is.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from . import defaults
+from .sessionvars import LAUNCH_POLICY
+from .settings import (DataMount, Image, Profile, described, format_walltime, parse_memory_mb, parse_walltime, shown,
+                       whole_number)
+
+
+class RequestError(ValueError):
+    """A request the rules do not allow; the message is meant for the user."""
+
+
+# ------------------------------------------------------------------------------ who may use what
+def unix_groups(username: str) -> set[str]:
+    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
+    try:
+        entry = pwd.getpwnam(username)
+    except KeyError:
+        return set()
+    names = set()
+    for gid in os.getgrouplist(username, entry.pw_gid):
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names
+
+
+def may_use(profile: Profile, user_groups: set[str]) -> bool:
+    return not profile.groups or bool(user_groups & set(profile.groups))
+
+
+def images_for(images: list[Image], profile: Profile) -> list[Image]:
+    """The images a profile offers (an image naming no profiles is everybody's)."""
+    return [i for i in images if not i.profiles or profile.name in i.profiles]
+
+
+# ------------------------------------------------------------------------------ the slice
+@dataclass(frozen=True)
+class SessionSlice:
+    """What one node of a request holds: its GPUs, and the CPUs and memory that follow them."""
+
+    profile: Profile
+    gpus: int
+    cpus: int
+    mem_mb: int
+    walltime: str
+
+    def describe(self) -> str:
+        gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}, " if self.gpus else ""
+        return f"{gpus}{self.cpus} CPUs, {self.mem_mb // 1024} GB, {self.walltime} on {self.profile.partition}"
+
+    @property
+    def idle_limit(self) -> int | None:
+        return self.profile.idle_limit(self.gpus)
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = whole_number(value)
+    if number is None or number < 0:  # digits 0-9 only: whole_number refuses '²' and '٢'
+        raise RequestError(f"{name} must be a whole number (digits 0-9), not {described(value)}")
+    return number
+
+
+def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> SessionSlice:
+    """The exact Slurm slice for ``gpus`` GPUs (``per`` node, for a job) on ``profile``: CPUs and memory follow the GPUs."""
+    gpus = profile.default_gpus if gpus in (None, "") else _as_int("GPU count", gpus)
+    if gpus not in profile.gpu_choices:
+        choices = ", ".join(map(str, profile.gpu_choices))
+        raise RequestError(f"{shown(gpus)} GPUs{per} is not offered on {profile.display_name}: choose one of {choices}")
+    walltime = profile.default_walltime if walltime in (None, "") else str(walltime).strip()
+    try:
+        seconds = parse_walltime(walltime)
+    except ValueError as error:
+        raise RequestError(f"walltime {error}") from None
+    if seconds <= 0:
+        raise RequestError("walltime must be longer than zero")
+    if seconds > parse_walltime(profile.max_walltime):
+        raise RequestError(f"walltime {walltime} is longer than the {profile.max_walltime} allowed on {profile.display_name}")
+    if gpus:
+        cpus, mem_mb = gpus * profile.cpus_per_gpu, gpus * parse_memory_mb(profile.mem_per_gpu)
+    else:
+        cpus, mem_mb = profile.cpus_without_gpu, parse_memory_mb(profile.mem_without_gpu)
+    return SessionSlice(profile=profile, gpus=gpus, cpus=cpus, mem_mb=mem_mb, walltime=format_walltime(seconds))
+
+
+# ------------------------------------------------------------------------------ a spawn request
+OPTIONS = ("profile", "gpus", "walltime")
+
+
+def parse_options(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str) -> SessionSlice:
+    """Validate a request (spawn form or hub API ``user_options``) into the slice to submit."""
+    if not isinstance(options, dict):
+        raise RequestError("options must be an object like {'profile': 'gpu', 'gpus': 1}")
+    unknown = sorted(str(k) for k in options if k not in OPTIONS)
+    if unknown:
+        raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+    for key in ("profile", "walltime"):
+        if key in options and not isinstance(options[key], str):
+            raise RequestError(f"{key} must be text, not {described(options[key])}")
+    if "gpus" in options and options["gpus"] is None:
+        raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
+    name = options.get("profile") or default_profile
+    by_name = {p.name: p for p in profiles}
+    if name not in by_name:
+        offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
+        raise RequestError(f"unknown partition profile {shown(name)}: choose one of {offered}")
+    profile = by_name[name]
+    if not may_use(profile, user_groups):
+        raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
+    return slice_for(profile, options.get("gpus"), options.get("walltime"))
+
+
+# ------------------------------------------------------------------------------ what a session may launch
+class LaunchPolicy(BaseModel):
+    """What this user may launch from her session: written by the hub into the session's environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profiles: list[Profile]
+    default_profile: str
+    images: list[Image] = []
+    data_mounts: list[DataMount] = []
+    environment: str = defaults.ENVIRONMENT
+    node_gpus: dict[str, int] = {}  # partition -> most GPUs any one of its nodes has (from sinfo)
+    node_count: dict[str, int] = {}  # partition -> usable nodes
+
+    def to_env(self) -> str:
+        return self.model_dump_json(exclude_defaults=False)
+
+    @classmethod
+    def from_env(cls, environ=None) -> "LaunchPolicy":
+        raw = (environ if environ is not None else os.environ).get(LAUNCH_POLICY)
+        if not raw:
+            raise RequestError("this session has no job launch policy (it was not started by dsportal's hub)")
+        return cls.model_validate_json(raw)
+
+    def profile(self, name: str | None) -> Profile:
+        wanted = name or self.default_profile
+        for profile in self.profiles:
+            if profile.name == wanted:
+                return profile
+        offered = ", ".join(p.name for p in self.profiles)
+        raise RequestError(f"unknown or not permitted partition profile {shown(wanted)}: choose one of {offered}")
+
+    def images_for(self, profile: Profile) -> list[Image]:
+        return images_for(self.images, profile)
+
+
+# ------------------------------------------------------------------------------ a job request
+REQUEST_FIELDS = ("script", "code", "args", "nodes", "gpus_per_node", "tasks_per_node", "image", "walltime",
+                  "profile", "env", "name", "launcher")
+LAUNCHERS = ("mpi", "torchrun")  # mpi: the profile's MPI launcher (srun --mpi=... or mpirun)
+MAX_CODE = 1_000_000
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_|TORCHELASTIC_)")
+# Set by torchrun for each process of a torchrun job (and RANK names each rank's log file).
+_TORCHRUN_ENV = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def _whole(request: dict, name: str) -> int | None:
+    """A whole-number field (a number, or digits as text from a form); None when left out."""
+    if name not in request or request[name] == "":
+        return None
+    value = request[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    number = whole_number(value)  # digits 0-9 only: '²' and '٢' are refused in words
+    if number is None:
+        raise RequestError(f"{name} must be a whole number (digits 0-9), not {described(value)}")
+    return number
+
+
+def _text(request: dict, name: str) -> str | None:
+    """A text field; None when left out or empty. Anything but text (null included) is refused."""
+    if name not in request:
+        return None
+    value = request[name]
+    if not isinstance(value, str):
+        raise RequestError(f"{name} must be text, not {described(value)}")
+    return value or None
+
+
+def _environment(overrides) -> dict[str, str]:
+    if not isinstance(overrides, dict):
+        raise RequestError(f"env must be an object of NAME: value, not {described(overrides)}")
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise RequestError(f"environment variable name {shown(key)} is not valid (letters, digits, _)")
+        if _RESERVED_ENV.match(key) or key in _TORCHRUN_ENV:
+            raise RequestError(f"{key} is set by Slurm/MPI/torchrun for each rank and cannot be overridden")
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool) or "\n" in str(value) or "\0" in str(value):
+            raise RequestError(f"the value of {key} must be one line of text")
+    return {k: str(v) for k, v in overrides.items()}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A multi-node job request (REST body, magic options, Python API) with its types checked.
+    None: left out (the profile's default)."""
+
+    profile: str | None = None
+    launcher: str = "mpi"
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    tasks_per_node: int | None = None  # None: one rank per GPU
+    walltime: str | None = None
+    image: str | None = None
+    script: str | None = None  # a file of the user's
+    code: str | None = None  # or Python source
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, raw) -> "JobRequest":
+        if not isinstance(raw, dict):
+            raise RequestError("a job request is an object like {'script': 'train.py', 'nodes': 2}")
+        unknown = sorted(str(k) for k in raw if k not in REQUEST_FIELDS)
+        if unknown:
+            raise RequestError(f"unknown field(s) {', '.join(map(shown, unknown))}: allowed are "
+                               f"{', '.join(REQUEST_FIELDS)}")
+        profile = _text(raw, "profile")
+        launcher = raw.get("launcher", "")
+        launcher = "mpi" if launcher == "" else launcher  # left out: the profile's MPI launcher
+        if not isinstance(launcher, str) or launcher not in LAUNCHERS:
+            raise RequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {described(launcher)}")
+        nodes = _whole(raw, "nodes")
+        gpus = _whole(raw, "gpus_per_node")
+        walltime = _text(raw, "walltime")
+        tasks = _whole(raw, "tasks_per_node")
+        image = _text(raw, "image")
+        script, code = _text(raw, "script"), _text(raw, "code")
+        if (script is None) == (code is None):
+            raise RequestError("give either 'script' (a Python file) or 'code' (Python source), not both or neither")
+        if code is not None and len(code) > MAX_CODE:
+            raise RequestError("code must be Python source text of at most 1 MB")
+        if script is not None and ("\0" in script or "\n" in script):
+            raise RequestError(f"script must be a file name, not {shown(script)}")
+        args = raw.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise RequestError(f"args must be a list of text, not {described(args)}")
+        env = _environment(raw.get("env", {}))
+        name = _text(raw, "name")
+        if name is not None and not _NAME.match(name):
+            raise RequestError(f"job name {shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
+        return cls(profile=profile, launcher=launcher, nodes=1 if nodes is None else nodes, gpus_per_node=gpus,
+                   tasks_per_node=tasks, walltime=walltime, image=image, script=script, code=code, args=tuple(args),
+                   env=env, name=name)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A job request the rules allow, with everything the batch script needs."""
+
+    profile: Profile
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_mb_per_node: int
+    walltime: str
+    image: Image | None
+    script: str | None  # a file of the user's; None when ``code`` is given
+    code: str | None
+    args: list[str]
+    env: dict[str, str]
+    name: str
+    launcher: str = "srun"  # srun | mpirun | torchrun
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def describe(self) -> str:
+        gpus = f", {self.gpus_per_node} GPU(s) per node" if self.gpus_per_node else ""
+        where = f"image {self.image.name}" if self.image else "the session's Python"
+        return (f"{self.nodes} node(s) x {self.tasks_per_node} rank(s){gpus} on {self.profile.partition}, "
+                f"{where}, {self.launcher}, walltime {self.walltime}")
+
+
+def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
+    """The job a request asks for, if the user's policy allows it (else RequestError, in words)."""
+    profile = policy.profile(request.profile)
+    if request.launcher == "torchrun" and not profile.jobs.torchrun:
+        raise RequestError(f"{profile.display_name} does not offer torchrun jobs")
+    launcher = profile.jobs.launcher if request.launcher == "mpi" else request.launcher
+
+    nodes = request.nodes
+    if nodes < 1:
+        raise RequestError(f"a job needs at least 1 node, not {nodes}")
+    most_nodes = profile.jobs.max_nodes or policy.node_count.get(profile.partition)
+    if most_nodes and nodes > most_nodes:
+        raise RequestError(f"{nodes} nodes is more than {profile.display_name} allows for one job ({most_nodes})")
+
+    gpus = profile.default_gpus if request.gpus_per_node is None else request.gpus_per_node
+    node_gpus = policy.node_gpus.get(profile.partition)
+    if gpus < 0:
+        raise RequestError(f"gpus_per_node cannot be negative ({gpus})")
+    if node_gpus is not None and gpus > node_gpus:
+        raise RequestError(f"{gpus} GPUs per node is more than a node of partition {profile.partition} has "
+                           f"({node_gpus})")
+    chosen = slice_for(profile, gpus, request.walltime or profile.jobs.default_walltime, per=" per node")
+
+    tasks = (gpus or 1) if request.tasks_per_node is None else request.tasks_per_node
+    if not 1 <= tasks <= chosen.cpus:
+        raise RequestError(f"tasks_per_node must be between 1 and the {chosen.cpus} CPUs of the slice, not {tasks}")
+
+    image = _image(request.image, policy, profile)
+    script = None if request.script is None else _script_file(request.script, base_dir)
+    return JobPlan(
+        profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
+        cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
+        image=image, script=script, code=request.code, args=list(request.args),
+        env={**profile.jobs.env, **request.env}, name=request.name or _default_name(script, launcher),
+        launcher=launcher,
+    )
+
+
+def _image(name: str | None, policy: LaunchPolicy, profile: Profile) -> Image | None:
+    if not name:
+        return None
+    allowed = {i.name: i for i in policy.images_for(profile)}
+    if name not in allowed:
+        offered = ", ".join(allowed) or "none"
+        raise RequestError(f"unknown image {shown(name)} for {profile.display_name}: choose one of {offered}")
+    return allowed[name]
+
+
+def _script_file(script: str, base_dir: str | os.PathLike) -> str:
+    path = Path(os.path.expanduser(script))
+    path = path if path.is_absolute() else Path(base_dir) / path
+    if not path.is_file():
+        raise RequestError(f"no such script: {path}")
+    if not os.access(path, os.R_OK):
+        raise RequestError(f"script {path} is not readable")
+    return str(path.resolve())
+
+
+def _default_name(script: str | None, launcher: str) -> str:
+    stem = Path(script).stem if script else "cell"
+    prefix = "ddp-" if launcher == "torchrun" else "hvd-"
+    return prefix + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")

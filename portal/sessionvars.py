@@ -1,0 +1,27 @@
+"""Every variable dsportal puts in a session job's environment, named here and nowhere else.
+
+The hub sets most of them (spawner/gpuspawner.py's get_env; templates/session.sbatch.j2 gets the
+names through portal/templating.py as ``vars``); the session reads them (portal/session/).
+No imports: every side, the session's start included, may read this module for nothing.
+"""
+
+# Set by the hub for the session's Jupyter server.
+ACTIVITY_INTERVAL = "DSPORTAL_ACTIVITY_INTERVAL"  # seconds between the session's activity reports
+GPU_BUSY_PERCENT = "DSPORTAL_GPU_BUSY_PERCENT"  # GPU utilisation from which the slice's GPUs count as in use
+IDLE_LIMIT = "DSPORTAL_IDLE_LIMIT"  # seconds: the profile's idle limit for this slice
+LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
+TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
+
+# Set by the session's batch script (templates/session.sbatch.j2).
+KERNEL_CATALOG = "DSPORTAL_KERNEL_CATALOG"  # JSON: the profile's images and data mounts, for kernelspecs
+SESSION_DIR = "DSPORTAL_SESSION_DIR"  # the session's private folder (on JUPYTER_PATH)
+NODE_TMPDIR = "DSPORTAL_NODE_TMPDIR"  # the TMPDIR Slurm gave the session job: what its launched jobs get
+
+# Set inside the session.
+REPORT_PORT = "DSPORTAL_REPORT_PORT"  # set by singleuser: this server is a session job's and reports its port
+
+# Set by `dsportal templates check` for the notebooks it runs.
+TEMPLATE_CHECK = "DSPORTAL_TEMPLATE_CHECK"  # "1": notebooks pick their short settings (fewer epochs)
+TEMPLATE_RUN = "DSPORTAL_TEMPLATE_RUN"  # marks the check's own processes, to find what they leave behind
+
+ALL = {name: value for name, value in dict(globals()).items() if name.isupper() and name != "ALL"}

@@ -1,0 +1,95 @@
+"""The code's layout holds: imports go downward only, with no circle (README, Layout). No cluster needed."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Each layer and the layers it may import. Within a layer modules import each other freely, without a circle.
+LAYERS = {
+    "base": set(),  # names and defaults every side reads, imports nothing
+    "core": {"base"},  # portal.yaml's model, the Slurm adapter, the image catalogue's state
+    "shared": {"base", "core"},  # the rules, batch script rendering, template sources
+    "session": {"base", "core", "shared"},  # each user's session job
+    "spawner": {"base", "core", "shared"},  # the hub's spawners
+    "admin": {"base", "core", "shared", "spawner"},  # the admin's commands and the demo cluster
+    "hub": {"base", "core", "shared", "spawner"},  # the JupyterHub process
+    "cli": {"base", "core", "shared", "admin", "hub", "session", "spawner"},
+}
+
+
+def layer(module: str) -> str:
+    if module in ("portal.defaults", "portal.sessionvars"):
+        return "base"
+    if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
+        return "core"
+    if module in ("portal.rules", "portal.templating", "portal.templatesources"):
+        return "shared"
+    for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
+                         ("portal.cluster", "admin"), ("portal.cli", "cli")):
+        if module == prefix or module.startswith(prefix + "."):
+            return name
+    raise AssertionError(f"{module} is in no layer: add it to tests/test_layout.py and README's Layout")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for root in ("portal", "spawner"):
+        for path in (REPO / root).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project's modules that ``name`` imports at module level or in functions (not under TYPE_CHECKING)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and not (name.startswith(target + ".") and known[target].name == "__init__.py"):
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_import_goes_down():
+    wrong = [f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a, targets in graph().items() for b in targets
+             if layer(a) != layer(b) and layer(b) not in LAYERS[layer(a)]]
+    assert not wrong, "imports that run back up or across:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_circle():
+    edges = graph()
+    circles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for target in sorted(edges[node]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[node] = "done"
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    assert not circles, "import circles:\n" + "\n".join(circles)
