@@ -188,8 +188,8 @@ def test_the_patch_homes_are_the_listed_ones():
 def test_a_changed_or_vanished_upstream_definition_names_the_patch_to_recheck():
     from portal.patchcheck import Definition, Mentions, Patch
 
-    changed = Patch("example", "portal/hub/auth.py", "ldapauthenticator's get_connection", "jupyterhub-ldapauthenticator",
-                    "0.1", "an example", (Definition("ldapauthenticator.ldapauthenticator",
+    changed = Patch("example", "portal/hub/auth.py", "ldapauthenticator's get_connection",
+                    "jupyterhub-ldapauthenticator", "0.1", "an example", (Definition("ldapauthenticator.ldapauthenticator",
                                                      "LDAPAuthenticator.get_connection", "0000000000000000"),
                                           Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.gone",
                                                      "0000000000000000"),
@@ -200,3 +200,18 @@ def test_a_changed_or_vanished_upstream_definition_names_the_patch_to_recheck():
     assert "LDAPAuthenticator.get_connection: sha256 " in problem
     assert "LDAPAuthenticator.gone is gone from ldapauthenticator.ldapauthenticator" in problem
     assert "jupyterhub.user no longer mentions no_such_name_anywhere" in problem
+
+
+def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_patch(tmp_path, monkeypatch):
+    from portal.patchcheck import Definition, Patch
+
+    module = tmp_path / "upstream_example.py"
+    module.write_text("class Thing:\n    def _private(self):\n        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    taken = Definition("upstream_example", "Thing._private", "").current()
+    patch = Patch("example", "portal/hub/auth.py", "upstream_example.Thing._private", "python", "3.11.2", "example",
+                  (Definition("upstream_example", "Thing._private", taken),))
+    assert patch.problems() == []
+    module.write_text("class Thing:\n    def _private(self, now=True):\n        return 1\n")  # signature changed
+    [problem] = patch.problems()
+    assert "upstream_example:Thing._private: sha256 " in problem and f"not {taken}" in problem, problem

@@ -70,7 +70,8 @@ def count_only_changes_as_use() -> None:
 
 
 def _changes_something(handler) -> bool:
-    return handler.request.method not in ("GET", "HEAD", "OPTIONS") and "/lab/api/workspaces" not in handler.request.path
+    request = handler.request
+    return request.method not in ("GET", "HEAD", "OPTIONS") and "/lab/api/workspaces" not in request.path
 
 
 def setup(server_app) -> None:
