@@ -215,3 +215,41 @@ def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_p
     module.write_text("class Thing:\n    def _private(self, now=True):\n        return 1\n")  # signature changed
     [problem] = patch.problems()
     assert "upstream_example:Thing._private: sha256 " in problem and f"not {taken}" in problem, problem
+
+
+@pytest.mark.parametrize("proxy_registered_first", [True, False])
+def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
+    """portguard.install, with jupyter-server-proxy's routes registered before it or after."""
+    import logging
+    from types import SimpleNamespace
+
+    from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler, setup_handlers
+    from tornado.httputil import HTTPServerRequest
+    from tornado.web import Application
+
+    from portal.session import portguard
+
+    app = Application(base_url="/user/alice/")
+    proxy_config = SimpleNamespace(host_allowlist=["localhost"], non_service_rewrite_response=())
+    if proxy_registered_first:
+        setup_handlers(app, proxy_config)
+    portguard.install(app, "/user/alice/", logging.getLogger("test"))
+    if not proxy_registered_first:
+        setup_handlers(app, proxy_config)
+    targets = [rule.target for router in (app.default_router, app.wildcard_router) for host_rule in router.rules
+               for rule in getattr(host_rule.target, "rules", [])]
+    proxies = [t for t in targets if isinstance(t, type) and issubclass(t, (LocalProxyHandler, RemoteProxyHandler))]
+    first_four = proxies[:4]
+    assert len(first_four) == 4 and all(t.__name__.startswith("OwnServices") for t in first_four), proxies
+    connection = SimpleNamespace(set_close_callback=lambda callback: None, context=None)
+    request = HTTPServerRequest("GET", "/user/alice/proxy/8888/", connection=connection)
+    for guarded in first_four:
+        assert guarded(app, request, absolute_url=False).host_allowlist is portguard.host_allowlist
+
+
+def test_tensorboards_serve_without_an_info_file():
+    from portal.session.tensorboards import BoardProxyHandler
+
+    board = session_upstream.tensorboard_without_info_file()
+    assert "_register_info" in vars(board)
+    assert {"http_get", "open", "post", "head", "_target"} <= set(vars(BoardProxyHandler))
