@@ -131,7 +131,7 @@ class Patch:
         for fingerprint in self.relies_on:
             try:
                 now = fingerprint.current()
-            except (LookupError, OSError, SyntaxError) as error:
+            except (LookupError, ImportError, OSError, SyntaxError) as error:
                 now, why = None, str(error)
             if now != fingerprint.sha256:
                 found.append(f"{fingerprint}: " + (why if now is None else f"sha256 {now}, not {fingerprint.sha256}"))
