@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parent.parent
 LAYERS = {
     "base": set(),  # names and defaults every side reads, imports nothing
     "core": {"base"},  # portal.yaml's model, the Slurm adapter, the image catalogue's state
-    "shared": {"base", "core"},  # the rules, batch script rendering, template sources
+    "shared": {"base", "core"},  # the rules, batch script rendering, template sources, the upstream patches' checker
     "session": {"base", "core", "shared"},  # each user's session job
     "spawner": {"base", "core", "shared"},  # the hub's spawners
     "admin": {"base", "core", "shared", "spawner"},  # the admin's commands and the demo cluster
@@ -23,7 +23,7 @@ def layer(module: str) -> str:
         return "base"
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"
-    if module in ("portal.rules", "portal.templating", "portal.templatesources"):
+    if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
                          ("portal.cluster", "admin"), ("portal.cli", "cli")):

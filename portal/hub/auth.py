@@ -14,12 +14,9 @@ import asyncio
 import concurrent.futures
 import math
 import re
-import ssl
 
-import ldap3
-from ldap3.core.exceptions import LDAPBindError, LDAPCommunicationError, LDAPResponseTimeoutError
+from ldap3.core.exceptions import LDAPCommunicationError, LDAPResponseTimeoutError
 from ldapauthenticator import LDAPAuthenticator
-from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 from traitlets import Float, Integer
 
@@ -27,7 +24,7 @@ from spawner.certs import USERS_DOMAIN
 
 from .. import defaults
 from ..settings import human_duration
-from . import metrics
+from . import metrics, upstream
 from .loginthrottle import LoginThrottle
 
 NOT_ANSWERING = "The login service (LDAP) is not answering right now. Please try again in a minute."
@@ -53,7 +50,7 @@ def client_address(handler) -> str:
     if handler is None:
         return ""
     forwarded = handler.request.headers.get("X-Forwarded-For", "").split(",")[-1].strip()
-    peer = getattr(getattr(handler.request.connection, "context", None), "address", None)
+    peer = upstream.connection_address(handler.request)
     return forwarded or (str(peer[0]) if isinstance(peer, tuple) and peer else handler.request.remote_ip or "")
 
 
@@ -68,14 +65,7 @@ class NotThroughTheProxy(web.HTTPError):
 
 def from_a_session(handler) -> bool:
     """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
-    connection = getattr(handler.request.connection, "stream", None)  # tornado's HTTP/1 stream
-    tls = getattr(connection, "socket", None)
-    if not isinstance(tls, ssl.SSLSocket):  # plain HTTP: no certificate to tell by
-        return False
-    try:
-        certificate = tls.getpeercert()
-    except ValueError:  # not connected any more
-        return False
+    certificate = upstream.peer_certificate(handler.request)  # None: plain HTTP, or not connected any more
     return any(kind == "DNS" and value.endswith(f".{USERS_DOMAIN}")
                for kind, value in (certificate or {}).get("subjectAltName", ()))
 
@@ -113,21 +103,12 @@ class PortalAuthenticator(LDAPAuthenticator):
 
     def get_connection(self, userdn, password):
         """ldapauthenticator's connection, with connect and receive timeouts."""
-        use_ssl = self.tls_strategy == TlsStrategy.on_connect
-        auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if self.tls_strategy == TlsStrategy.before_bind
-                     else ldap3.AUTO_BIND_NO_TLS)
-        server = ldap3.Server(self.server_address, port=self.server_port, use_ssl=use_ssl,
-                              tls=ldap3.Tls(**self.tls_kwargs), connect_timeout=self.connect_timeout)
-        try:
-            return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
-                                    receive_timeout=max(1, math.ceil(self.receive_timeout)))  # ldap3: whole seconds
-        except LDAPBindError as error:
-            self.log.debug("Failed to bind %s: %s", userdn, error)
-            return None
+        return upstream.ldap_connection(self, userdn, password, self.connect_timeout,
+                                        max(1, math.ceil(self.receive_timeout)))  # ldap3: whole seconds
 
     def _check_in_thread(self, data):
         # The parent's coroutine never awaits: run it to the end on this worker thread.
-        return asyncio.run(LDAPAuthenticator.authenticate(self, None, data))
+        return upstream.ldap_login(self, data)
 
     def _throttled_name(self, data) -> str | None:
         """The account a password guess is for, as the throttle counts it; None where the attempt

@@ -9,7 +9,6 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
-import jupyterhub.user
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -18,7 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 
 from .. import settings as settings_module
 from .. import templating
-from . import metrics
+from . import metrics, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from .portreport import install_port_handler
@@ -45,8 +44,7 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     each session's names its node (spawner/gpuspawner.py) and its user: the proxy and the hub's checks
     talk to a user's route only if its certificate is that user's (portal/hub/routeowner.py)."""
     c.JupyterHub.internal_ssl = True
-    if not hasattr(jupyterhub.user.make_ssl_context, "original"):
-        jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
+    upstream.reuse_tls_contexts_for_session_checks()
     check_sessions_by_their_certificate()
     c.ConfigurableHTTPProxy.command = proxy_command(_proxy_command(hub.proxy_command))
     c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")
@@ -54,26 +52,6 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     c.JupyterHub.trusted_alt_names = sorted(f"{'IP' if _is_address(n) else 'DNS'}:{n}" for n in names
                                             if n and n not in ("0.0.0.0", "::"))
     c.ConfigurableHTTPProxy.api_url = urlunparse(urlparse(hub.proxy_api_url)._replace(scheme="https"))
-
-
-def _one_tls_context_for_session_checks(make_ssl_context):
-    """JupyterHub builds a new TLS context, reading and parsing the hub's key, certificate and CA
-    bundle, for each check that a started session answers: ~40 ms of the hub's event loop per spawn
-    (py-spy, a class of 30 starting). The files change only when the hub restarts; one context per
-    set of files (and their modification times) serves every check."""
-    contexts = {}
-
-    def reused(keyfile, certfile, cafile=None, **kwargs):
-        if kwargs or not keyfile or not certfile:
-            return make_ssl_context(keyfile, certfile, cafile=cafile, **kwargs)
-        key = tuple((path, os.stat(path).st_mtime_ns if path else 0) for path in (keyfile, certfile, cafile))
-        if key not in contexts:
-            contexts.clear()
-            contexts[key] = make_ssl_context(keyfile, certfile, cafile=cafile)
-        return contexts[key]
-
-    reused.original = make_ssl_context
-    return reused
 
 
 def _sqlite_commits_without_waiting_for_disk(dbapi_connection, _record) -> None:

@@ -25,6 +25,8 @@ from jupyterhub.app import JupyterHub
 from tornado import web
 from tornado.routing import Matcher, Rule
 
+from . import upstream
+
 
 class HubPageOnAnotherHost(Matcher):
     """A browser's GET of a hub page (not the API), through the proxy, at a host that is not the
@@ -85,18 +87,14 @@ def hold_the_ipv6_loopback_port(subdomain_host: str, bind_url: str) -> None:
     _RESERVED.append(reserved)
 
 
-def _hub_pages_on_the_hubs_host(init_tornado_application):
-    def init(hub: JupyterHub):
-        init_tornado_application(hub)
-        if hub.subdomain_host:
-            hold_the_ipv6_loopback_port(hub.subdomain_host, hub.bind_url)
-            router = hub.tornado_application.wildcard_router
-            rule = Rule(HubPageOnAnotherHost(hub.subdomain_host, hub.hub_prefix), ToTheHubsHost,
-                        {"hub_host": hub.subdomain_host})
-            router.rules.insert(0, router.process_rule(rule))
-
-    init.original = init_tornado_application
-    return init
+def _hub_pages_on_the_hubs_host(hub: JupyterHub) -> None:
+    """After JupyterHub built its tornado application (portal/hub/upstream.py)."""
+    if hub.subdomain_host:
+        hold_the_ipv6_loopback_port(hub.subdomain_host, hub.bind_url)
+        router = hub.tornado_application.wildcard_router
+        rule = Rule(HubPageOnAnotherHost(hub.subdomain_host, hub.hub_prefix), ToTheHubsHost,
+                    {"hub_host": hub.subdomain_host})
+        router.rules.insert(0, router.process_rule(rule))
 
 
 def configure_user_origins(c, subdomain_host: str | None) -> None:
@@ -107,5 +105,4 @@ def configure_user_origins(c, subdomain_host: str | None) -> None:
         return
     c.JupyterHub.subdomain_host = subdomain_host
     c.JupyterHub.cookie_host_prefix_enabled = urlparse(subdomain_host).scheme == "https"
-    if not hasattr(JupyterHub.init_tornado_application, "original"):
-        JupyterHub.init_tornado_application = _hub_pages_on_the_hubs_host(JupyterHub.init_tornado_application)
+    upstream.after_init_tornado_application(_hub_pages_on_the_hubs_host)

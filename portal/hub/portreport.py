@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-import batchspawner.api  # noqa: F401  (registers its own handler on import; install_port_handler takes its place)
-from jupyterhub.apihandlers import APIHandler, default_handlers
+from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
 from ..settings import json_kind
-from . import metrics
+from . import metrics, upstream
 
 
 class SessionPortHandler(APIHandler):
@@ -55,5 +54,4 @@ class SessionPortHandler(APIHandler):
 
 
 def install_port_handler() -> None:
-    default_handlers[:] = [h for h in default_handlers if h[0] != r"/api/batchspawner"]
-    default_handlers.append((r"/api/batchspawner", SessionPortHandler))
+    upstream.replace_api_handler(r"/api/batchspawner", SessionPortHandler)

@@ -16,15 +16,13 @@ presenting her own certificate, be taken for him. Two places talk to a session o
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import shutil
-import ssl
 from pathlib import Path
 
-import jupyterhub.user
-
 from spawner import certs
+
+from . import upstream
 
 WRAPPER = Path(__file__).with_name("proxy.js")
 CHP_PACKAGE = "configurable-http-proxy"
@@ -48,59 +46,11 @@ def proxy_command(command: list[str]) -> list[str]:
     return [node, str(WRAPPER), str(script), *command[1:]]
 
 
-# The certificate the session being checked must present (DER): set around User._wait_up.
-_EXPECTED_CERTIFICATE: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
-    "dsportal_expected_session_certificate", default=None)
-
-
-class _PinnedSessionSSLObject(ssl.SSLObject):
-    """asyncio's TLS to a session the hub checks: after the usual checks (the CA, the node's
-    name), the certificate must be the one in :data:`_EXPECTED_CERTIFICATE` when the connection
-    was made; else the handshake fails and no request is written."""
-
-    @classmethod
-    def _create(cls, *args, **kwargs):
-        sslobj = super()._create(*args, **kwargs)
-        sslobj.expected_certificate = _EXPECTED_CERTIFICATE.get()
-        return sslobj
-
-    def do_handshake(self):
-        super().do_handshake()
-        if self.expected_certificate is None or self.getpeercert(binary_form=True) != self.expected_certificate:
-            raise ssl.SSLCertVerificationError(
-                "the session's certificate is not the one the hub issued to its user: another "
-                "user's server on the session's address (dsportal: a route reaches its own user only)")
-
-
-def _pinning(make_ssl_context):
-    def pinned(*args, **kwargs):
-        context = make_ssl_context(*args, **kwargs)
-        if context is not None:
-            context.sslobject_class = _PinnedSessionSSLObject
-        return context
-
-    pinned.original = make_ssl_context
-    pinned.pins_session_certificates = True
-    return pinned
-
-
-def _waiting_for_the_users_own_certificate(wait_up):
-    async def wait_up_pinned(self, spawner):
-        expected = await asyncio.to_thread(certs.issued_certificate, spawner.internal_certs_location, self.name)
-        token = _EXPECTED_CERTIFICATE.set(expected or b"")  # none issued: nothing is accepted
-        try:
-            return await wait_up(self, spawner)
-        finally:
-            _EXPECTED_CERTIFICATE.reset(token)
-
-    wait_up_pinned.pins_session_certificates = True
-    return wait_up_pinned
+async def _issued_certificate(certs_location: str, user: str) -> bytes | None:
+    return await asyncio.to_thread(certs.issued_certificate, certs_location, user)
 
 
 def check_sessions_by_their_certificate() -> None:
     """The hub's checks of a session (``jupyterhub.user.make_ssl_context`` is used for nothing
-    else) accept only the user's own session certificate. Idempotent."""
-    if not getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False):
-        jupyterhub.user.make_ssl_context = _pinning(jupyterhub.user.make_ssl_context)
-    if not getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False):
-        jupyterhub.user.User._wait_up = _waiting_for_the_users_own_certificate(jupyterhub.user.User._wait_up)
+    else) accept only the user's own session certificate (portal/hub/upstream.py). Idempotent."""
+    upstream.pin_session_certificates(_issued_certificate)

@@ -24,6 +24,7 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import defaults, sessionvars
 from ..cluster.slurmclient import job_gpus
+from . import upstream
 
 KEY = "dsportal_last_activity"
 NVIDIA_SMI_QUERY = ["--query-gpu=minor_number,utilization.gpu", "--format=csv,noheader,nounits"]
@@ -65,16 +66,12 @@ def count_only_changes_as_use() -> None:
     (PUT lab/api/workspaces, every 10 s) for as long as it is open: that must not keep GPUs held
     over a weekend. Requests that change something else (save a file, start a kernel, rename)
     count; so do kernel and terminal traffic, tracked apart."""
-    if getattr(APIHandler.update_api_activity, "_dsportal", False):
-        return
-    tracked = APIHandler.update_api_activity
+    upstream.count_api_activity_only(_changes_something)
 
-    def update_api_activity(self) -> None:
-        if self.request.method not in ("GET", "HEAD", "OPTIONS") and "/lab/api/workspaces" not in self.request.path:
-            tracked(self)
 
-    update_api_activity._dsportal = True
-    APIHandler.update_api_activity = update_api_activity
+def _changes_something(handler) -> bool:
+    request = handler.request
+    return request.method not in ("GET", "HEAD", "OPTIONS") and "/lab/api/workspaces" not in request.path
 
 
 def setup(server_app) -> None:

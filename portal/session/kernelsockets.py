@@ -26,6 +26,8 @@ import os
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import default
 
+from .upstream import IpcSocketsNamedByPrefix
+
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 SOCKET_SUFFIX_MAX = len("-pipe")  # jupyter_client appends -1 .. -5 (one per channel), kernelpipe -pipe
 
@@ -46,15 +48,12 @@ def socket_prefix(connection_file: str) -> str:
     return prefix
 
 
-class PrivateKernelManager(ServerKernelManager):
+class PrivateKernelManager(IpcSocketsNamedByPrefix, ServerKernelManager):
     """jupyter_server's kernel manager, with its kernel's channels on private unix sockets."""
 
     @default("transport")
     def _private_transport(self) -> str:
         return "ipc"
 
-    def _ip_default(self) -> str:
-        # The name jupyter_client's own default has: traitlets prefers a class's _ip_default.
-        if self.transport != "ipc":
-            return super()._ip_default()
+    def ipc_socket_prefix(self) -> str:
         return socket_prefix(self.connection_file)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..cluster.slurmclient import SlurmError, SlurmUnavailable
 from ..rules import RequestError
-from . import jobs
+from . import jobs, upstream
 
 
 class Job:
@@ -222,9 +222,4 @@ def load_ipython_extension(ipython):
     ipython.register_magic_function(torchrun, magic_kind="cell", magic_name="torchrun")
     ipython.push({"launch_job": launch}, interactive=True)
     if os.environ.get("JUPYTERHUB_SERVICE_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
-        try:
-            import tensorboard.notebook
-        except ImportError:
-            return
-        # %load_ext tensorboard registers a magic that calls tensorboard.notebook.start at run time.
-        tensorboard.notebook.start = session_tensorboard
+        upstream.tensorboard_magic_calls(session_tensorboard)

@@ -22,6 +22,8 @@ import socket
 
 from tornado import web
 
+from . import upstream
+
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _LISTEN = "0A"
 # Addresses a connection to "localhost" can reach: loopback and the wildcard (any address).
@@ -58,23 +60,13 @@ def _account(uid: int) -> str:
         return f"uid {uid}"
 
 
-def target_port(handler) -> int:
-    """The port a jupyter-server-proxy handler is about to connect to."""
-    from jupyter_server_proxy.handlers import NamedLocalProxyHandler, RemoteProxyHandler
-
-    if isinstance(handler, NamedLocalProxyHandler):
-        return int(handler.port)
-    args = handler.path_args  # /proxy/<port>/..., /proxy/<host>:<port>/...
-    return int(args[1] if isinstance(handler, RemoteProxyHandler) else args[0])
-
-
 def refusal(handler, host: str) -> str | None:
     """None when the request may go through; else why not, for the person who asked."""
     if getattr(handler, "unix_socket", None):
         return None
     if host not in LOCAL_HOSTS:
         return (f"Only services of your own session on this node can be opened here, not {host!r}.")
-    port = target_port(handler)
+    port = upstream.proxy_target_port(handler)
     owners = listener_uids(port)
     me = os.getuid()
     if not owners:
@@ -97,37 +89,10 @@ def host_allowlist(handler, host: str) -> bool:
     raise web.HTTPError(403, why)
 
 
-def _guarded(base):
-    class Guarded(base):
-        def __init__(self, *args, **kwargs):
-            kwargs["host_allowlist"] = host_allowlist
-            super().__init__(*args, **kwargs)
-
-    Guarded.__name__ = Guarded.__qualname__ = f"OwnServices{base.__name__}"
-    return Guarded
-
-
 def install(web_app, base_url: str, log) -> None:
     """Guard every ``/proxy/...`` route of the session's server (see the module's docstring)."""
-    from jupyter_server.utils import url_path_join
-    from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler
-
-    guarded = {LocalProxyHandler: _guarded(LocalProxyHandler), RemoteProxyHandler: _guarded(RemoteProxyHandler)}
-    swapped = 0
-    for router in (web_app.default_router, web_app.wildcard_router):
-        for host_rule in router.rules:
-            for rule in getattr(host_rule.target, "rules", []):
-                if rule.target in guarded:
-                    rule.target = guarded[rule.target]
-                    swapped += 1
+    swapped = upstream.guard_proxy_routes(web_app, base_url, host_allowlist)
     if swapped:
         log.info("dsportal: /proxy/ opens only this user's own services (%d routes guarded)", swapped)
         return
-    # jupyter-server-proxy has not registered yet: our routes come first, so they are the ones matched.
-    routes = [(r"/proxy/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, False),
-              (r"/proxy/absolute/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, True),
-              (r"/proxy/(\d+)(/.*|)", LocalProxyHandler, False),
-              (r"/proxy/absolute/(\d+)(/.*|)", LocalProxyHandler, True)]
-    web_app.add_handlers(".*", [(url_path_join(base_url, pattern), guarded[handler], {"absolute_url": absolute})
-                                for pattern, handler, absolute in routes])
     log.info("dsportal: /proxy/ routes registered, guarded (only this user's own services)")

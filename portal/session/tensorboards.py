@@ -36,9 +36,9 @@ from pathlib import Path
 
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
-from jupyter_server_proxy.handlers import ProxyHandler
 from tornado import web
 
+from . import upstream
 from .api import MessageAPIHandler
 
 START_TIMEOUT = 60.0
@@ -181,32 +181,18 @@ class OpenHandler(JupyterHandler):
         self.redirect(board.url)
 
 
-class BoardProxyHandler(ProxyHandler):
+def _board_socket(handler, name) -> tuple[str, str]:
+    board = _boards(handler).boards.get(name)
+    if board is None or board.process.poll() is not None:
+        raise web.HTTPError(404, f"TensorBoard {name} is not running: open it again from its folder")
+    return board.socket, f"dsportal/tensorboard/{name}"
+
+
+BoardProxyHandler = upstream.unix_socket_proxy_handler(
+    "BoardProxyHandler",
     """jupyter-server-proxy's handler (its auth, header handling and streaming), pointed at the
-    board's unix socket; TensorBoard serves under its --path_prefix, so paths pass unchanged."""
-
-    def _target(self, name):
-        board = _boards(self).boards.get(name)
-        if board is None or board.process.poll() is not None:
-            raise web.HTTPError(404, f"TensorBoard {name} is not running: open it again from its folder")
-        self.unix_socket = board.socket
-        self.proxy_base = f"dsportal/tensorboard/{name}"
-
-    async def http_get(self, name, path):
-        self._target(name)
-        return await self.proxy("localhost", 0, path)
-
-    async def open(self, name, path):
-        self._target(name)
-        return await self.proxy_open("localhost", 0, path)
-
-    def post(self, name, path):
-        self._target(name)
-        return self.proxy("localhost", 0, path)
-
-    def head(self, name, path):
-        self._target(name)
-        return self.proxy("localhost", 0, path)
+    board's unix socket; TensorBoard serves under its --path_prefix, so paths pass unchanged.""",
+    _board_socket)
 
 
 def setup(server_app) -> list[tuple]:
@@ -227,7 +213,6 @@ def setup(server_app) -> list[tuple]:
 # ------------------------------------------------------------------ the TensorBoard process
 def serve(logdir: str, sock: str, path_prefix: str) -> None:
     """TensorBoard's own app, served on a unix socket instead of a TCP port."""
-    from tensorboard import program
     from werkzeug.serving import ThreadedWSGIServer
 
     class UnixSocketServer(ThreadedWSGIServer):
@@ -244,11 +229,7 @@ def serve(logdir: str, sock: str, path_prefix: str) -> None:
         def print_serving_message(self):
             print(f"TensorBoard for {logdir} serving on {sock} under {path_prefix}", flush=True)
 
-    class Board(program.TensorBoard):
-        def _register_info(self, server):  # its info file wants a TCP port
-            pass
-
-    board = Board(server_class=UnixSocketServer)
+    board = upstream.tensorboard_without_info_file()(server_class=UnixSocketServer)
     board.configure(argv=[None, "--logdir", logdir, "--path_prefix", path_prefix, "--reload_interval", "2"])
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     board.main()

@@ -1,0 +1,304 @@
+"""The hub's patches of upstream internals (JupyterHub, batchspawner, ldapauthenticator, tornado,
+ssl, configurable-http-proxy), in one place, with what each rests on.
+
+Each function here replaces, wraps or reads something upstream keeps private; the hub's modules
+call them (config.py, routeowner.py, origins.py, portreport.py, auth.py) and keep the portal's
+policy, messages and logs. :data:`PATCHES` is the upgrade checklist: for each patch, the upstream
+version it was written against and fingerprints of the upstream code it rests on.
+tests/test_upstream.py fails, naming the patch, when the installed upstream no longer matches.
+The session's patches are in portal/session/upstream.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import ssl
+
+import batchspawner.api  # noqa: F401  (registers its own port handler on import; replace_api_handler takes its place)
+import jupyterhub.user
+import ldap3
+from jupyterhub.apihandlers import default_handlers
+from jupyterhub.app import JupyterHub
+from ldap3.core.exceptions import LDAPBindError
+from ldapauthenticator import LDAPAuthenticator
+from ldapauthenticator.ldapauthenticator import TlsStrategy
+
+from ..patchcheck import CHP, Definition, Mentions, Patch
+
+
+# ------------------------------------------------------------------ jupyterhub.user.make_ssl_context
+def reuse_tls_contexts_for_session_checks() -> None:
+    """Wrap ``jupyterhub.user.make_ssl_context`` (used only by ``User._wait_up``) with
+    :func:`_one_tls_context_for_session_checks`, unless it is wrapped so already. (config.py
+    calls this before routeowner's pinning, which wraps it in turn.)"""
+    if not _make_ssl_context_patched("reuses_tls_contexts"):
+        jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
+
+
+def _one_tls_context_for_session_checks(make_ssl_context):
+    """JupyterHub builds a new TLS context, reading and parsing the hub's key, certificate and CA
+    bundle, for each check that a started session answers: ~40 ms of the hub's event loop per spawn
+    (py-spy, a class of 30 starting). The files change only when the hub restarts; one context per
+    set of files (and their modification times) serves every check."""
+    contexts = {}
+
+    def reused(keyfile, certfile, cafile=None, **kwargs):
+        if kwargs or not keyfile or not certfile:
+            return make_ssl_context(keyfile, certfile, cafile=cafile, **kwargs)
+        key = tuple((path, os.stat(path).st_mtime_ns if path else 0) for path in (keyfile, certfile, cafile))
+        if key not in contexts:
+            contexts.clear()
+            contexts[key] = make_ssl_context(keyfile, certfile, cafile=cafile)
+        return contexts[key]
+
+    reused.original = make_ssl_context
+    reused.reuses_tls_contexts = True
+    return reused
+
+
+def _wrappers(function):
+    while function is not None:
+        yield function
+        function = getattr(function, "original", None)
+
+
+# ------------------------------------------------------------------ session certificate pinning
+# The certificate the session being checked must present (DER): set around User._wait_up.
+_EXPECTED_CERTIFICATE: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
+    "dsportal_expected_session_certificate", default=None)
+
+
+class _PinnedSessionSSLObject(ssl.SSLObject):
+    """asyncio's TLS to a session the hub checks: after the usual checks (the CA, the node's
+    name), the certificate must be the one in :data:`_EXPECTED_CERTIFICATE` when the connection
+    was made; else the handshake fails and no request is written."""
+
+    @classmethod
+    def _create(cls, *args, **kwargs):
+        sslobj = super()._create(*args, **kwargs)
+        sslobj.expected_certificate = _EXPECTED_CERTIFICATE.get()
+        return sslobj
+
+    def do_handshake(self):
+        super().do_handshake()
+        if self.expected_certificate is None or self.getpeercert(binary_form=True) != self.expected_certificate:
+            raise ssl.SSLCertVerificationError(
+                "the session's certificate is not the one the hub issued to its user: another "
+                "user's server on the session's address (dsportal: a route reaches its own user only)")
+
+
+def _pinning(make_ssl_context):
+    def pinned(*args, **kwargs):
+        context = make_ssl_context(*args, **kwargs)
+        if context is not None:
+            context.sslobject_class = _PinnedSessionSSLObject
+        return context
+
+    pinned.original = make_ssl_context
+    pinned.pins_session_certificates = True
+    return pinned
+
+
+def _waiting_for_the_certificate(wait_up, issued_certificate):
+    async def wait_up_pinned(self, spawner):
+        expected = await issued_certificate(spawner.internal_certs_location, self.name)
+        token = _EXPECTED_CERTIFICATE.set(expected or b"")  # none issued: nothing is accepted
+        try:
+            return await wait_up(self, spawner)
+        finally:
+            _EXPECTED_CERTIFICATE.reset(token)
+
+    wait_up_pinned.pins_session_certificates = True
+    return wait_up_pinned
+
+
+def pin_session_certificates(issued_certificate) -> None:
+    """The hub's checks of a session (``User._wait_up``; ``jupyterhub.user.make_ssl_context`` is used
+    for nothing else) accept only the certificate ``await issued_certificate(internal_certs_location,
+    user name)`` returns (DER; None: none is accepted). Idempotent."""
+    if not getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False):
+        jupyterhub.user.make_ssl_context = _pinning(jupyterhub.user.make_ssl_context)
+    if not getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False):
+        jupyterhub.user.User._wait_up = _waiting_for_the_certificate(jupyterhub.user.User._wait_up,
+                                                                     issued_certificate)
+
+
+# ------------------------------------------------------------------ JupyterHub's tornado application
+def after_init_tornado_application(extend) -> None:
+    """``extend(hub)`` runs right after ``JupyterHub.init_tornado_application`` (once wrapped)."""
+    if hasattr(JupyterHub.init_tornado_application, "original"):
+        return
+    init_tornado_application = JupyterHub.init_tornado_application
+
+    def init(hub: JupyterHub):
+        init_tornado_application(hub)
+        extend(hub)
+
+    init.original = init_tornado_application
+    JupyterHub.init_tornado_application = init
+
+
+def replace_api_handler(pattern: str, handler) -> None:
+    """The hub's API route ``pattern`` (batchspawner's /api/batchspawner, registered when
+    batchspawner.api is imported) served by ``handler`` instead."""
+    default_handlers[:] = [h for h in default_handlers if h[0] != pattern]
+    default_handlers.append((pattern, handler))
+
+
+# ------------------------------------------------------------------ ldapauthenticator
+def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int):
+    """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts."""
+    use_ssl = authenticator.tls_strategy == TlsStrategy.on_connect
+    auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if authenticator.tls_strategy == TlsStrategy.before_bind
+                 else ldap3.AUTO_BIND_NO_TLS)
+    server = ldap3.Server(authenticator.server_address, port=authenticator.server_port, use_ssl=use_ssl,
+                          tls=ldap3.Tls(**authenticator.tls_kwargs), connect_timeout=connect_timeout)
+    try:
+        return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
+                                receive_timeout=receive_timeout)
+    except LDAPBindError as error:
+        authenticator.log.debug("Failed to bind %s: %s", userdn, error)
+        return None
+
+
+def ldap_login(authenticator, data):
+    """LDAPAuthenticator's own ``authenticate``, run to the end on this (worker) thread: its coroutine
+    never awaits and does not use the request's handler."""
+    return asyncio.run(LDAPAuthenticator.authenticate(authenticator, None, data))
+
+
+# ------------------------------------------------------------------ tornado's connection of a request
+def peer_certificate(request) -> dict | None:
+    """The TLS peer certificate of tornado's HTTP/1 stream under ``request`` ({} if the client sent
+    none); None over plain HTTP or once the connection is gone."""
+    connection = getattr(request.connection, "stream", None)  # tornado's HTTP/1 stream
+    tls = getattr(connection, "socket", None)
+    if not isinstance(tls, ssl.SSLSocket):  # plain HTTP: no certificate to tell by
+        return None
+    try:
+        return tls.getpeercert() or {}
+    except ValueError:  # not connected any more
+        return None
+
+
+def connection_address(request):
+    """The address of the connection ``request`` came on (tornado's request context), or None."""
+    return getattr(getattr(request.connection, "context", None), "address", None)
+
+
+# ------------------------------------------------------------------ the checklist
+def _make_ssl_context_patched(marker: str) -> bool:
+    return any(getattr(f, marker, False) for f in _wrappers(jupyterhub.user.make_ssl_context))
+
+
+JUPYTERHUB, LDAP, TORNADO = "jupyterhub", "jupyterhub-ldapauthenticator", "tornado"
+PATCHES = [
+    Patch("tls-context-reuse", "portal/hub/config.py", "jupyterhub.user.make_ssl_context (wrapped)",
+          JUPYTERHUB, "6.1.1", "one TLS context for every check of a started session, not one per check "
+          "(~40 ms of the hub's event loop each)",
+          (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
+           Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
+          lambda: _make_ssl_context_patched("reuses_tls_contexts")),
+    Patch("session-certificate-context", "portal/hub/routeowner.py",
+          "jupyterhub.user.make_ssl_context (wrapped: its contexts' sslobject_class)", JUPYTERHUB, "6.1.1",
+          "the hub's checks of a session accept only the certificate issued to the session's user",
+          (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
+           Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
+          lambda: _make_ssl_context_patched("pins_session_certificates")),
+    Patch("session-certificate-wait-up", "portal/hub/routeowner.py", "jupyterhub.user.User._wait_up (wrapped)",
+          JUPYTERHUB, "6.1.1", "sets the certificate expected of the session being checked, around the check",
+          (Definition("jupyterhub.user", "User._wait_up", "891931869bfd0f23"),
+           Mentions("jupyterhub.user", "_wait_up", "807309172012753b")),
+          lambda: getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False)),
+    Patch("session-certificate-sslobject", "portal/hub/routeowner.py",
+          "ssl.SSLObject._create (private classmethod, overridden) and do_handshake", "python", "3.11.2",
+          "fails the handshake with a session whose certificate is not the expected one, before a request",
+          (Definition("ssl", "SSLObject._create", "419b38a162d353a9"),
+           Definition("ssl", "SSLObject.do_handshake", "a91ffb8fde2bcfbf"),
+           Definition("ssl", "SSLContext.wrap_bio", "518c85ca731f0b14"),
+           Mentions("asyncio.sslproto", "wrap_bio", "fb462d8e3fd88860")),
+          lambda: _make_ssl_context_patched("pins_session_certificates")),
+    Patch("hub-pages-on-hub-host", "portal/hub/origins.py",
+          "jupyterhub.app.JupyterHub.init_tornado_application (wrapped; a rule put first in its wildcard_router)",
+          JUPYTERHUB, "6.1.1", "with subdomain_host, the hub's pages opened at another host redirect to the hub's",
+          (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
+           Mentions("jupyterhub.app", "init_tornado_application", "792efb197480a68f")),
+          lambda: hasattr(JupyterHub.init_tornado_application, "original")),
+    Patch("port-report-handler", "portal/hub/portreport.py",
+          "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
+          "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "
+          "takes any number of reports; the portal's takes one port, from the job it started",
+          (Definition("batchspawner.api", "BatchSpawnerAPIHandler", "8462bdcbc9a5363c"),
+           Mentions("batchspawner.api", "default_handlers", "a365078cd3cd6f43"),
+           Mentions("jupyterhub.apihandlers", "default_handlers", "644df771c172c4ce"),
+           Mentions("jupyterhub.app", "default_handlers", "41012f0f852be04c")),
+          lambda: [h[1].__module__ for h in default_handlers if h[0] == r"/api/batchspawner"]
+          == ["portal.hub.portreport"]),
+    Patch("ldap-connection-timeouts", "portal/hub/auth.py",
+          "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts)", LDAP,
+          "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop",
+          (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.get_connection", "47dfcc9f6096c325"),
+           Mentions("ldapauthenticator.ldapauthenticator", "tls_kwargs", "97b4a4179824018c")),
+          None),
+    Patch("ldap-login-in-thread", "portal/hub/auth.py",
+          "ldapauthenticator LDAPAuthenticator.authenticate (its coroutine run on a worker thread)", LDAP,
+          "2.0.2", "each login off the hub's event loop, with a deadline; relies on it never awaiting",
+          (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.authenticate", "431a9f8eb7e737be"),),
+          None),
+    Patch("request-tls-peer", "portal/hub/auth.py",
+          "tornado: request.connection.stream.socket (the ssl.SSLSocket) and request.connection.context.address",
+          TORNADO, "6.6.1", "a login straight from a session (its certificate) is refused; the throttle counts "
+          "the connection's address, not a client's own X-Real-Ip",
+          (Definition("tornado.http1connection", "HTTP1Connection.__init__", "adb55c9859f13691"),
+           Definition("tornado.httpserver", "_HTTPRequestContext.__init__", "6ba522c6e6575b90"),
+           Definition("tornado.tcpserver", "TCPServer._handle_connection", "0cd39c682850f93e")),
+          None),
+    Patch("spawner-pending-flags", "spawner/partitionspawner.py",
+          "jupyterhub.spawner.Spawner._spawn_pending, _stop_pending, _check_pending: read (partitionspawner.py "
+          "idle_seconds, gpuspawner.py poll) and _check_pending copied onto wrapspawner's child "
+          "(partitionspawner.py poll); the spawners' own, listed here", JUPYTERHUB, "6.1.1",
+          "an idle session is measured only while it runs, and the child knows the hub's startup check",
+          (Mentions("jupyterhub.spawner", "_spawn_pending", "36276cbbdee9eae0"),
+           Mentions("jupyterhub.spawner", "_stop_pending", "d99fbcb5e0b38ea2"),
+           Mentions("jupyterhub.spawner", "_check_pending", "f73f5e92327e173a"),
+           Mentions("jupyterhub.app", "_check_pending", "23f79da87bb04ae4"),
+           Mentions("jupyterhub.user", "_check_pending", "25f9ab51170bc21f")),
+          None),
+    Patch("batchspawner-job-state", "spawner/gpuspawner.py",
+          "batchspawner's BatchSpawnerBase: start() and poll() replaced, its job_id / job_status state, "
+          "stop(), get_env() and startup_poll_interval kept; the spawner's own, listed here",
+          "batchspawner", "1.3.0", "the session as a Slurm job read from one shared squeue snapshot, its port "
+          "reported once by the running server",
+          (Definition("batchspawner.batchspawner", "BatchSpawnerBase.start", "6ad1481cb08ae606"),
+           Definition("batchspawner.batchspawner", "BatchSpawnerBase.poll", "86dde2053acb47ba"),
+           Definition("batchspawner.batchspawner", "BatchSpawnerBase.stop", "2c30b45117678247"),
+           Definition("batchspawner.batchspawner", "BatchSpawnerBase.get_state", "b81151e40d96b45b"),
+           Definition("batchspawner.batchspawner", "BatchSpawnerBase.load_state", "4c43284fe8b179ae"),
+           Definition("batchspawner.batchspawner", "BatchSpawnerBase.clear_state", "33de487db292d82d"),
+           Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
+          None),
+    Patch("wrapspawner-child", "spawner/partitionspawner.py",
+          "wrapspawner's WrapSpawner: construct_child, child_config, child_spawner, its state and poll "
+          "(start() replaced); the spawner's own, listed here", "wrapspawner", "1.0.1",
+          "the chosen profile's SlurmGPUSpawner as the child, validated before anything reaches Slurm",
+          (Definition("wrapspawner.wrapspawner", "WrapSpawner.construct_child", "242b0121fb64996c"),
+           Definition("wrapspawner.wrapspawner", "WrapSpawner.start", "9d36dfdecc9cffcd"),
+           Definition("wrapspawner.wrapspawner", "WrapSpawner.poll", "7388f4ab923fdfd0"),
+           Definition("wrapspawner.wrapspawner", "WrapSpawner.get_state", "53b69a1cfe2e16db"),
+           Definition("wrapspawner.wrapspawner", "WrapSpawner.load_state", "f7e1eb7cc20c44c8"),
+           Definition("wrapspawner.wrapspawner", "WrapSpawner.clear_state", "a73b18b0a10fab2c")),
+          None),
+    Patch("proxy-route-owner", "portal/hub/proxy.js",
+          "configurable-http-proxy's ConfigurableProxy (subclassed: targetForReq, this._routes, this.proxy[kind] "
+          "wrapped, options.agent === this.httpsAgent), loaded from lib/configproxy.js before its bin script",
+          CHP, "4.6.3", "a user's route reaches only a session whose certificate names that user",
+          (Mentions("chp:lib/configproxy.js", "targetForReq", "3bda90844d58cd74"),
+           Mentions("chp:lib/configproxy.js", "_routes", "3f026d9edc3ffe2a"),
+           Mentions("chp:lib/configproxy.js", "httpsAgent", "9ba62958dbac7146"),
+           Mentions("chp:lib/configproxy.js", "proxy[kind]", "67970d6864395a08"),
+           Mentions("chp:lib/configproxy.js", "exports.ConfigurableProxy", "78c1897469bf584a"),
+           Mentions("chp:bin/configurable-http-proxy", "configproxy.js", "7b4ad4a36080edde")),
+          None),
+]

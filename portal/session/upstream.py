@@ -1,0 +1,367 @@
+"""The session's patches of upstream internals (jupyterhub-singleuser, jupyter_core, JupyterLab,
+jupyter_server, jupyter-server-proxy, jupyter_client, ipykernel, TensorBoard, aiohttp), in one place,
+with what each rests on.
+
+Each function here replaces, wraps or overrides something upstream keeps private; the session's
+modules call them (singleuser.py, activity.py, portguard.py, tensorboards.py, kernelsockets.py) and
+keep the portal's policy, messages and logs. One patch stays where it is: kernelpipe.py is loaded on
+its own into container kernels (no dsportal there), so it cannot import this module; it is listed
+here all the same. :data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it
+was written against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails,
+naming the patch, when the installed upstream no longer matches. The hub's patches are in
+portal/hub/upstream.py.
+
+Imported at every session's start (singleuser.py): upstream modules are imported where used, not here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from pathlib import Path
+
+from ..patchcheck import Definition, Mentions, Patch
+from .onuse import LoadOnUse, OnUse
+
+
+# ------------------------------------------------------------------ jupyterhub-singleuser's imports
+def _import_without_sqlalchemy(name: str) -> None:
+    """Import ``name`` (jupyterhub.singleuser) while a stand-in answers for SQLAlchemy (0.12 s of
+    imports): jupyterhub.utils, .scopes and .roles import it at the top for code only the hub runs
+    (catch_db_error, queries on ORM objects). Afterwards the stand-in is gone: the names those
+    modules took from it import the real SQLAlchemy when first used (onuse.OnUse), as does
+    jupyterhub.orm, but for jupyterhub.utils' SQLAlchemyError, which only the hub's database
+    handlers catch. (Not a LazyLoader module in sys.modules: with one, `from sqlalchemy.orm
+    import ...` as its first use failed half-way on Python 3.11.)"""
+    if "sqlalchemy" in sys.modules:  # already loaded by something else: nothing to save
+        importlib.import_module(name)
+        return
+    stand_in = types.ModuleType("sqlalchemy", "stand-in while jupyterhub's session side is imported")
+    stand_in.__path__ = []
+    stand_in.exc = types.ModuleType("sqlalchemy.exc")
+    stand_in.exc.SQLAlchemyError = type("SQLAlchemyError", (Exception,), {"__module__": "sqlalchemy.exc"})
+    stand_in.func = object()  # roles.py: `from sqlalchemy import func`
+    sys.modules.update({"sqlalchemy": stand_in, "sqlalchemy.exc": stand_in.exc})
+    try:
+        importlib.import_module(name)
+    finally:
+        del sys.modules["sqlalchemy"], sys.modules["sqlalchemy.exc"]
+    for module_name, module in list(sys.modules.items()):
+        # type(), not an attribute: reading from a module that loads on use (jupyterhub.orm) loads it.
+        if not module_name.startswith("jupyterhub.") or type(module) is not types.ModuleType:
+            continue
+        for attribute, value in list(vars(module).items()):
+            if value is stand_in:
+                setattr(module, attribute, OnUse("sqlalchemy"))
+            elif value is stand_in.func:
+                setattr(module, attribute, OnUse("sqlalchemy", "func"))
+
+
+def leave_out_the_hubs_database() -> None:
+    """jupyterhub.singleuser imports jupyterhub.log, which imports the hub's page handlers for one
+    isinstance() test (is this request a hub health check?) and, through them and jupyterhub.metrics,
+    the hub's ORM with SQLAlchemy's and alembic's: ~0.2 CPU-s of every session start for code that
+    only the hub runs. The ORM module loads only if something uses it, the page handlers are a
+    stand-in whose class no session request is an instance of, SQLAlchemy loads on first use
+    (_import_without_sqlalchemy). JupyterLab's listings handler imports requests at the top for
+    listings this portal does not configure: it loads on first use too."""
+    sys.meta_path.insert(0, LoadOnUse({"jupyterhub.orm", "requests"}))
+    if "jupyterhub.handlers.pages" not in sys.modules:
+        pages = types.ModuleType("jupyterhub.handlers.pages", "stand-in: the hub's pages are not served here")
+        pages.HealthCheckHandler = type("HealthCheckHandler", (), {})
+        pages.default_handlers = []
+        sys.modules[pages.__name__] = pages
+    _import_without_sqlalchemy("jupyterhub.singleuser")
+
+
+def resolve_names_in_threads() -> None:
+    """aiohttp (the session's calls to the hub) resolves names with c-ares when aiodns is installed,
+    as JupyterHub requires it for the hub: importing it costs 30 ms of every session start, which
+    resolves one name, the hub's. Sessions use aiohttp's threaded resolver (the system's
+    getaddrinfo, /etc/hosts and nsswitch included)."""
+    sys.modules.setdefault("aiodns", None)  # None: `import aiodns` raises ImportError
+
+
+# ------------------------------------------------------------------ jupyter_core.paths.jupyter_config_path
+def _the_paths(*, paths=()) -> list[str]:
+    """Stands in for jupyter_core.paths.jupyter_config_path (its code; the list is its keyword default)."""
+    return list(paths)
+
+
+def leave_out_the_users_config_folders() -> None:
+    """With JUPYTERHUB_DISABLE_USER_CONFIG (the hub's disable_user_config), jupyterhub-singleuser leaves
+    the home's config files, extensions and data folders out (config_file_paths, jupyter_path), but not
+    jupyter_config_path: JupyterLab's page config (labconfig/page_config.json: disabled extensions,
+    where the page loads its code from) and the frontend config sections (nbconfig) would still be
+    read from ~/.jupyter and ~/.local/etc/jupyter. Its code is replaced, as JupyterHub does for
+    jupyter_path, so that modules which imported the function already get the list without the home."""
+    if os.environ.get("JUPYTERHUB_DISABLE_USER_CONFIG", "") in ("", "0"):
+        return
+    import jupyter_core.paths
+
+    home = Path.home().resolve()
+    kept = tuple(path for path in jupyter_core.paths.jupyter_config_path()
+                 if not Path(path).resolve().is_relative_to(home))
+    jupyter_core.paths.jupyter_config_path.__code__ = _the_paths.__code__
+    jupyter_core.paths.jupyter_config_path.__kwdefaults__ = {"paths": kept}
+
+
+# ------------------------------------------------------------------ jupyterlab.commands._yarn_config
+def _no_yarn_config(logger):
+    return {"yarn config": {}, "npm config": {}}  # what JupyterLab uses where Node.js is not installed
+
+
+def skip_yarn_config() -> None:
+    """JupyterLab, as it loads, runs `node yarn.js config` (0.2 s, a Node.js process) for the npm
+    registry it would build source extensions from: sessions never build JupyterLab (its assets are
+    prebuilt in the environment, extensions come as wheels), so they skip it, as JupyterLab itself
+    does where Node.js is missing. (Imported here: after leave_out_the_hubs_database, which
+    decides how some of what JupyterLab imports is loaded.)"""
+    import jupyterlab.commands
+
+    jupyterlab.commands._yarn_config = _no_yarn_config
+
+
+# ------------------------------------------------------------------ jupyter_server's API activity
+def count_api_activity_only(counts) -> None:
+    """jupyter_server's ``APIHandler.update_api_activity`` records a request as activity only where
+    ``counts(handler)`` is true. Idempotent."""
+    from jupyter_server.base.handlers import APIHandler
+
+    if getattr(APIHandler.update_api_activity, "_dsportal", False):
+        return
+    tracked = APIHandler.update_api_activity
+
+    def update_api_activity(self) -> None:
+        if counts(self):
+            tracked(self)
+
+    update_api_activity._dsportal = True
+    APIHandler.update_api_activity = update_api_activity
+
+
+# ------------------------------------------------------------------ jupyter-server-proxy's /proxy/ routes
+def proxy_target_port(handler) -> int:
+    """The port a jupyter-server-proxy handler is about to connect to."""
+    from jupyter_server_proxy.handlers import NamedLocalProxyHandler, RemoteProxyHandler
+
+    if isinstance(handler, NamedLocalProxyHandler):
+        return int(handler.port)
+    args = handler.path_args  # /proxy/<port>/..., /proxy/<host>:<port>/...
+    return int(args[1] if isinstance(handler, RemoteProxyHandler) else args[0])
+
+
+def _guarded(base, host_allowlist):
+    class Guarded(base):
+        def __init__(self, *args, **kwargs):
+            kwargs["host_allowlist"] = host_allowlist
+            super().__init__(*args, **kwargs)
+
+    Guarded.__name__ = Guarded.__qualname__ = f"OwnServices{base.__name__}"
+    return Guarded
+
+
+def guard_proxy_routes(web_app, base_url: str, host_allowlist) -> int:
+    """Every ``/proxy/...`` route of the server consults ``host_allowlist`` (jupyter-server-proxy
+    asks it only for ``/proxy/<host>:<port>/``): its handler classes in the server's routes are
+    replaced by subclasses that pass it. Returns how many routes were swapped; none (the proxy has
+    not registered yet): the guarded routes are added, ahead of the proxy's own."""
+    from jupyter_server.utils import url_path_join
+    from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler
+
+    guarded = {LocalProxyHandler: _guarded(LocalProxyHandler, host_allowlist),
+               RemoteProxyHandler: _guarded(RemoteProxyHandler, host_allowlist)}
+    swapped = 0
+    for router in (web_app.default_router, web_app.wildcard_router):
+        for host_rule in router.rules:
+            for rule in getattr(host_rule.target, "rules", []):
+                if rule.target in guarded:
+                    rule.target = guarded[rule.target]
+                    swapped += 1
+    if swapped:
+        return swapped
+    # jupyter-server-proxy has not registered yet: our routes come first, so they are the ones matched.
+    routes = [(r"/proxy/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, False),
+              (r"/proxy/absolute/([^/:@]+):(\d+)(/.*|)", RemoteProxyHandler, True),
+              (r"/proxy/(\d+)(/.*|)", LocalProxyHandler, False),
+              (r"/proxy/absolute/(\d+)(/.*|)", LocalProxyHandler, True)]
+    web_app.add_handlers(".*", [(url_path_join(base_url, pattern), guarded[handler], {"absolute_url": absolute})
+                                for pattern, handler, absolute in routes])
+    return 0
+
+
+def unix_socket_proxy_handler(name: str, doc: str, target):
+    """A jupyter-server-proxy ``ProxyHandler`` (its auth, header handling and streaming) for routes
+    ``(<name>, <path>)``, pointed at a unix socket: ``target(handler, name)`` returns the socket's path
+    and the handler's proxy_base (or raises tornado's HTTPError)."""
+    from jupyter_server_proxy.handlers import ProxyHandler
+
+    class UnixSocketProxyHandler(ProxyHandler):
+        def _target(self, name):
+            self.unix_socket, self.proxy_base = target(self, name)
+
+        async def http_get(self, name, path):
+            self._target(name)
+            return await self.proxy("localhost", 0, path)
+
+        async def open(self, name, path):
+            self._target(name)
+            return await self.proxy_open("localhost", 0, path)
+
+        def post(self, name, path):
+            self._target(name)
+            return self.proxy("localhost", 0, path)
+
+        def head(self, name, path):
+            self._target(name)
+            return self.proxy("localhost", 0, path)
+
+    UnixSocketProxyHandler.__name__ = UnixSocketProxyHandler.__qualname__ = name
+    UnixSocketProxyHandler.__doc__ = doc
+    return UnixSocketProxyHandler
+
+
+# ------------------------------------------------------------------ TensorBoard's program
+def tensorboard_without_info_file():
+    """TensorBoard's program, without its info file (it wants a TCP port; the portal's boards listen
+    on unix sockets)."""
+    from tensorboard import program
+
+    class Board(program.TensorBoard):
+        def _register_info(self, server):  # its info file wants a TCP port
+            pass
+
+    return Board
+
+
+def tensorboard_magic_calls(start) -> None:
+    """``%tensorboard`` (from ``%load_ext tensorboard``) calls ``start(line)`` in place of
+    tensorboard.notebook.start; nothing where TensorBoard is not installed."""
+    try:
+        import tensorboard.notebook
+    except ImportError:
+        return
+    # %load_ext tensorboard registers a magic that calls tensorboard.notebook.start at run time.
+    tensorboard.notebook.start = start
+
+
+# ------------------------------------------------------------------ jupyter_client's kernel socket names
+class IpcSocketsNamedByPrefix:
+    """Mixin for a jupyter_client kernel manager: with the ipc transport, its kernel's sockets are
+    named after ``self.ipc_socket_prefix()`` instead of the connection file's name."""
+
+    def _ip_default(self) -> str:
+        # The name jupyter_client's own default has: traitlets prefers a class's _ip_default.
+        if self.transport != "ipc":
+            return super()._ip_default()
+        return self.ipc_socket_prefix()
+
+
+# ------------------------------------------------------------------ the checklist
+def _patched_code(module: str, function: str, code) -> bool:
+    loaded = sys.modules.get(module)
+    return loaded is not None and getattr(loaded, function).__code__ is code
+
+
+def _kernel_pipe_in_place() -> bool:
+    from ipykernel import kernelapp
+
+    return getattr(kernelapp.IOPubThread, "_dsportal_private_pipe", False)
+
+
+def _api_activity_wrapped() -> bool:
+    from jupyter_server.base.handlers import APIHandler
+
+    return getattr(APIHandler.update_api_activity, "_dsportal", False)
+
+
+JUPYTERHUB, PROXY = "jupyterhub", "jupyter-server-proxy"
+PROXY_HANDLERS = "jupyter_server_proxy.handlers"
+PATCHES = [
+    Patch("hub-database-left-out", "portal/session/singleuser.py",
+          "jupyterhub.handlers.pages and sqlalchemy: stand-ins in sys.modules while jupyterhub.singleuser "
+          "imports; the names jupyterhub modules took from them replaced", JUPYTERHUB, "6.1.1",
+          "~0.2 CPU-s of every session start for the hub's ORM, pages and SQLAlchemy, which a session never runs",
+          (Mentions("jupyterhub.log", "HealthCheckHandler", "5d2690f63a0a8778"),
+           Mentions("jupyterhub.handlers", "pages", "085c337b8b5e99b5"),
+           Mentions("jupyterhub.utils", "sqlalchemy", "4a7d3828acb3f46a"),
+           Mentions("jupyterhub.scopes", "sqlalchemy", "be294fb944602074"),
+           Mentions("jupyterhub.roles", "sqlalchemy", "09ff80a45bc22b9d")),
+          lambda: type(sys.modules.get("jupyterhub.handlers.pages")) is types.ModuleType
+          and not hasattr(sys.modules["jupyterhub.handlers.pages"], "__file__")),
+    Patch("aiodns-left-out", "portal/session/singleuser.py", "aiohttp.resolver's optional `import aiodns`",
+          "aiohttp", "3.14.5", "30 ms of every session start for c-ares, to resolve one name",
+          (Mentions("aiohttp.resolver", "aiodns", "0e1e33d11d878f93"),),
+          lambda: "aiodns" in sys.modules and sys.modules["aiodns"] is None),
+    Patch("user-config-path", "portal/session/singleuser.py",
+          "jupyter_core.paths.jupyter_config_path (its __code__ replaced)", "jupyter_core", "5.9.1",
+          "with disable_user_config, ~/.jupyter's page config and frontend config are not read either",
+          (Definition("jupyter_core.paths", "jupyter_config_path", "a6f7b5390a2dddff"),
+           Definition("jupyterhub.singleuser._disable_user_config", "_disable_user_config", "3f60c9ed4d539c34")),
+          lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _the_paths.__code__)),
+    Patch("no-yarn-config", "portal/session/singleuser.py", "jupyterlab.commands._yarn_config (replaced)",
+          "jupyterlab", "4.6.6", "a Node.js process (0.2 s) at every session start, for builds sessions never do",
+          (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
+           Mentions("jupyterlab.commands", "_yarn_config", "4e060257b14c8809")),
+          lambda: getattr(sys.modules.get("jupyterlab.commands"), "_yarn_config", None) is _no_yarn_config),
+    Patch("api-activity", "portal/session/activity.py",
+          "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
+          "an open tab's polling and layout saves must not count as use (idle limits)",
+          (Definition("jupyter_server.base.handlers", "APIHandler.update_api_activity", "5e2cc5032912d37e"),
+           Mentions("jupyter_server.base.handlers", "update_api_activity", "4f5c34055e5c4950")),
+          _api_activity_wrapped),
+    Patch("proxy-own-services", "portal/session/portguard.py",
+          "jupyter-server-proxy's LocalProxyHandler / RemoteProxyHandler in the server's routes (subclassed, "
+          "host_allowlist passed), handler.path_args, NamedLocalProxyHandler.port, unix_socket", PROXY, "4.6.0",
+          "/proxy/<port>/ opens only its user's own services: jupyter-server-proxy asks host_allowlist only "
+          "for /proxy/<host>:<port>/",
+          (Definition(PROXY_HANDLERS, "setup_handlers", "7c2f09f0ebc8c1fd"),
+           Definition(PROXY_HANDLERS, "ProxyHandler.__init__", "96c7e3608dd3fbdf"),
+           Definition(PROXY_HANDLERS, "ProxyHandler._check_host_allowlist", "b5e60ce1dd21a2de"),
+           Mentions(PROXY_HANDLERS, "_check_host_allowlist", "3517a63e102b83b6"),
+           Definition(PROXY_HANDLERS, "LocalProxyHandler", "994ea1a484db8103"),
+           Definition(PROXY_HANDLERS, "RemoteProxyHandler", "84f07c33e86939d6"),
+           Definition(PROXY_HANDLERS, "NamedLocalProxyHandler", "7d8057650eb43529")),
+          None),
+    Patch("tensorboard-unix-socket-proxy", "portal/session/tensorboards.py",
+          "jupyter-server-proxy's ProxyHandler (subclassed: unix_socket, proxy_base, proxy(), proxy_open())",
+          PROXY, "4.6.0", "TensorBoards listen on unix sockets in the session's private folder, never on TCP",
+          (Mentions(PROXY_HANDLERS, "unix_socket", "c467ecc14e7dbfee"),
+           Mentions(PROXY_HANDLERS, "proxy_base", "abb96d9d0daf09a8"),
+           Definition(PROXY_HANDLERS, "ProxyHandler.proxy", "ec858a5ef5357eb7"),
+           Definition(PROXY_HANDLERS, "ProxyHandler.proxy_open", "4667bcfefce42ca4"),
+           Definition(PROXY_HANDLERS, "ProxyHandler.http_get", "240b833c0c9545a6"),
+           Definition(PROXY_HANDLERS, "ProxyHandler.open", "d0dae911ac23120a")),
+          None),
+    Patch("tensorboard-info-file", "portal/session/tensorboards.py",
+          "tensorboard.program.TensorBoard._register_info (overridden) and its server_class protocol",
+          "tensorboard", "2.21.0", "the info file wants a TCP port; the boards serve on unix sockets",
+          (Definition("tensorboard.program", "TensorBoard._register_info", "535eafe95bd93bdd"),
+           Definition("tensorboard.program", "TensorBoard._make_server", "efa5cd781a0f1780"),
+           Mentions("tensorboard.program", "_register_info", "71df3b4f86194fa0"),
+           Definition("tensorboard.program", "TensorBoardServer", "d79621e462ac5a31")),
+          None),
+    Patch("tensorboard-magic", "portal/session/magics.py", "tensorboard.notebook.start (replaced)",
+          "tensorboard", "2.21.0", "%tensorboard in a kernel opens the session's own TensorBoard (a unix "
+          "socket, through the session's server), not one on a TCP port of the node",
+          (Definition("tensorboard.notebook", "_start_magic", "e831fbe4b36e6bd7"),
+           Definition("tensorboard.notebook", "start", "e09c7483b1fa6ad7")),
+          lambda: getattr(sys.modules.get("tensorboard.notebook"), "start", None) is not None
+          and sys.modules["tensorboard.notebook"].start.__module__ == "portal.session.magics"),
+    Patch("kernel-socket-names", "portal/session/kernelsockets.py",
+          "jupyter_client's ConnectionFileMixin._ip_default (overridden by name: traitlets' dynamic default)",
+          "jupyter_client", "8.10.0", "a kernel's unix sockets named short enough for sun_path (107 bytes)",
+          (Definition("jupyter_client.connect", "ConnectionFileMixin._ip_default", "bafb83f4e900928c"),
+           Mentions("jupyter_client.connect", "self.ip", "85195b931df3fa67")),
+          None),
+    Patch("kernel-private-pipe", "portal/session/kernelpipe.py (self-contained: container kernels load a copy)",
+          "ipykernel.kernelapp.IOPubThread (replaced by a subclass overriding _setup_pipe_in, _setup_pipe_out)",
+          "ipykernel", "7.4.0", "the pipe for forked children's output on a private unix socket, not TCP",
+          (Definition("ipykernel.iostream", "IOPubThread._setup_pipe_in", "6aa3dec968398fbe"),
+           Definition("ipykernel.iostream", "IOPubThread._setup_pipe_out", "17f4168806073896"),
+           Definition("ipykernel.iostream", "IOPubThread._handle_pipe_msg", "f4cf639f5692728e"),
+           Mentions("ipykernel.kernelapp", "IOPubThread", "f14352462a48b92e")),
+          _kernel_pipe_in_place),
+]

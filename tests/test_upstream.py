@@ -1,0 +1,255 @@
+"""The portal's patches of upstream internals still fit the installed upstream (the checklist of an
+upgrade: portal/hub/upstream.py and portal/session/upstream.py), are all applied where the portal
+applies them, and are all listed there. No cluster needed."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from portal.hub import upstream as hub_upstream
+from portal.session import upstream as session_upstream
+
+REPO = Path(__file__).resolve().parent.parent
+PATCHES = [*hub_upstream.PATCHES, *session_upstream.PATCHES]
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=[p.name for p in PATCHES])
+def test_the_upstream_code_a_patch_rests_on_is_unchanged(patch):
+    problems = patch.problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_patch_names_are_unique():
+    names = [p.name for p in PATCHES]
+    assert len(names) == len(set(names)), names
+
+
+def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/",
+                         env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+HUB_APPLIES = """
+import json
+from traitlets.config import Config
+from portal.hub import origins, portreport, routeowner, upstream
+# as config.configure and configure_internal_ssl do, in their order
+origins.configure_user_origins(Config(), "http://hub.localhost:8000")
+portreport.install_port_handler()
+upstream.reuse_tls_contexts_for_session_checks()
+routeowner.check_sessions_by_their_certificate()
+print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and not p.applied()]))
+"""
+
+SESSION_APPLIES = """
+import json
+from portal.session import singleuser
+singleuser.resolve_names_in_threads()
+singleuser.leave_out_the_users_config_folders()
+singleuser.leave_out_the_hubs_database()
+singleuser.skip_yarn_config()
+from portal.session import activity, kernelpipe, magics, upstream
+activity.count_only_changes_as_use()
+kernelpipe.private_iopub_pipe()
+class Kernel:  # what magics' load_ipython_extension uses of IPython's shell
+    def register_magic_function(self, *args, **kwargs): pass
+    def push(self, *args, **kwargs): pass
+magics.load_ipython_extension(Kernel())
+print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and not p.applied()]))
+"""
+
+
+def test_every_hub_patch_is_in_place_once_the_hub_configuration_ran():
+    assert _applied_in_a_fresh_python(HUB_APPLIES) == []
+
+
+def test_every_session_patch_is_in_place_once_the_session_started():
+    assert _applied_in_a_fresh_python(SESSION_APPLIES, JUPYTERHUB_DISABLE_USER_CONFIG="1",
+                                      JUPYTERHUB_SERVICE_URL="http://127.0.0.1:1/user/x/",
+                                      JUPYTERHUB_API_TOKEN="not-used") == []
+
+
+def test_the_patched_classes_use_the_upstream_module():
+    """The patches made by subclassing are the upstream module's classes and functions."""
+    from jupyter_server_proxy.handlers import ProxyHandler
+
+    from portal.hub.auth import PortalAuthenticator
+    from portal.session.kernelsockets import PrivateKernelManager
+    from portal.session.tensorboards import BoardProxyHandler
+
+    assert issubclass(BoardProxyHandler, ProxyHandler)
+    assert issubclass(PrivateKernelManager, session_upstream.IpcSocketsNamedByPrefix)
+    manager = PrivateKernelManager(connection_file="/run/x/kernel-1a2b3c4d-0000.json")
+    assert (manager.transport, manager.ip) == ("ipc", "/run/x/k1a2b3c4d")
+    assert "get_connection" in vars(PortalAuthenticator)
+
+
+# ------------------------------------------------------------------ nothing patches upstream elsewhere
+UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthenticator", "jupyter_server",
+                     "jupyter_server_proxy", "jupyter_client", "ipykernel", "tornado", "ssl", "jupyter_core",
+                     "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug"}
+# the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
+PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
+               "portal/session/onuse.py"}  # onuse: the lazy loading itself; session/upstream.py uses it
+SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
+                 if str(p.relative_to(REPO)) not in PATCH_HOMES)
+
+
+def _upstream_names(tree: ast.Module) -> set[str]:
+    """Names a module binds to upstream modules or their members."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names
+                      if a.name.split(".")[0] in UPSTREAM_PACKAGES}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in UPSTREAM_PACKAGES:
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def patching_sites(path: Path) -> list[str]:
+    """Assignments into upstream modules or classes, code swaps and sys.modules entries, in ``path``."""
+    tree = ast.parse(path.read_text())
+    upstream = _upstream_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(t, ast.Attribute) and (_root(t) in upstream or t.attr in ("__code__", "__kwdefaults__")):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(t)} = ...")
+                if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules":
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(t)} = ...")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                ast.unparse(node.func.value) == "sys.modules" and node.func.attr in ("update", "setdefault"):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args \
+                and _root(node.args[0]) in upstream:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_but_the_upstream_ones_patches_upstream():
+    sites = [site for path in SCANNED for site in patching_sites(path)]
+    assert not sites, ("these patch upstream outside portal/hub/upstream.py and portal/session/upstream.py: "
+                       "move them there and list them in PATCHES:\n" + "\n".join(sites))
+
+
+def _private_overrides(module) -> list[str]:
+    found = []
+    for cls in vars(module).values():
+        if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+            continue
+        for name in vars(cls):
+            if not name.startswith("_") or name.startswith("__"):
+                continue
+            for base in cls.__mro__[1:]:
+                if base.__module__.split(".")[0] in UPSTREAM_PACKAGES and name in vars(base) \
+                        and callable(inspect.getattr_static(base, name)):  # not traitlets' bookkeeping
+                    found.append(f"{module.__name__}.{cls.__name__}.{name} overrides {base.__module__}."
+                                 f"{base.__qualname__}.{name}")
+                    break
+    return found
+
+
+def test_no_module_but_the_upstream_ones_overrides_a_private_upstream_method():
+    modules = [importlib.import_module(".".join(p.relative_to(REPO).with_suffix("").parts)) for p in SCANNED]
+    found = [override for module in modules for override in _private_overrides(module)]
+    assert not found, ("these override upstream's private methods outside the upstream modules: move them "
+                       "there and list them in PATCHES:\n" + "\n".join(found))
+
+
+def test_the_patch_homes_are_the_listed_ones():
+    """Every patch names a file that exists; the session's upstream module lists kernelpipe.py's."""
+    for patch in PATCHES:
+        assert (REPO / patch.where.split(" ")[0]).exists(), patch
+    assert any(p.where.startswith("portal/session/kernelpipe.py") for p in session_upstream.PATCHES)
+    assert any(p.where == "portal/hub/proxy.js" for p in hub_upstream.PATCHES)
+
+
+def test_a_changed_or_vanished_upstream_definition_names_the_patch_to_recheck():
+    from portal.patchcheck import Definition, Mentions, Patch
+
+    changed = Patch("example", "portal/hub/auth.py", "ldapauthenticator's get_connection",
+                    "jupyterhub-ldapauthenticator", "0.1", "an example", (Definition("ldapauthenticator.ldapauthenticator",
+                                                     "LDAPAuthenticator.get_connection", "0000000000000000"),
+                                          Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.gone",
+                                                     "0000000000000000"),
+                                          Mentions("jupyterhub.user", "no_such_name_anywhere", "0000000000000000")))
+    [problem] = changed.problems()
+    assert problem.startswith("patch 'example' (portal/hub/auth.py: ldapauthenticator's get_connection) was "
+                              "written against jupyterhub-ldapauthenticator 0.1, installed is 2.0.2"), problem
+    assert "LDAPAuthenticator.get_connection: sha256 " in problem
+    assert "LDAPAuthenticator.gone is gone from ldapauthenticator.ldapauthenticator" in problem
+    assert "jupyterhub.user no longer mentions no_such_name_anywhere" in problem
+
+
+def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_patch(tmp_path, monkeypatch):
+    from portal.patchcheck import Definition, Patch
+
+    module = tmp_path / "upstream_example.py"
+    module.write_text("class Thing:\n    def _private(self):\n        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    taken = Definition("upstream_example", "Thing._private", "").current()
+    patch = Patch("example", "portal/hub/auth.py", "upstream_example.Thing._private", "python", "3.11.2", "example",
+                  (Definition("upstream_example", "Thing._private", taken),))
+    assert patch.problems() == []
+    module.write_text("class Thing:\n    def _private(self, now=True):\n        return 1\n")  # signature changed
+    [problem] = patch.problems()
+    assert "upstream_example:Thing._private: sha256 " in problem and f"not {taken}" in problem, problem
+
+
+@pytest.mark.parametrize("proxy_registered_first", [True, False])
+def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
+    """portguard.install, with jupyter-server-proxy's routes registered before it or after."""
+    import logging
+    from types import SimpleNamespace
+
+    from jupyter_server_proxy.handlers import LocalProxyHandler, RemoteProxyHandler, setup_handlers
+    from tornado.httputil import HTTPServerRequest
+    from tornado.web import Application
+
+    from portal.session import portguard
+
+    app = Application(base_url="/user/alice/")
+    proxy_config = SimpleNamespace(host_allowlist=["localhost"], non_service_rewrite_response=())
+    if proxy_registered_first:
+        setup_handlers(app, proxy_config)
+    portguard.install(app, "/user/alice/", logging.getLogger("test"))
+    if not proxy_registered_first:
+        setup_handlers(app, proxy_config)
+    targets = [rule.target for router in (app.default_router, app.wildcard_router) for host_rule in router.rules
+               for rule in getattr(host_rule.target, "rules", [])]
+    proxies = [t for t in targets if isinstance(t, type) and issubclass(t, (LocalProxyHandler, RemoteProxyHandler))]
+    first_four = proxies[:4]
+    assert len(first_four) == 4 and all(t.__name__.startswith("OwnServices") for t in first_four), proxies
+    connection = SimpleNamespace(set_close_callback=lambda callback: None, context=None)
+    request = HTTPServerRequest("GET", "/user/alice/proxy/8888/", connection=connection)
+    for guarded in first_four:
+        assert guarded(app, request, absolute_url=False).host_allowlist is portguard.host_allowlist
+
+
+def test_tensorboards_serve_without_an_info_file():
+    from portal.session.tensorboards import BoardProxyHandler
+
+    board = session_upstream.tensorboard_without_info_file()
+    assert "_register_info" in vars(board)
+    assert {"http_get", "open", "post", "head", "_target"} <= set(vars(BoardProxyHandler))
