@@ -17,3 +17,12 @@ SLURM_POLL_INTERVAL = 1.0  # seconds between the shared squeue calls while sessi
 LDAP_CONNECT_TIMEOUT = 5.0
 LDAP_RECEIVE_TIMEOUT = 5.0
 LDAP_LOGIN_TIMEOUT = 8.0
+RESOURCES_INTERVAL = 10.0  # seconds the spawn form's free/total resources (one sinfo) are cached
+
+# Failed logins (portal/hub/loginthrottle.py)
+LOGIN_FREE_FAILURES = 5
+LOGIN_FIRST_DELAY = 5.0
+LOGIN_MAX_DELAY = 60.0
+LOGIN_ACCOUNT_FAILURES = 20
+LOGIN_ACCOUNT_WINDOW = 300.0
+LOGIN_ACCOUNT_LOCK = 30.0

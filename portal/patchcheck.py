@@ -11,8 +11,14 @@ tests/test_upstream.py fails, naming the patch to re-check, when a fingerprint n
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
+import platform
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,8 +31,6 @@ def chp_folder() -> Path:
     installed = Path(os.environ.get("DSPORTAL_PREFIX", "/opt/dsportal")) / "chp" / "node_modules" / CHP
     if installed.is_dir():
         return installed
-    import shutil
-
     script = shutil.which(CHP)
     return Path(script).resolve().parent.parent if script else installed
 
@@ -42,8 +46,6 @@ def source_file(source: str) -> Path:
 
 
 def _digest(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -56,8 +58,6 @@ class Definition:
     sha256: str
 
     def text(self) -> str:
-        import ast
-
         code = source_file(self.source).read_text()
         nodes = ast.parse(code).body
         node = None
@@ -85,8 +85,6 @@ class Mentions:
     sha256: str
 
     def text(self) -> str:
-        import re
-
         pattern = re.compile(rf"(?<![\w$]){re.escape(self.word)}(?![\w$])")
         lines = [line.strip() for line in source_file(self.source).read_text().splitlines() if pattern.search(line)]
         if not lines:
@@ -114,9 +112,6 @@ class Patch:
     applied: Callable[[], bool] | None = None  # is it in place (after its module's callers ran)?
 
     def installed_version(self) -> str:
-        import importlib.metadata
-        import platform
-
         if self.package == "python":
             return platform.python_version()
         if self.package == CHP:

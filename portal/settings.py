@@ -174,22 +174,22 @@ class SlurmSettings(_Model):
         "so a job ended outside the portal (scancel, node failure, walltime) is seen within a few seconds.",
     )
     resources_interval: float = Field(
-        10.0, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."
+        defaults.RESOURCES_INTERVAL, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."
     )
 
 
 class LoginThrottleSettings(_Model):
     """Failed logins: a guesser gets slow, a neighbour cannot keep an account's owner out for long."""
 
-    free_failures: int = Field(5, ge=1, description="Wrong passwords for one account from one address before "
+    free_failures: int = Field(defaults.LOGIN_FREE_FAILURES, ge=1, description="Wrong passwords for one account from one address before "
                                "each further attempt from there must wait (a success clears them).")
-    first_delay: float = Field(5.0, gt=0, description="Seconds the first wait lasts; it doubles with each failure.")
-    max_delay: float = Field(60.0, gt=0, description="The longest wait per account and address, in seconds.")
-    account_failures: int = Field(20, ge=1, description="Wrong passwords for one account from any addresses within "
+    first_delay: float = Field(defaults.LOGIN_FIRST_DELAY, gt=0, description="Seconds the first wait lasts; it doubles with each failure.")
+    max_delay: float = Field(defaults.LOGIN_MAX_DELAY, gt=0, description="The longest wait per account and address, in seconds.")
+    account_failures: int = Field(defaults.LOGIN_ACCOUNT_FAILURES, ge=1, description="Wrong passwords for one account from any addresses within "
                                   "account_window that refuse it for account_lock seconds, except from addresses "
                                   "it logged in from before.")
-    account_window: float = Field(300.0, gt=0, description="Seconds over which account_failures are counted.")
-    account_lock: float = Field(30.0, gt=0, description="Seconds an account is refused once account_failures "
+    account_window: float = Field(defaults.LOGIN_ACCOUNT_WINDOW, gt=0, description="Seconds over which account_failures are counted.")
+    account_lock: float = Field(defaults.LOGIN_ACCOUNT_LOCK, gt=0, description="Seconds an account is refused once account_failures "
                                 "is reached (keep it short: anyone can trigger it).")
 
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import object_session
 from traitlets import Any, Float, List, Unicode, default
 from wrapspawner import WrapSpawner
 
+from portal import defaults
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import RequestError, SessionSlice, may_use, parse_options, unix_groups
 from portal.settings import Profile, parse_memory_mb
@@ -32,7 +33,7 @@ from .gpuspawner import RequestRefused, SlurmGPUSpawner
 class PartitionSpawner(WrapSpawner):
     profiles = List(help="Partition profiles (portal.settings.Profile fields) offered to users.").tag(config=True)
     default_profile = Unicode(help="Profile used when a request names none.").tag(config=True)
-    resources_interval = Float(10.0, help="Seconds the form's live resources are cached.").tag(config=True)
+    resources_interval = Float(defaults.RESOURCES_INTERVAL, help="Seconds the form's live resources are cached.").tag(config=True)
 
     child_profile = Unicode()
     session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")

@@ -360,15 +360,6 @@ class Slurm:
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
 
-    @classmethod
-    def from_settings(cls, settings) -> "Slurm":
-        return cls(
-            conf=settings.slurm.conf,
-            bin_dir=settings.slurm.bin_dir,
-            submit_as=settings.slurm.submit_as,
-            cache_seconds=settings.slurm.poll_interval,
-        )
-
     # -- running commands -------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """A command's environment: what the hub's own holds that a Slurm client needs, and ``extra``.

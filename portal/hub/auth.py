@@ -78,15 +78,15 @@ class PortalAuthenticator(LDAPAuthenticator):
     receive_timeout = Float(defaults.LDAP_RECEIVE_TIMEOUT, help="Seconds to wait for each LDAP answer.").tag(config=True)
     login_timeout = Float(defaults.LDAP_LOGIN_TIMEOUT, help="Seconds one whole login may take.").tag(config=True)
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
-    free_failures = Integer(5, help="Failed logins of one account from one address before each further "
+    free_failures = Integer(defaults.LOGIN_FREE_FAILURES, help="Failed logins of one account from one address before each further "
                             "attempt from there waits.").tag(config=True)
-    first_delay = Float(5.0, help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
-    max_delay = Float(60.0, help="The longest wait per account and address, in seconds.").tag(config=True)
-    account_failures = Integer(20, help="Failed logins of one account from any address within account_window "
+    first_delay = Float(defaults.LOGIN_FIRST_DELAY, help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
+    max_delay = Float(defaults.LOGIN_MAX_DELAY, help="The longest wait per account and address, in seconds.").tag(config=True)
+    account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES, help="Failed logins of one account from any address within account_window "
                                "that refuse it for account_lock seconds (not from addresses it logged in from "
                                "before).").tag(config=True)
-    account_window = Float(300.0, help="Seconds over which account_failures are counted.").tag(config=True)
-    account_lock = Float(30.0, help="Seconds an account is refused after account_failures.").tag(config=True)
+    account_window = Float(defaults.LOGIN_ACCOUNT_WINDOW, help="Seconds over which account_failures are counted.").tag(config=True)
+    account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help="Seconds an account is refused after account_failures.").tag(config=True)
 
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _throttle: LoginThrottle | None = None

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .. import defaults
+
 MAX_TRACKED = 10_000  # accounts and (account, address) pairs kept; the stalest go first
 
 
@@ -38,8 +40,9 @@ class _Account:
 
 
 class LoginThrottle:
-    def __init__(self, free_failures: int = 5, first_delay: float = 5.0, max_delay: float = 60.0,
-                 account_failures: int = 20, account_window: float = 300.0, account_lock: float = 30.0,
+    def __init__(self, free_failures: int = defaults.LOGIN_FREE_FAILURES, first_delay: float = defaults.LOGIN_FIRST_DELAY,
+                 max_delay: float = defaults.LOGIN_MAX_DELAY, account_failures: int = defaults.LOGIN_ACCOUNT_FAILURES,
+                 account_window: float = defaults.LOGIN_ACCOUNT_WINDOW, account_lock: float = defaults.LOGIN_ACCOUNT_LOCK,
                  clock=time.monotonic):
         self.free_failures, self.first_delay, self.max_delay = free_failures, first_delay, max_delay
         self.account_failures, self.account_window, self.account_lock = account_failures, account_window, account_lock
