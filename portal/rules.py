@@ -18,6 +18,7 @@ import pwd
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -220,8 +221,10 @@ def _environment(overrides) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """A multi-node job request (REST body, magic options, Python API) with its types checked.
-    None: left out (the profile's default)."""
+    """A multi-node job request (REST body, magic options, Python API), read into typed fields.
+    None: left out (the profile's default). A field of the wrong type is kept as a problem, raised
+    when :func:`plan_job` reaches that field: a request with several faults is told the same
+    first one, whatever order its fields are read in."""
 
     profile: str | None = None
     launcher: str = "mpi"
@@ -235,6 +238,13 @@ class JobRequest:
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     name: str | None = None
+    problems: dict[str, str] = field(default_factory=dict)  # field -> why it was refused
+
+    def check(self, *names: str) -> None:
+        """Raise the problem of the first of ``names`` that has one."""
+        for name in names:
+            if name in self.problems:
+                raise RequestError(self.problems[name])
 
     @classmethod
     def parse(cls, raw) -> "JobRequest":
@@ -244,33 +254,39 @@ class JobRequest:
         if unknown:
             raise RequestError(f"unknown field(s) {', '.join(map(shown, unknown))}: allowed are "
                                f"{', '.join(REQUEST_FIELDS)}")
-        profile = _text(raw, "profile")
+        problems: dict[str, str] = {}
+
+        def read(name, reader, *args):
+            try:
+                return reader(*args)
+            except RequestError as error:
+                problems[name] = str(error)
+                return None
+
         launcher = raw.get("launcher", "")
         launcher = "mpi" if launcher == "" else launcher  # left out: the profile's MPI launcher
         if not isinstance(launcher, str) or launcher not in LAUNCHERS:
-            raise RequestError(f"launcher must be one of {', '.join(LAUNCHERS)}, not {described(launcher)}")
-        nodes = _whole(raw, "nodes")
-        gpus = _whole(raw, "gpus_per_node")
-        walltime = _text(raw, "walltime")
-        tasks = _whole(raw, "tasks_per_node")
-        image = _text(raw, "image")
-        script, code = _text(raw, "script"), _text(raw, "code")
+            problems["launcher"] = f"launcher must be one of {', '.join(LAUNCHERS)}, not {described(launcher)}"
+        script, code = read("script", _text, raw, "script"), read("code", _text, raw, "code")
         if (script is None) == (code is None):
-            raise RequestError("give either 'script' (a Python file) or 'code' (Python source), not both or neither")
-        if code is not None and len(code) > MAX_CODE:
-            raise RequestError("code must be Python source text of at most 1 MB")
-        if script is not None and ("\0" in script or "\n" in script):
-            raise RequestError(f"script must be a file name, not {shown(script)}")
+            problems["source"] = "give either 'script' (a Python file) or 'code' (Python source), not both or neither"
+        elif code is not None and len(code) > MAX_CODE:
+            problems["source"] = "code must be Python source text of at most 1 MB"
+        elif script is not None and ("\0" in script or "\n" in script):
+            problems["source"] = f"script must be a file name, not {shown(script)}"
         args = raw.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-            raise RequestError(f"args must be a list of text, not {described(args)}")
-        env = _environment(raw.get("env", {}))
-        name = _text(raw, "name")
+            problems["args"] = f"args must be a list of text, not {described(args)}"
+        name = read("name", _text, raw, "name")
         if name is not None and not _NAME.match(name):
-            raise RequestError(f"job name {shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)")
-        return cls(profile=profile, launcher=launcher, nodes=1 if nodes is None else nodes, gpus_per_node=gpus,
-                   tasks_per_node=tasks, walltime=walltime, image=image, script=script, code=code, args=tuple(args),
-                   env=env, name=name)
+            problems["name"] = f"job name {shown(name)} may hold only letters, digits, '_', '.', '-' (at most 64)"
+        nodes = read("nodes", _whole, raw, "nodes")
+        return cls(profile=read("profile", _text, raw, "profile"), launcher=launcher if "launcher" not in problems else "mpi",
+                   nodes=1 if nodes is None else nodes, gpus_per_node=read("gpus_per_node", _whole, raw, "gpus_per_node"),
+                   tasks_per_node=read("tasks_per_node", _whole, raw, "tasks_per_node"),
+                   walltime=read("walltime", _text, raw, "walltime"), image=read("image", _text, raw, "image"),
+                   script=script, code=code, args=tuple(args) if "args" not in problems else (),
+                   env=read("env", _environment, raw.get("env", {})) or {}, name=name, problems=problems)
 
 
 @dataclass(frozen=True)
@@ -303,13 +319,18 @@ class JobPlan:
                 f"{where}, {self.launcher}, walltime {self.walltime}")
 
 
-def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
-    """The job a request asks for, if the user's policy allows it (else RequestError, in words)."""
+def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathLike,
+             image_status: Callable[[Image], tuple[str, str]] | None = None) -> JobPlan:
+    """The job a request asks for, if the user's policy allows it (else RequestError, in words).
+    ``image_status`` (the image catalogue's, on a cluster) refuses an image that is not built."""
+    request.check("profile")
     profile = policy.profile(request.profile)
+    request.check("launcher")
     if request.launcher == "torchrun" and not profile.jobs.torchrun:
         raise RequestError(f"{profile.display_name} does not offer torchrun jobs")
     launcher = profile.jobs.launcher if request.launcher == "mpi" else request.launcher
 
+    request.check("nodes")
     nodes = request.nodes
     if nodes < 1:
         raise RequestError(f"a job needs at least 1 node, not {nodes}")
@@ -317,6 +338,7 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
     if most_nodes and nodes > most_nodes:
         raise RequestError(f"{nodes} nodes is more than {profile.display_name} allows for one job ({most_nodes})")
 
+    request.check("gpus_per_node")
     gpus = profile.default_gpus if request.gpus_per_node is None else request.gpus_per_node
     node_gpus = policy.node_gpus.get(profile.partition)
     if gpus < 0:
@@ -324,14 +346,19 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
     if node_gpus is not None and gpus > node_gpus:
         raise RequestError(f"{gpus} GPUs per node is more than a node of partition {profile.partition} has "
                            f"({node_gpus})")
+    request.check("walltime")
     chosen = slice_for(profile, gpus, request.walltime or profile.jobs.default_walltime, per=" per node")
 
+    request.check("tasks_per_node")
     tasks = (gpus or 1) if request.tasks_per_node is None else request.tasks_per_node
     if not 1 <= tasks <= chosen.cpus:
         raise RequestError(f"tasks_per_node must be between 1 and the {chosen.cpus} CPUs of the slice, not {tasks}")
 
-    image = _image(request.image, policy, profile)
+    request.check("image")
+    image = _image(request.image, policy, profile, image_status)
+    request.check("script", "code", "source")
     script = None if request.script is None else _script_file(request.script, base_dir)
+    request.check("args", "env", "name")
     return JobPlan(
         profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
         cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
@@ -341,14 +368,18 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
     )
 
 
-def _image(name: str | None, policy: LaunchPolicy, profile: Profile) -> Image | None:
+def _image(name: str | None, policy: LaunchPolicy, profile: Profile, image_status) -> Image | None:
     if not name:
         return None
     allowed = {i.name: i for i in policy.images_for(profile)}
     if name not in allowed:
         offered = ", ".join(allowed) or "none"
         raise RequestError(f"unknown image {shown(name)} for {profile.display_name}: choose one of {offered}")
-    return allowed[name]
+    image = allowed[name]
+    status, detail = image_status(image) if image_status else ("built", "")
+    if status != "built":
+        raise RequestError(f"image {image.name} is unavailable ({status}: {detail}); ask your admin to build it")
+    return image
 
 
 def _script_file(script: str, base_dir: str | os.PathLike) -> str:

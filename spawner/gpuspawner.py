@@ -218,6 +218,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         super().load_state(state)
         if "slice" in state:  # as it was validated at the start, whatever the config says now
             self.slice = SessionSlice(profile=Profile.model_validate(self.profile), **state["slice"])
+        elif self.job_id:  # a session started before slices were kept: its options, if still allowed
+            try:
+                self.slice = self.slice_from_options()
+            except (RequestError, ValueError):
+                self.slice = None  # kept running, without an idle limit
 
     def clear_state(self):
         super().clear_state()
@@ -464,6 +469,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def reclaim(self, idle_seconds: float) -> None:
         """Stop a session nobody used for longer than its profile allows: its GPUs go back."""
         chosen = self.slice
+        if chosen is None:  # no idle limit known: never reclaimed
+            return
         limit = chosen.profile.idle_timeout if chosen.gpus else chosen.profile.idle_timeout_without_gpu
         held = f"its {chosen.gpus} GPU(s)" if chosen.gpus else "its CPUs"
         self.last_end = (f"Your session job {self.job_id} was stopped after {human_duration(idle_seconds)} "

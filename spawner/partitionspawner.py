@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 
 from sqlalchemy.orm import object_session
-from traitlets import Any, Float, List, Unicode, default
+from traitlets import Any, Float, List, Unicode, default, directional_link
 from wrapspawner import WrapSpawner
 
 from portal import defaults
@@ -117,6 +117,22 @@ class PartitionSpawner(WrapSpawner):
         # The job launcher of the session may use every profile this user may (same rules).
         self.child_config = {"profile": profile.model_dump(),
                              "launch_profiles": [p.model_dump() for p in self.user_profiles()]}
+
+    def construct_child(self):
+        """wrapspawner's construct_child, without handing the child the hub's database session
+        (Spawner.db, deprecated in JupyterHub 6.1: neither spawner uses it), and with the user's
+        options from the start (a restarted hub's child reads them as it loads its state)."""
+        if self.child_spawner is None:
+            self.child_spawner = self.child_class(
+                user=self.user, hub=self.hub, authenticator=self.authenticator, oauth_client_id=self.oauth_client_id,
+                server=self._server, config=self.config, user_options=self.user_options, **self.child_config)
+            # Its initial state would be ours: cleared, then the child's own loaded.
+            self.child_spawner.clear_state()
+            if self.child_state:
+                self.child_spawner.load_state(self.child_state)
+            for trait in set(self.trait_names()) & set(self.child_spawner.trait_names()) - set(self.child_config):
+                directional_link((self, trait), (self.child_spawner, trait))
+        return self.child_spawner
 
     def load_child_class(self, state):
         # After a hub restart: rebuild the child the session was started with, without

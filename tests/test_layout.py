@@ -60,7 +60,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if target and target != name and not (name.startswith(target + ".") and known[target].name == "__init__.py"):
+            if target and target != name and not name.startswith(target + "."):
                 found.add(target)
     return found
 
@@ -93,3 +93,20 @@ def test_no_import_circle():
         if start not in state:
             visit(start, [start])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_bottom_and_the_packages_import_nothing():
+    """defaults.py and sessionvars.py are read by every side (a session's start too), and importing
+    any module runs its packages' __init__: they import nothing, not even the standard library."""
+    for name, path in modules().items():
+        if layer_is_free(name, path):
+            tree = ast.parse(path.read_text())
+            imports_found = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                             and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+            assert not imports_found, f"{name} imports {imports_found}"
+
+
+def layer_is_free(name: str, path: Path) -> bool:
+    """The bottom modules, and the packages that hold modules of more than one layer."""
+    return name in ("portal.defaults", "portal.sessionvars", "portal", "portal.cluster", "portal.hub", "portal.session",
+                    "spawner")

@@ -1,9 +1,12 @@
 """LDAP login: who gets in, who is refused, and what the login page tells them."""
 
 import json
+import pwd
 import random
 import re
 import subprocess
+from pathlib import Path
+
 import pytest
 import requests
 import yaml
@@ -111,7 +114,7 @@ def test_a_neighbour_cannot_lock_alice_out_of_her_usual_address(portal):
 # fail a few logins and so lock her out of it. Logins come through the proxy only.
 FORGED_LOGINS = """
 import glob, http.cookiejar, json, os, ssl, sys, urllib.parse, urllib.request
-folder = sorted(glob.glob(os.path.expanduser("~/.dsportal/certs/*/")))[0]
+folder = "{folder}"
 context = ssl.create_default_context(cafile=folder + "ca.crt") if os.path.exists(folder + "ca.crt") else ssl._create_unverified_context()
 context.check_hostname = False
 context.verify_mode = ssl.CERT_NONE
@@ -135,8 +138,12 @@ print(json.dumps(codes))
 def test_logins_from_a_sessions_certificate_are_refused_and_lock_nobody_out(portal, admin, bob):
     bob.spawn({"profile": "gpu", "gpus": 1})  # bob has a session certificate of his own now
     hub = yaml.safe_load(CONFIG.read_text())["hub"]["hub_bind_url"].replace("http://", "https://")
+    # The folder of the certificate the hub issued him (other folders hold pairs of scratch CAs of other tests).
+    issued = Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"], "internal-ssl/user-bob/user-bob.crt").read_bytes()
+    folder = next(f"{path.parent}/" for path in Path(pwd.getpwnam("bob").pw_dir, ".dsportal/certs").glob("*/session.crt")
+                  if path.read_bytes() == issued)
     result = subprocess.run(["runuser", "-u", "bob", "--", "/opt/dsportal/env/bin/python", "-c",
-                             FORGED_LOGINS.format(address="127.0.0.1", hub=hub)],
+                             FORGED_LOGINS.format(address="127.0.0.1", hub=hub, folder=folder)],
                             capture_output=True, text=True, timeout=120, cwd="/")
     print(f"bob's logins as alice at {hub} with his session certificate, X-Forwarded-For 127.0.0.1: "
           f"{result.stdout.strip()} {result.stderr[-300:]}")

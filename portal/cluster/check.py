@@ -48,7 +48,7 @@ def check_nodes(settings) -> list[Result]:
     """Each compute node's address, and whether this host (the login node: hub, proxy) reaches it."""
     slurm = SlurmCommands.from_settings(settings)
     try:
-        nodes = slurm.nodes()
+        nodes = slurm.nodes(timeout=30)
         port = int(slurm.config().get("SlurmdPort") or 6818)
     except (SlurmError, ValueError) as error:
         return [Result("compute nodes", True, f"not known ({error})", warning=True)]

@@ -28,6 +28,8 @@ from typing import Iterable
 
 from prometheus_client import Counter, Histogram
 
+from .. import defaults
+
 log = logging.getLogger(__name__)
 
 # Served with the hub's metrics (/hub/metrics, portal/hub/metrics.py).
@@ -54,6 +56,10 @@ class SlurmError(RuntimeError):
 
 class SlurmUnavailable(SlurmError):
     """slurmctld could not be reached (transient: callers keep their sessions)."""
+
+
+class SlurmMissing(SlurmError):
+    """A Slurm command is not installed where it was run."""
 
 
 UNREACHABLE_HINTS = (
@@ -347,9 +353,9 @@ class Slurm:
     def __init__(
         self,
         conf: Path | None = None,
-        bin_dir: Path = Path("/usr/bin"),
-        submit_as: str = "runuser",
-        cache_seconds: float = 1.0,
+        bin_dir: Path = Path(defaults.SLURM_BIN_DIR),
+        submit_as: str = defaults.SUBMIT_AS,
+        cache_seconds: float = defaults.SLURM_POLL_INTERVAL,
         command_timeout: float = 30.0,
     ):
         self.conf = conf
@@ -548,6 +554,13 @@ def parse_config(text: str) -> dict[str, str]:
     return values
 
 
+def _own_name() -> str | None:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return None
+
+
 class SlurmCommands:
     """The Slurm commands run as the calling process's own user, blocking: for a session's job
     launcher (its Jupyter server's threads, the magics in kernels) and the admin's commands.
@@ -571,7 +584,7 @@ class SlurmCommands:
         try:
             result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=self.env)
         except FileNotFoundError:
-            raise SlurmError(f"{argv[0]} is not installed on this node") from None
+            raise SlurmMissing(f"{argv[0]} is not installed on this node") from None
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {timeout:.0f} s") from None
         return checked_output(argv, result.returncode, result.stdout, result.stderr)
@@ -596,7 +609,7 @@ class SlurmCommands:
 
     def accounting(self, job_ids: list[int], fields: tuple[str, ...], timeout: float = 15) -> dict[int, dict[str, str]]:
         """What Slurm accounting recorded of this user's ``job_ids`` (raises where the cluster keeps none)."""
-        argv = sacct_argv(self.tool("sacct"), fields, job_ids=job_ids, user=pwd.getpwuid(os.getuid()).pw_name)
+        argv = sacct_argv(self.tool("sacct"), fields, job_ids=job_ids, user=_own_name())
         return parse_sacct(self.run(argv, timeout=timeout), fields)
 
     def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,

@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import sessionvars
 from ..cluster.images import image_status
 from ..cluster.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
-from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
+from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job  # noqa: F401 (RequestError: jobs_api's)
 from ..settings import parse_walltime, whole_number
 from ..templating import render
 from .containers import Bind, Launch, runtime
@@ -62,14 +62,9 @@ def with_cluster_limits(policy: LaunchPolicy, max_age: float = 10.0) -> LaunchPo
 
 
 def plan(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
-    """A request (REST body, magic options, Python API) checked against the rules, with its image
-    ready on this cluster: the job to submit."""
-    job = plan_job(JobRequest.parse(request), policy, base_dir)
-    if job.image is not None:
-        status, detail = image_status(job.image)
-        if status != "built":
-            raise RequestError(f"image {job.image.name} is unavailable ({status}: {detail}); ask your admin to build it")
-    return job
+    """A request (REST body, magic options, Python API) checked against the rules, its image
+    built on this cluster: the job to submit."""
+    return plan_job(JobRequest.parse(request), policy, base_dir, image_status)
 
 
 # ------------------------------------------------------------------------------ submitting

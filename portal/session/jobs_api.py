@@ -27,7 +27,7 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
-from ..cluster.slurmclient import SlurmError, SlurmUnavailable, refusal_hint
+from ..cluster.slurmclient import SlurmError, SlurmMissing, SlurmUnavailable, refusal_hint
 from .api import MessageAPIHandler
 from .onuse import module_on_use
 
@@ -50,6 +50,8 @@ class _JobsAPI(MessageAPIHandler):
             raise web.HTTPError(404, str(error))
         if isinstance(error, SlurmUnavailable):
             raise web.HTTPError(503, f"The cluster scheduler is not answering right now, please retry: {error}")
+        if isinstance(error, SlurmMissing):
+            raise web.HTTPError(400, f"Your job request was refused: {error}")
         if isinstance(error, SlurmError):
             raise web.HTTPError(400, f"Slurm refused the job: {error}{refusal_hint(str(error))}")
         if isinstance(error, jobs.RequestError):

@@ -8,7 +8,7 @@ names), the node network (a bridge and a network namespace per node) and the dem
 accounts, which must match LDAP for jobs to run as them.
 
 The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
-private bridge), slurm.py (munge, GPUs, slurmctld,
+private bridge), slurmdaemons.py (munge, GPUs, slurmctld,
 slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
 node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub).
 """
