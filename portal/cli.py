@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import settings as settings_module
-from .cluster import demo, firewall, images, templatecheck, usage
+from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
 from .cluster.check import run_checks
 from .cluster.slurmclient import SlurmCommands
 from .templatesources import notebooks
@@ -24,6 +24,22 @@ def _hub_config_file() -> str:
 
 def cmd_hub(args) -> int:
     settings = settings_module.load(args.config)  # fail here, naming the key, not deep in JupyterHub
+    if args.action == "install-mediator":
+        print(f"installed {hubaccount.install_mediator(settings)} and {hubaccount.MEDIATOR_SETTINGS}")
+        return 0
+    if args.action == "sudoers":
+        if not settings.hub.account:
+            print("dsportal hub sudoers: set hub.account in portal.yaml (the hub's system account)", file=sys.stderr)
+            return 2
+        if args.install:
+            print(f"installed {hubaccount.install_sudo_rule(settings.hub.account, settings.slurm.mediator)}")
+        else:
+            print(hubaccount.sudo_rule(settings.hub.account, settings.slurm.mediator), end="")
+        return 0
+    if settings.hub.account and os.geteuid() == 0:
+        print(f"dsportal hub: run the hub as its account {settings.hub.account}, not as root "
+              f"(runuser -u {settings.hub.account} -- dsportal hub; docs/deploy.md)", file=sys.stderr)
+        return 2
     os.environ[settings_module.CONFIG_ENV] = str(settings.source)
     data_dir = Path(settings.hub.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -127,7 +143,11 @@ def main(argv=None) -> int:
     demo_parser = sub.add_parser("demo", help="the embedded one-machine cluster")
     demo_parser.add_argument("action", choices=["up", "down", "status"])
     demo_parser.set_defaults(func=cmd_demo)
-    sub.add_parser("hub", help="run JupyterHub configured from portal.yaml").set_defaults(func=cmd_hub)
+    hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
+                                "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule")
+    hub_parser.add_argument("action", nargs="?", default="run", choices=["run", "install-mediator", "sudoers"])
+    hub_parser.add_argument("--install", action="store_true", help="sudoers: write /etc/sudoers.d/dsportal (visudo-checked)")
+    hub_parser.set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
     images_parser = sub.add_parser("images", help="the container image catalog")
     images_parser.add_argument("action", choices=["list", "build", "build-demo"])

@@ -11,6 +11,7 @@ ACTIVITY_INTERVAL = 60  # seconds between a session's activity reports
 GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in use
 
 SLURM_BIN_DIR = "/usr/bin"
+MEDIATOR = "/usr/local/libexec/dsportal/mediator"  # what the hub runs as a user (portal/cluster/mediator.py)
 SUBMIT_AS = "runuser"
 SLURM_POLL_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions start
 

@@ -141,6 +141,10 @@ class HubSettings(_Model):
         "(JupyterHub's internal_ssl): sessions on the compute nodes answer only the hub and proxy over "
         "https. Each session's key is written into its user's ~/.dsportal/certs (mode 600).")
     data_dir: Path = Field(Path("/var/lib/dsportal/hub"), description="Hub database and secrets.")
+    account: str | None = Field(
+        None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="The system account the hub and its proxy run as "
+        "(e.g. dsportal-hub; the demo makes it). It owns data_dir and the hub's secrets, and acts as users only "
+        "through the mediator (slurm.submit_as: sudo, `dsportal hub sudoers`). Empty: the hub runs as root.")
     admin_users: list[str] = []
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")
     http_timeout: int = Field(60, gt=0)
@@ -163,8 +167,11 @@ class SlurmSettings(_Model):
     conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF).")
     bin_dir: Path = Path(defaults.SLURM_BIN_DIR)
     submit_as: Literal["runuser", "sudo"] = Field(
-        defaults.SUBMIT_AS, description="How the hub (root) runs sbatch/scancel as the user."
-    )
+        defaults.SUBMIT_AS, description="How the hub runs the mediator (submit, cancel, certificates, log tail) as "
+        "a user: 'sudo' for an unprivileged hub (`dsportal hub sudoers` writes its one rule), 'runuser' for a hub "
+        "run as root.")
+    mediator: Path = Field(Path(defaults.MEDIATOR), description="The mediator, installed root-owned by "
+                           "`dsportal hub install-mediator`.")
     poll_interval: float = Field(
         defaults.SLURM_POLL_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start."
     )

@@ -76,6 +76,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         config=True
     )
     slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help="Folder holding sbatch, squeue, scancel.").tag(config=True)
+    mediator = Unicode(defaults.MEDIATOR, help="The root-owned program the hub runs as a user (sudo or runuser): "
+                       "submit, cancel, certificates, log tail.").tag(config=True)
     submit_as = Unicode(
         defaults.SUBMIT_AS, help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
     ).tag(config=True)
@@ -141,11 +143,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         def value(name):
             return section[name] if name in section else traits[name].default_value
 
-        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"))
+        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"),
+                             value("mediator"))
 
     @property
     def slurm(self) -> Slurm:
-        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval)
+        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval, self.mediator)
 
     @property
     def home(self) -> str:
@@ -241,9 +244,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.launch_policy_json = self.launch_policy(profile.name)
         self.submitted_wall = time.time()
         try:
-            await self.slurm.make_private_dir_as_user(self.user.name, self._expand(self.log_dir))
             # sbatch hands its umask to slurmstepd, which creates the job's log with it.
-            job_id = await self.slurm.submit(self.user.name, script, env={**self.get_env(), "SLURM_UMASK": self.umask})
+            job_id = await self.slurm.submit(self.user.name, script, self._expand(self.log_dir),
+                                             env={**self.get_env(), "SLURM_UMASK": self.umask})
         except SlurmUnavailable as error:
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None

@@ -8,12 +8,13 @@ import socket
 import stat
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import ldap3
 
 from .. import settings as settings_module
 from ..templatesources import notebooks
-from . import firewall
+from . import firewall, hubaccount
 from .slurmclient import SlurmCommands, SlurmError
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
@@ -244,6 +245,27 @@ def check_accounting(settings) -> Result:
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
+def a_portal_user() -> str | None:
+    """Some account the mediator would serve (uid 1000 or more, not nobody), to ask sudo about."""
+    return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
+                 if hubaccount.MIN_UID <= u.pw_uid < 65534), None)
+
+
+def check_hub_account(settings) -> Result:
+    """The hub's own account may do what the portal needs as users (the mediator), and no more."""
+    mediator = Path(settings.slurm.mediator)
+    if not settings.hub.account:
+        installed = mediator.is_file() and mediator.stat().st_uid == 0 and not mediator.stat().st_mode & 0o022
+        return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/deploy.md says how to "
+                      f"run it unprivileged); mediator {mediator} " + ("installed" if installed else
+                      "missing or not root's: dsportal hub install-mediator"), warning=installed)
+    user = a_portal_user()
+    if user is None:
+        return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
+    ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)
+    return Result("hub account", ok, detail)
+
+
 def run_checks(config_path=None) -> tuple[bool, str]:
     try:
         settings = settings_module.load(config_path)
@@ -259,5 +281,6 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results.append(check_homes())
     results.append(check_firewall())
     results += check_confinement(settings)
+    results.append(check_hub_account(settings))
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

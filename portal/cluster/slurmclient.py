@@ -346,8 +346,9 @@ ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition",
 class Slurm:
     """Typed wrapper over the Slurm client commands.
 
-    ``submit_as`` decides how root runs a command as the user: ``runuser`` (the hub runs as
-    root on a submit host) or ``sudo`` (the hub has a sudoers rule for sbatch/scancel).
+    Everything the hub does as a user goes through the root-owned ``mediator`` (portal/cluster/mediator.py),
+    run as her: with ``sudo`` (an unprivileged hub whose one sudo rule allows the mediator) or ``runuser``
+    (a hub run as root).
     """
 
     def __init__(
@@ -357,12 +358,14 @@ class Slurm:
         submit_as: str = defaults.SUBMIT_AS,
         cache_seconds: float = defaults.SLURM_POLL_INTERVAL,
         command_timeout: float = 30.0,
+        mediator: Path = Path(defaults.MEDIATOR),
     ):
         self.conf = conf
         self.bin_dir = Path(bin_dir)
         self.submit_as = submit_as
         self.cache_seconds = cache_seconds
         self.command_timeout = command_timeout
+        self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
 
@@ -380,10 +383,11 @@ class Slurm:
             env["SLURM_CONF"] = str(self.conf)
         return env
 
-    def as_user(self, user: str, argv: Iterable[str]) -> list[str]:
+    def as_user(self, user: str, *args: str) -> list[str]:
+        """The mediator, run as ``user`` with ``args``."""
         if self.submit_as == "sudo":
-            return ["sudo", "-n", "-E", "-u", user, "--", *argv]
-        return ["runuser", "-u", user, "--", *argv]
+            return ["sudo", "-n", "-u", user, "--", self.mediator, *args]
+        return ["runuser", "-u", user, "--", self.mediator, *args]
 
     def tool(self, name: str) -> str:
         return str(self.bin_dir / name)
@@ -425,13 +429,14 @@ class Slurm:
         return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     # -- jobs -------------------------------------------------------------------------
-    async def submit(self, user: str, script: str, env: dict[str, str] | None = None) -> int:
-        """sbatch the script as ``user``; returns the job id."""
-        return parse_job_id(await self.run(self.as_user(user, [self.tool("sbatch"), "--parsable"]), input=script,
-                                           env=env))
+    async def submit(self, user: str, script: str, log_dir: str, env: dict[str, str] | None = None) -> int:
+        """sbatch the script as ``user``, her private ``log_dir`` made first; returns the job id. The job's
+        environment goes to the mediator on its input, never on a command line."""
+        request = json.dumps({"script": script, "env": self.env(env), "log_dir": log_dir})
+        return parse_job_id(await self.run(self.as_user(user, "submit"), input=request))
 
     async def cancel(self, user: str, job_id: int) -> None:
-        await self.run(self.as_user(user, [self.tool("scancel"), str(int(job_id))]))
+        await self.run(self.as_user(user, "cancel", str(int(job_id))))
 
     async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
         """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.
@@ -499,46 +504,33 @@ class Slurm:
         she planted cannot show her a file she may not read); "" when it was last written before
         ``not_before`` (a time.time() value). Her file, her size: only its last TAIL_BYTES are read,
         and each line is cut to LINE_CHARS, so a log of one huge line costs the hub nothing."""
+        since = [] if not_before is None else [str(int(not_before))]
         try:
-            if not_before is not None:
-                modified = await self.run(self.as_user(user, ["stat", "-c", "%Y", "--", path]))
-                if float(modified.strip() or 0) < int(not_before) - 1:
-                    return ""
-            tail = await self.run(self.as_user(user, ["tail", "-c", str(TAIL_BYTES), "--", path]))
+            tail = await self.run(self.as_user(user, "tail", path, *since))
         except SlurmError as error:
             return f"(log {path} unreadable: {str(error)[:LINE_CHARS]})"
         return bounded_tail(tail, lines)
 
-    async def make_private_dir_as_user(self, user: str, path: str) -> None:
-        """mkdir -p as the user, every folder it makes below the home 0700, and the folders of the
-        path below the home made 0700 if they were not (a portal folder made before is fixed)."""
-        home = Path(pwd.getpwnam(user).pw_dir)
-        target = Path(path)
-        below_home = [p for p in [target, *target.parents] if home in p.parents]
-        # A constant script; the paths are its arguments, never part of it.
-        script = 'umask 077 && mkdir -p -- "$1" && shift && chmod go-rwx -- "$@"'
-        await self.run(self.as_user(user, ["/bin/sh", "-c", script, "sh", str(target),
-                                           *map(str, below_home or [target])]))
-
     async def write_private_files_as_user(self, user: str, folder: str, files: dict[str, str]) -> None:
-        """Write ``files`` (name: text) into the user's private ``folder``, as the user, mode 600: one
-        command for all of them (each line of its input a file name and its content in base64)."""
-        await self.make_private_dir_as_user(user, folder)
+        """Write ``files`` (name: text) into the user's private ``folder`` (below her ~/.dsportal/certs),
+        as the user, mode 600: one mediator run for all of them (each input line a name and its content
+        in base64)."""
         if any(not name or "/" in name or " " in name for name in files):
             raise ValueError(f"file names without '/' or blanks, not {sorted(files)}")
         lines = "".join(f"{name} {base64.b64encode(text.encode()).decode()}\n" for name, text in files.items())
-        script = 'umask 077 && while read -r name data; do printf %s "$data" | base64 -d > "$1/$name" || exit 1; done'
-        await self.run(self.as_user(user, ["/bin/sh", "-c", script, "sh", folder]), input=lines)
+        await self.run(self.as_user(user, "certs", folder), input=lines)
 
 
 _clients: dict[tuple, Slurm] = {}
 
 
-def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds: float) -> Slurm:
+def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds: float,
+                  mediator: str = defaults.MEDIATOR) -> Slurm:
     """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
-    key = (str(conf or ""), str(bin_dir), submit_as)
+    key = (str(conf or ""), str(bin_dir), submit_as, mediator)
     if key not in _clients:
-        _clients[key] = Slurm(Path(conf) if conf else None, Path(bin_dir), submit_as, cache_seconds=cache_seconds)
+        _clients[key] = Slurm(Path(conf) if conf else None, Path(bin_dir), submit_as, cache_seconds=cache_seconds,
+                              mediator=Path(mediator))
     return _clients[key]
 
 
@@ -638,9 +630,13 @@ def bounded_tail(text: str, lines: int) -> str:
 
 
 def command_name(argv: list[str]) -> str:
-    """'squeue' for [.../squeue, --json] and for [runuser, -u, alice, --, .../sbatch, ...]."""
-    for part in argv:
+    """'squeue' for [.../squeue, --json]; for the mediator run as a user ([runuser, -u, alice, --,
+    .../mediator, submit]) what it did: 'sbatch', 'scancel', 'mediator tail', 'mediator certs'."""
+    for index, part in enumerate(argv):
         name = Path(part).name
-        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun", "cat", "mkdir", "tail", "stat"):
+        if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun"):
             return name
+        if part.endswith("/mediator"):
+            verb = argv[index + 1] if index + 1 < len(argv) else ""
+            return {"submit": "sbatch", "cancel": "scancel"}.get(verb, f"mediator {verb}".strip())
     return Path(argv[0]).name if argv else "?"

@@ -135,6 +135,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
     c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
+    c.SlurmGPUSpawner.mediator = str(settings.slurm.mediator)
     c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
     c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")

@@ -101,3 +101,15 @@ def stop_accounting() -> None:
 def accounting_status() -> dict[str, bool]:
     return {"slurmdbd": bool(alive(paths().run / "slurmdbd.pid")), "MariaDB": bool(alive(_mariadb_pidfile()))}
 
+
+
+def ensure_slurm_operator(account: str) -> None:
+    """The hub's account as a Slurm operator: it sees every job (PrivateData hides them from users)."""
+    env = slurm_env()
+    for args in (["add", "account", "dsportal", "Description=the portal's hub", "Organization=dsportal"],
+                 ["add", "user", account, "Account=dsportal", "AdminLevel=Operator"],
+                 ["modify", "user", "where", f"name={account}", "set", "AdminLevel=Operator"]):
+        result = subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True)
+        if result.returncode != 0 and not any(word in result.stdout + result.stderr for word in
+                                              ("Nothing new added", "already exists", "Nothing modified")):
+            raise DemoError(f"sacctmgr {' '.join(args)} failed: {(result.stderr or result.stdout).strip()}")

@@ -1,4 +1,9 @@
-"""The demo's JupyterHub (with its configurable-http-proxy): started, restarted on new code, stopped."""
+"""The demo's JupyterHub (with its configurable-http-proxy): started, restarted on new code, stopped.
+
+With hub.account set (the demo's portal.yaml does), both run as that unprivileged system account,
+which acts as users only through the root-owned mediator its one sudo rule allows; the account is a
+Slurm operator, so that it sees every session job (slurm.conf's PrivateData hides them from users).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from pathlib import Path
 import spawner
 
 from ... import settings as settings_module
+from .. import hubaccount
+from .accounting import ensure_slurm_operator
 from .base import DemoError, alive, paths, say, stop_pid, wait_for
 
 
@@ -49,13 +56,15 @@ def ensure_hub(config_path: Path | None = None) -> None:
         say("portal code or config changed: restarting JupyterHub (running sessions are kept)")
         stop_hub()
     log_path = paths().log / "hub.log"
+    hubaccount.install_mediator(settings)  # root's copy of the installed code's mediator
+    command = [str(Path(sys.executable).parent / "dsportal"), "hub"]
     env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
     private_data_dir(Path(settings.hub.data_dir))
+    if settings.hub.account:
+        command, env = as_hub_account(settings, command, env)
     with private_log(log_path) as log:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dsportal"), "hub"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   start_new_session=True)
     hub_pidfile().write_text(str(process.pid))
     stamp.write_text(fingerprint)
 
@@ -70,6 +79,28 @@ def ensure_hub(config_path: Path | None = None) -> None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise DemoError(f"{error}\n{tail}") from None
     say(f"JupyterHub started (log {log_path})")
+
+
+def as_hub_account(settings, command: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The hub's command and environment as its account: which exists, owns the hub's data folder, may
+    run the mediator as users (sudo), is a Slurm operator, and reads portal.yaml from a copy of its own
+    (the checkout may be in a folder it cannot read)."""
+    data_dir = Path(settings.hub.data_dir)
+    account = hubaccount.ensure_system_account(settings.hub.account, data_dir)
+    hubaccount.install_sudo_rule(account.pw_name, settings.slurm.mediator)
+    ensure_slurm_operator(account.pw_name)
+    for path in [data_dir, *data_dir.rglob("*")]:
+        os.lchown(path, account.pw_uid, account.pw_gid)
+    config = data_dir / "portal.yaml"
+    config.write_bytes(settings.source.read_bytes())
+    os.chown(config, account.pw_uid, account.pw_gid)
+    proxy = alive(data_dir / "proxy.pid")
+    if proxy and os.stat(f"/proc/{proxy}").st_uid != account.pw_uid:
+        # A proxy an earlier root hub started: the hub starts its own, as its account, and adds every route.
+        stop_pid(data_dir / "proxy.pid", "configurable-http-proxy (not the hub account's)")
+    env = {**env, settings_module.CONFIG_ENV: str(config), "HOME": str(data_dir), "USER": account.pw_name,
+           "LOGNAME": account.pw_name}
+    return ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--", *command], env
 
 
 def private_log(path: Path):

@@ -1,0 +1,109 @@
+"""The hub's own account and what it may do as users: the mediator, installed root-owned with its
+settings, and the one sudo rule an unprivileged hub needs (`dsportal hub install-mediator`,
+`dsportal hub sudoers`). `dsportal check` reads them back (:func:`check_sudo_rules`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+MEDIATOR_SOURCE = Path(__file__).with_name("mediator.py")
+MEDIATOR_SETTINGS = Path("/etc/dsportal/mediator.json")
+SUDOERS = Path("/etc/sudoers.d/dsportal")
+MIN_UID = 1000  # the mediator runs as portal users only: not as root or system accounts (slurm, munge...)
+
+
+class AccountError(RuntimeError):
+    """What keeps the hub's account from being set up; the message says what to do."""
+
+
+def _root_file(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to a file of root's, replacing any file there at once (never half-written)."""
+    for folder in reversed([path.parent, *path.parent.parents]):
+        if not folder.exists():
+            folder.mkdir(mode=0o755)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as handle:
+        handle.write(text)
+    os.chown(handle.name, 0, 0)
+    os.chmod(handle.name, mode)
+    os.replace(handle.name, path)
+
+
+def install_mediator(settings, min_uid: int = MIN_UID) -> Path:
+    """The mediator at settings.slurm.mediator (root's, 0755, run by the system Python in isolated mode)
+    and its settings (root's, 0644): where Slurm's commands and slurm.conf are, which accounts it serves."""
+    target = Path(settings.slurm.mediator)
+    _root_file(target, MEDIATOR_SOURCE.read_text(), 0o755)
+    config = {"slurm_conf": str(settings.slurm.conf or ""), "bin_dir": str(settings.slurm.bin_dir), "min_uid": min_uid}
+    _root_file(MEDIATOR_SETTINGS, json.dumps(config, indent=1) + "\n", 0o644)
+    return target
+
+
+def sudo_rule(account: str, mediator: Path) -> str:
+    """The hub's one sudo rule: the mediator, as any user but root (the mediator itself refuses system
+    accounts), without a password or a terminal; nothing else."""
+    return (f"# dsportal: the hub's account {account} may run the mediator as a user, and nothing else.\n"
+            f"Defaults:{account} !requiretty, !lecture, env_reset\n"
+            f"{account} ALL = (ALL, !root) NOPASSWD: {mediator}\n")
+
+
+def install_sudo_rule(account: str, mediator: Path) -> Path:
+    """/etc/sudoers.d/dsportal, checked by visudo before it replaces the old one."""
+    rule = sudo_rule(account, mediator)
+    with tempfile.NamedTemporaryFile("w", suffix=".sudoers", delete=False) as handle:
+        handle.write(rule)
+    try:
+        result = subprocess.run(["visudo", "-c", "-f", handle.name], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise AccountError(f"visudo refused the rule: {(result.stderr or result.stdout).strip()}")
+    finally:
+        os.unlink(handle.name)
+    _root_file(SUDOERS, rule, 0o440)
+    return SUDOERS
+
+
+def ensure_system_account(account: str, home: Path) -> pwd.struct_passwd:
+    """A system account (uid below 1000: the node firewall lets system accounts reach sessions)
+    without a login shell."""
+    try:
+        return pwd.getpwnam(account)
+    except KeyError:
+        pass
+    result = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
+                             "--shell", "/usr/sbin/nologin", "--comment", "dsportal hub", account],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AccountError(f"useradd {account} failed: {(result.stderr or result.stdout).strip()}")
+    return pwd.getpwnam(account)
+
+
+def may_run_as(account: str, target: str, command: list[str]) -> bool:
+    """Whether sudo lets ``account`` run ``command`` as ``target`` (sudo's own list mode, as root)."""
+    sudo = shutil.which("sudo") or "/usr/bin/sudo"
+    result = subprocess.run([sudo, "-n", "-l", "-U", account, "-u", target, *command], capture_output=True, text=True)
+    return result.returncode == 0
+
+
+def check_sudo_rules(account: str, mediator: Path, a_user: str) -> tuple[bool, str]:
+    """(ok, what was found): the account may run the mediator as ``a_user``, and nothing as root,
+    and no shell as the user."""
+    if not Path(mediator).is_file():
+        return False, f"{mediator} is not installed (dsportal hub install-mediator)"
+    info = Path(mediator).stat()
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        return False, f"{mediator} must be root's and writable by root only"
+    if not may_run_as(account, a_user, [str(mediator)]):
+        return False, f"sudo does not let {account} run {mediator} as {a_user} (dsportal hub sudoers --install)"
+    too_much = [what for what, target, command in (
+        ("the mediator as root", "root", [str(mediator)]),
+        (f"a shell as {a_user}", a_user, ["/bin/sh"]),
+        ("a shell as root", "root", ["/bin/sh"]),
+    ) if may_run_as(account, target, command)]
+    if too_much:
+        return False, f"sudo lets {account} run {', '.join(too_much)}: it must allow the mediator as users only"
+    return True, f"{account} may run {mediator} as users (not root), and nothing else"

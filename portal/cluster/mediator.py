@@ -1,0 +1,173 @@
+#!/usr/bin/python3 -I
+"""dsportal's mediator: everything the hub does as a user, and nothing else.
+
+The hub runs it as the user, through sudo (an unprivileged hub: ``dsportal hub sudoers`` writes the one
+rule it needs) or runuser (a hub run as root):
+
+  mediator submit              stdin: {"script", "env", "log_dir"} (JSON): the session's batch script,
+                               submitted with sbatch into her private log folder; prints the job id
+  mediator cancel JOBID        scancel one of her jobs (Slurm lets a user cancel only her own)
+  mediator certs FOLDER        stdin: lines "NAME BASE64": the session's certificates, written mode 600
+                               into FOLDER, below her ~/.dsportal/certs
+  mediator tail PATH [SINCE]   the last 64 KiB of a file she can read; nothing if it was last
+                               written before SINCE (a Unix time): a log of an earlier job
+
+``dsportal hub install-mediator`` copies this file to /usr/local/libexec/dsportal/mediator
+(root's, 0755) with its settings in /etc/dsportal/mediator.json (root's). It is standalone: the
+system Python in isolated mode (-I: no user site, no PYTHON* variables), its standard library only,
+nothing the hub's account could change. It refuses to run as root or as any account below the
+settings' min_uid (system accounts such as slurm, whose jobs Slurm trusts).
+"""
+
+import base64
+import json
+import os
+import pwd
+import re
+import stat
+import subprocess
+import sys
+
+SETTINGS = "/etc/dsportal/mediator.json"
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+TAIL_BYTES = 64 * 1024
+MAX_INPUT = 4 * 1024 * 1024  # a batch script and its environment, or a session's certificates
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What would change how sbatch itself runs, not what the job gets: never taken from the hub.
+_UNSAFE_ENV = re.compile(r"^(LD_|PYTHON|BASH_ENV$|ENV$|IFS$|PATH$|SLURM_CONF$)")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class Refused(Exception):
+    """What the mediator will not do; its message goes to the hub's log and the user's page."""
+
+
+def load_settings(path: str = SETTINGS) -> dict:
+    """Root's settings file, refused if anyone else could have written it."""
+    try:
+        info = os.stat(path)
+        with open(path) as handle:
+            settings = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise Refused(f"cannot read {path}: {error}") from None
+    if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Refused(f"{path} must be root's and writable by root only")
+    return settings
+
+
+def the_user(settings: dict) -> pwd.struct_passwd:
+    me = pwd.getpwuid(os.getuid())
+    if os.getuid() == 0 or os.geteuid() == 0 or me.pw_uid < int(settings.get("min_uid", 1000)):
+        raise Refused(f"runs only as a portal user, not as {me.pw_name} (uid {me.pw_uid})")
+    return me
+
+
+def below(home: str, path: str, *, inside: str = "") -> str:
+    """``path`` as an absolute, normalised path below ``home``/``inside``, else refused."""
+    root = os.path.normpath(os.path.join(home, inside)) if inside else os.path.normpath(home)
+    target = os.path.normpath(path)
+    if not os.path.isabs(path) or os.path.commonpath([root, target]) != root or target == root:
+        raise Refused(f"{path!r} is not below {root}")
+    return target
+
+
+def private_folder(home: str, folder: str) -> None:
+    """mkdir -p, each folder it makes below the home 0700, and the path's folders below the home made
+    0700 if they were not (a folder made before is fixed)."""
+    os.umask(0o077)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    current = folder
+    while os.path.normpath(current) != os.path.normpath(home):
+        if not os.path.islink(current):
+            os.chmod(current, stat.S_IMODE(os.stat(current).st_mode) & 0o700)
+        current = os.path.dirname(current)
+
+
+def read_input() -> str:
+    data = sys.stdin.buffer.read(MAX_INPUT + 1)
+    if len(data) > MAX_INPUT:
+        raise Refused(f"input longer than {MAX_INPUT} bytes")
+    return data.decode()
+
+
+def submit(settings: dict, me: pwd.struct_passwd) -> int:
+    try:
+        request = json.loads(read_input())
+        script, env, log_dir = request["script"], request.get("env", {}), request["log_dir"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise Refused(f"a submission is JSON with script, env and log_dir ({error})") from None
+    if not isinstance(script, str) or not isinstance(env, dict) or not isinstance(log_dir, str):
+        raise Refused("script and log_dir are text, env an object")
+    for name, value in env.items():
+        if not (isinstance(name, str) and _ENV_NAME.match(name) and isinstance(value, str)) or "\0" in value:
+            raise Refused(f"environment variable {name!r} is not NAME=text")
+    private_folder(me.pw_dir, below(me.pw_dir, log_dir))
+    job_env = {name: value for name, value in env.items() if not _UNSAFE_ENV.match(name)}
+    job_env.update(PATH=SAFE_PATH, HOME=me.pw_dir, USER=me.pw_name, LOGNAME=me.pw_name)
+    if settings.get("slurm_conf"):
+        job_env["SLURM_CONF"] = settings["slurm_conf"]
+    sbatch = os.path.join(settings.get("bin_dir", "/usr/bin"), "sbatch")
+    return subprocess.run([sbatch, "--parsable"], input=script.encode(), env=job_env, cwd=me.pw_dir).returncode
+
+
+def cancel(settings: dict, me: pwd.struct_passwd, job_id: str) -> int:
+    if not (job_id.isascii() and job_id.isdigit()):
+        raise Refused(f"{job_id!r} is not a job id")
+    env = {"PATH": SAFE_PATH, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
+    return subprocess.run([os.path.join(settings.get("bin_dir", "/usr/bin"), "scancel"), job_id], env=env).returncode
+
+
+def certs(me: pwd.struct_passwd, folder: str) -> int:
+    folder = below(me.pw_dir, folder, inside=".dsportal/certs")
+    files = {}
+    for line in read_input().splitlines():
+        name, _, data = line.partition(" ")
+        if not _FILE_NAME.match(name):
+            raise Refused(f"{name!r} is not a certificate file name")
+        files[name] = base64.b64decode(data, validate=True)
+    private_folder(me.pw_dir, folder)
+    for name, content in files.items():
+        path = os.path.join(folder, name)
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(handle, "wb") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(content)
+    return 0
+
+
+def tail(path: str, since: str = "") -> int:
+    if not os.path.isabs(path):
+        raise Refused(f"{path!r} is not an absolute path")
+    with open(path, "rb") as handle:  # her rights: a file she cannot read stays closed
+        info = os.fstat(handle.fileno())
+        if since and info.st_mtime < float(since) - 1:
+            return 0
+        handle.seek(max(0, info.st_size - TAIL_BYTES))
+        sys.stdout.buffer.write(handle.read(TAIL_BYTES))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    verb, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    try:
+        settings = load_settings()
+        me = the_user(settings)
+        if verb == "submit" and not args:
+            return submit(settings, me)
+        if verb == "cancel" and len(args) == 1:
+            return cancel(settings, me, args[0])
+        if verb == "certs" and len(args) == 1:
+            return certs(me, args[0])
+        if verb == "tail" and len(args) in (1, 2):
+            return tail(*args)
+        raise Refused("usage: mediator submit | cancel JOBID | certs FOLDER | tail PATH [SINCE]")
+    except Refused as error:
+        print(f"dsportal mediator: {error}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as error:
+        print(f"dsportal mediator: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,99 @@
+"""The hub runs unprivileged: its own system account, acting as users only through the mediator."""
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import CONFIG
+
+SETTINGS = yaml.safe_load(CONFIG.read_text())
+ACCOUNT = SETTINGS["hub"]["account"]
+DATA_DIR = Path(SETTINGS["hub"]["data_dir"])
+MEDIATOR = "/usr/local/libexec/dsportal/mediator"
+HUB_PIDFILE = Path("/var/lib/dsportal-demo/run/dsportal-hub.pid")
+
+
+def owner(pid: int) -> str:
+    uid = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("Uid:"))
+    return pwd.getpwuid(uid).pw_name
+
+
+def as_hub(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
+    """A command run by the hub's account, as the hub runs its own."""
+    return subprocess.run(["runuser", "-u", ACCOUNT, "--", *argv], input=input, capture_output=True, text=True,
+                          timeout=60, cwd="/")
+
+
+def test_the_hub_and_its_proxy_run_as_the_hub_account_and_keep_their_secrets(portal):
+    hub, proxy = int(HUB_PIDFILE.read_text()), int((DATA_DIR / "proxy.pid").read_text())
+    assert (owner(hub), owner(proxy)) == (ACCOUNT, ACCOUNT)
+    assert pwd.getpwnam(ACCOUNT).pw_uid < 1000  # a system account: no login, the node firewall's "system" class
+    account = pwd.getpwnam(ACCOUNT).pw_uid
+    assert DATA_DIR.stat().st_uid == account and DATA_DIR.stat().st_mode & 0o077 == 0
+    for secret in ("cookie_secret", "jupyterhub.sqlite", "internal-ssl/notebooks-ca/notebooks-ca.key",
+                   "internal-ssl/hub-ca/hub-ca.key"):
+        assert (DATA_DIR / secret).stat().st_uid == account, secret
+    assert (DATA_DIR / "cookie_secret").stat().st_mode & 0o077 == 0
+    # The proxy's token is in its environment (the account's alone), on no command line of anyone's.
+    environ = Path(f"/proc/{proxy}/environ").read_bytes().split(b"\0")
+    token = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"CONFIGPROXY_AUTH_TOKEN="))
+    cookie_secret = (DATA_DIR / "cookie_secret").read_bytes().strip()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes()
+        except OSError:
+            continue
+        assert token not in text and cookie_secret not in text, cmdline
+    assert oct(os.stat(f"/proc/{proxy}/environ").st_mode & 0o777) == "0o400"
+
+
+def test_sudo_lets_the_hub_account_run_the_mediator_as_users_and_nothing_else(portal):
+    refused = {
+        "a shell as alice": ["sudo", "-n", "-u", "alice", "/bin/sh", "-c", "id"],
+        "anything as root": ["sudo", "-n", "/bin/true"],
+        "the mediator as root": ["sudo", "-n", "-u", "root", MEDIATOR, "tail", "/etc/shadow"],
+        "env as alice": ["sudo", "-n", "-u", "alice", "/usr/bin/env"],
+    }
+    for what, argv in refused.items():
+        result = as_hub(*argv)
+        print(f"{what}: rc {result.returncode} {result.stderr.strip()[:120]}")
+        assert result.returncode != 0, what
+    # The mediator as a system account (slurm's jobs are trusted by Slurm) refuses itself.
+    result = as_hub("sudo", "-n", "-u", "slurm", MEDIATOR, "tail", "/etc/hostname")
+    assert result.returncode == 2 and "runs only as a portal user" in result.stderr, result.stderr
+    # As alice it does what it is for, with her rights and within her folders.
+    assert as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "tail", "/etc/hostname").returncode == 0
+    result = as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "tail", "/etc/shadow")
+    assert result.returncode == 1 and "Permission denied" in result.stderr
+    home = pwd.getpwnam("alice").pw_dir
+    for folder in (f"{home}/.ssh", f"{home}/.dsportal/certs/../../.ssh", "/tmp/x"):
+        result = as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "certs", folder, input="authorized_keys AAAA\n")
+        assert result.returncode == 2 and "is not below" in result.stderr, (folder, result.stderr)
+    result = as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "submit",
+                    input='{"script": "#!/bin/sh\\ntrue\\n", "env": {}, "log_dir": "/tmp/elsewhere"}')
+    assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
+
+
+def test_dsportal_check_says_whether_the_sudo_rules_are_what_the_portal_needs_and_no_more(portal):
+    dsportal = str(Path(sys.executable).parent / "dsportal")
+
+    def hub_account_line() -> str:
+        out = subprocess.run([dsportal, "--config", str(CONFIG), "check"], capture_output=True, text=True,
+                             timeout=300).stdout
+        return next(line for line in out.splitlines() if "hub account:" in line)
+
+    line = hub_account_line()
+    assert "[ok]" in line and "nothing else" in line, line
+    extra = Path("/etc/sudoers.d/zz-dsportal-test")
+    extra.write_text(f"{ACCOUNT} ALL = (ALL, !root) NOPASSWD: /bin/sh\n")
+    extra.chmod(0o440)
+    try:
+        line = hub_account_line()
+        assert "[FAIL]" in line and "a shell as" in line, line
+    finally:
+        extra.unlink()
