@@ -246,9 +246,9 @@ def check_accounting(settings) -> Result:
 
 
 def a_portal_user() -> str | None:
-    """Some account the mediator would serve (uid 1000 or more, not nobody), to ask sudo about."""
+    """Some account the mediator would serve, to ask sudo about."""
     return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
-                 if hubaccount.MIN_UID <= u.pw_uid < 65534), None)
+                 if hubaccount.MIN_UID <= u.pw_uid <= hubaccount.MAX_UID), None)
 
 
 def check_hub_account(settings) -> Result:

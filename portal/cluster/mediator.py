@@ -15,8 +15,8 @@ rule it needs) or runuser (a hub run as root):
 ``dsportal hub install-mediator`` copies this file to /usr/local/libexec/dsportal/mediator
 (root's, 0755) with its settings in /etc/dsportal/mediator.json (root's). It is standalone: the
 system Python in isolated mode (-I: no user site, no PYTHON* variables), its standard library only,
-nothing the hub's account could change. It refuses to run as root or as any account below the
-settings' min_uid (system accounts such as slurm, whose jobs Slurm trusts).
+nothing the hub's account could change. It refuses to run as root or as any account outside
+the settings' uid range (system accounts, and package accounts such as slurm, whose jobs Slurm trusts).
 """
 
 import base64
@@ -56,9 +56,12 @@ def load_settings(path: str = SETTINGS) -> dict:
 
 
 def the_user(settings: dict) -> pwd.struct_passwd:
+    """Who runs it: a portal user, whose uid is in the settings' range (Debian's for people: not root,
+    not the system accounts below 1000, not those of packages from 60000 up, such as slurm's)."""
     me = pwd.getpwuid(os.getuid())
-    if os.getuid() == 0 or os.geteuid() == 0 or me.pw_uid < int(settings.get("min_uid", 1000)):
-        raise Refused(f"runs only as a portal user, not as {me.pw_name} (uid {me.pw_uid})")
+    low, high = int(settings.get("min_uid", 1000)), int(settings.get("max_uid", 59999))
+    if os.geteuid() == 0 or not low <= me.pw_uid <= high:
+        raise Refused(f"runs only as a portal user (uid {low}-{high}), not as {me.pw_name} (uid {me.pw_uid})")
     return me
 
 
