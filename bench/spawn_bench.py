@@ -109,6 +109,10 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
                          start_timeout=start_timeout)
     if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
         config["hub"]["subdomain_host"] = f"http://localhost:{ports[0]}"
+    # Both hubs run as root, as stock batchspawner's does: dsportal's reaches users through the same
+    # mediator, with runuser instead of its account's sudo rule.
+    config["hub"].pop("account", None)
+    config["slurm"]["submit_as"] = "runuser"
     environment = str(broken_environment(data.parent)) if broken else config["session"]["environment"]
     config["session"]["environment"] = environment
     path = data / "portal.yaml"

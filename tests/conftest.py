@@ -112,6 +112,9 @@ def second_hub(portal, tmp_path):
                              proxy_api_url="http://127.0.0.1:8011", data_dir=str(tmp_path / "hub"))
         if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
             config["hub"]["subdomain_host"] = "http://localhost:8010"
+        # A scratch hub runs as root (its data is in this test's folder): the same mediator, through runuser.
+        config["hub"].pop("account", None)
+        config["slurm"]["submit_as"] = "runuser"
         edit(config)
         path = tmp_path / "portal.yaml"
         path.write_text(yaml.safe_dump(config))
