@@ -54,6 +54,9 @@ def test_restarting_the_hub_leaves_the_proxy_and_its_routes_alone():
         assert binding not in proxy, f"the proxy must not stop with the hub ({binding}=)"
     assert "configurable-http-proxy" in proxy["ExecStart"][0] and "proxy.js" in proxy["ExecStart"][0]
     assert "configurable-http-proxy" not in hub["ExecStart"][0]
+    # The other way round, a proxy restart (its routes are in its memory only) restarts the hub, which
+    # puts every route back as it starts.
+    assert hub["PartOf"] == ["dsportal-proxy.service"]
 
 
 def test_hub_and_proxy_run_as_the_unprivileged_account_with_their_secret_off_the_command_line():
