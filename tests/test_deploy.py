@@ -109,10 +109,11 @@ def wait_running(job_id: int, timeout: float = 60) -> dict[str, str]:
 
 def plain_sbatch(user: str, node: str) -> int:
     """A user's `sbatch --wrap` with no --mem: 2 CPUs on ``node`` for a few minutes."""
-    out = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "--partition=cpu", "--cpus-per-task=2",
-                          f"--nodelist={node}", "--time=5", "--output=/dev/null", "--wrap", "sleep 300"],
-                         capture_output=True, text=True, cwd="/", check=True).stdout
-    return int(out.strip().split(";")[0])
+    result = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "--partition=cpu", "--cpus-per-task=2",
+                             f"--nodelist={node}", "--time=5", "--output=/dev/null", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, cwd="/")
+    assert result.returncode == 0, f"sbatch as {user}: {result.stderr}"
+    return int(result.stdout.strip().split(";")[0])
 
 
 @pytest.fixture
