@@ -211,6 +211,24 @@ def _private_tmp(config: dict[str, str]) -> Result:
                   "their files in a private folder of their own)", warning=True)
 
 
+def _is_amount(value: str | None) -> bool:
+    return bool(value) and value.isascii() and value.isdigit() and int(value) > 0  # 'UNLIMITED' or '0': no default
+
+
+def _default_job_memory(config: dict[str, str]) -> Result:
+    """What a job that names no memory gets. Without a default Slurm gives it the whole node's
+    memory (with CR_*_Memory), and no session fits on that node until the job ends."""
+    for name, unit in (("DefMemPerCPU", "per CPU"), ("DefMemPerNode", "per node")):
+        if _is_amount(config.get(name)):
+            return Result("default job memory", True, f"a job without --mem gets {config[name]} MB {unit} ({name})")
+    job_defaults = dict(d.partition("=")[::2] for d in config.get("JobDefaults", "").split(",") if "=" in d)
+    # DefMemPerGPU covers jobs with GPUs only: a plain CPU job still got the whole node (tried, Slurm 22.05).
+    only_gpu = " DefMemPerGPU covers jobs with GPUs only;" if _is_amount(job_defaults.get("DefMemPerGPU")) else ""
+    return Result("default job memory", True, f"no DefMemPerCPU or DefMemPerNode in slurm.conf:{only_gpu} a plain "
+                  "sbatch without --mem takes a whole node's memory and blocks every session there (set "
+                  "DefMemPerCPU; see docs/deploy.md)", warning=True)
+
+
 def check_confinement(settings) -> list[Result]:
     """What keeps slices that share a node apart beyond files and ports: Slurm's confinement of
     each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
@@ -219,7 +237,7 @@ def check_confinement(settings) -> list[Result]:
     except SlurmError as error:
         results = [Result("job confinement", True, f"not known ({error})", warning=True)]
     else:
-        results = [_job_confinement(config), _private_tmp(config)]
+        results = [_job_confinement(config), _private_tmp(config), _default_job_memory(config)]
     hidepid = proc_hidepid()
     if hidepid in HIDEPID_INVISIBLE:
         results.append(Result("private processes", True, f"/proc has hidepid={hidepid}: users see only their own processes"))
