@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import settings as settings_module
-from .cluster import dbmove, demo, firewall, images, templatecheck, usage
+from .cluster import demo, firewall, images, templatecheck, usage
 from .cluster.check import run_checks
 from .cluster.slurmclient import SlurmCommands
 from .templatesources import notebooks
@@ -42,6 +42,8 @@ def move_database(settings, target_url: str | None, password_file: Path | None) 
         print("dsportal hub move-database: give the server database (--to URL) and its password file "
               "(--password-file, or hub.db_password_file in portal.yaml)", file=sys.stderr)
         return 2
+    from .cluster import dbmove  # JupyterHub's tables and alembic (0.4 s): only this command loads them
+
     try:
         moved = dbmove.move_database(settings, target_url, password_file)
     except (ValueError, dbmove.DatabaseError) as error:  # ValueError: a URL dsportal does not take

@@ -5,7 +5,6 @@ JupyterHub's schema; on any failure it is left as it was found: without JupyterH
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,13 +64,12 @@ def _pid_in(pidfile: Path) -> int | None:
 
 
 def _process_exists(pid: int) -> bool:
+    """A live process holds the pid: not gone, and not a zombie (a hub that exited, not yet reaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True  # a process of another account (the hub's) holds this pid
-    return True
+    return fields[0] != "Z"
 
 
 def _hub_answers(bind_url: str) -> bool:

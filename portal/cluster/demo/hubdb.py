@@ -63,7 +63,7 @@ def create_database(socket: Path, database: str, account: str, password: str) ->
 
 def move_sqlite_in(settings) -> None:
     """The demo's earlier SQLite hub database, moved into the still empty server database: users,
-    tokens and running sessions carry over. The SQLite file stays as it was, as a backup."""
+    tokens and running sessions carry over. The SQLite file is kept, renamed, as a backup."""
     if not (Path(settings.hub.data_dir) / hubdatabase.SQLITE_NAME).exists():
         return
     try:
@@ -73,8 +73,11 @@ def move_sqlite_in(settings) -> None:
         moved = dbmove.move_database(settings, settings.hub.db_url, settings.hub.db_password_file)
     except hubdatabase.DatabaseError as error:
         raise DemoError(f"moving the hub's SQLite database to MariaDB: {error}") from None
+    # Renamed, so that a later `make demo` onto an emptied MariaDB does not bring back this old state.
+    backup = moved.source.with_name(moved.source.name + ".moved")
+    moved.source.rename(backup)
     say(f"hub database moved from SQLite to MariaDB ({moved.counts['users']} users, "
-        f"{moved.counts['spawners']} spawners); {moved.source} stays as a backup")
+        f"{moved.counts['spawners']} spawners); the SQLite file is kept as {backup}")
 
 
 def server_database_is_empty(hub) -> bool:
