@@ -120,14 +120,20 @@ def copy_into_empty(source: Engine, target: Engine) -> dict[str, int]:
             _check_counts(writing, tables, expected)
             _advance_sequences(writing, tables)
     except Exception as error:
-        hubdatabase.drop_schema(target)
-        if isinstance(error, DatabaseError):
-            raise
         # The driver's own message, without the SQL and its rows (tokens' hashes, spawners' state).
-        cause = getattr(error, "orig", None) or error
-        raise DatabaseError(f"{step} failed, and the target was left without JupyterHub's tables: "
-                            f"{cause}") from error
+        cause = error if isinstance(error, DatabaseError) else getattr(error, "orig", None) or error
+        raise DatabaseError(f"{step} failed, {_undo(target)}: {cause}") from error
     return expected
+
+
+def _undo(target: Engine) -> str:
+    """JupyterHub's tables dropped from the target again; says how that went."""
+    try:
+        hubdatabase.drop_schema(target)
+    except Exception as error:
+        return (f"and removing what it had made failed too ({getattr(error, 'orig', None) or error}): drop "
+                f"every table of {target.url} by hand before trying again")
+    return "and the target was left without JupyterHub's tables"
 
 
 def _check_counts(connection, tables, expected: dict[str, int]) -> None:
