@@ -106,7 +106,7 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     bind, proxy = (f"http://127.0.0.1:{p}" for p in (ports[0], ports[2]))
     hub = f"http://{login}:{ports[1]}"
     config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
-                         start_timeout=start_timeout)
+                         start_timeout=start_timeout, db_url=None, db_password_file=None)  # its own SQLite
     if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
         config["hub"]["subdomain_host"] = f"http://localhost:{ports[0]}"
     # Both hubs run as root, as stock batchspawner's does: dsportal's reaches users through the same

@@ -1,4 +1,4 @@
-"""The `dsportal` command: demo up|down|status, hub, check, images, templates list|check, firewall, usage."""
+"""The `dsportal` command: demo up|down|status, hub [move-database], check, images, templates list|check, firewall, usage."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def _hub_config_file() -> str:
 
 def cmd_hub(args) -> int:
     settings = settings_module.load(args.config)  # fail here, naming the key, not deep in JupyterHub
+    if args.action == "move-database":
+        return move_database(settings, args.to, args.password_file)
     if args.action == "install-mediator":
         print(f"installed {hubaccount.install_mediator(settings)} and {hubaccount.MEDIATOR_SETTINGS}")
         return 0
@@ -48,6 +50,27 @@ def cmd_hub(args) -> int:
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
+
+
+def move_database(settings, target_url: str | None, password_file: Path | None) -> int:
+    password_file = password_file or settings.hub.db_password_file
+    if not target_url or not password_file:
+        print("dsportal hub move-database: give the server database (--to URL) and its password file "
+              "(--password-file, or hub.db_password_file in portal.yaml)", file=sys.stderr)
+        return 2
+    from .cluster import dbmove  # JupyterHub's tables and alembic (0.4 s): only this command loads them
+
+    try:
+        moved = dbmove.move_database(settings, target_url, password_file)
+    except (ValueError, dbmove.DatabaseError) as error:  # ValueError: a URL dsportal does not take
+        print(f"dsportal hub move-database: {error}", file=sys.stderr)
+        return 1
+    print(f"moved {moved.source} to {moved.target} (JupyterHub schema {moved.revision}); rows per table:")
+    for table, count in moved.counts.items():
+        print(f"  {table:<28} {count}")
+    print(f"Now set in {settings.source}, under hub:\n  db_url: {moved.target}\n  db_password_file: "
+          f"{Path(password_file).resolve()}\nand start the hub. The SQLite file stays as it was, as a backup.")
+    return 0
 
 
 def cmd_check(args) -> int:
@@ -144,9 +167,15 @@ def main(argv=None) -> int:
     demo_parser.add_argument("action", choices=["up", "down", "status"])
     demo_parser.set_defaults(func=cmd_demo)
     hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
-                                "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule")
-    hub_parser.add_argument("action", nargs="?", default="run", choices=["run", "install-mediator", "sudoers"])
+                                "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule; "
+                                "move-database: move the stopped hub's SQLite database to a database server")
+    hub_parser.add_argument("action", nargs="?", default="run",
+                            choices=["run", "install-mediator", "sudoers", "move-database"])
     hub_parser.add_argument("--install", action="store_true", help="sudoers: write /etc/sudoers.d/dsportal (visudo-checked)")
+    hub_parser.add_argument("--to", metavar="URL", help="move-database: the server database, an SQLAlchemy URL "
+                            "without a password, e.g. mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub")
+    hub_parser.add_argument("--password-file", type=Path, help="move-database: the file holding its password, "
+                            "mode 0600 (default: hub.db_password_file)")
     hub_parser.set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
     images_parser = sub.add_parser("images", help="the container image catalog")

@@ -114,6 +114,34 @@ def parse_memory_mb(text: str | int) -> int:
     return int(number * factor)
 
 
+DATABASE_BACKENDS = ("sqlite", "mysql", "mariadb", "postgresql")
+_DEFAULT_DRIVERS = {"mysql": "pymysql", "mariadb": "pymysql"}  # the driver dsportal installs
+
+
+def database_url(text: str) -> str:
+    """A database URL the hub may use, checked: a known kind of database, no password in it, a
+    server and a database name for a server database. mysql:// and mariadb:// get PyMySQL."""
+    text = text.strip()
+    scheme, separator, rest = text.partition("://")
+    backend, _, driver = scheme.partition("+")
+    if not separator or backend not in DATABASE_BACKENDS:
+        raise ValueError(f"{text!r} is not a database URL dsportal knows: it must start with one of "
+                         f"{', '.join(b + '://' for b in DATABASE_BACKENDS)} (a driver may follow a +, "
+                         "as in mysql+pymysql://)")
+    if backend == "sqlite":
+        return text
+    url = urlparse(text)
+    if url.password is not None:
+        raise ValueError("the database URL holds a password: take it out, and put the password alone in "
+                         "the file db_password_file names (mode 0600)")
+    if not url.hostname or not url.username or not url.path.strip("/"):
+        raise ValueError(f"{text!r} must name the account, the server and the database, as in "
+                         f"{backend}://dsportal_hub@db.example.org/jupyterhub")
+    if not driver and backend in _DEFAULT_DRIVERS:
+        return f"{backend}+{_DEFAULT_DRIVERS[backend]}://{rest}"
+    return text
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -150,7 +178,28 @@ class HubSettings(_Model):
     http_timeout: int = Field(60, gt=0)
     proxy_command: list[str] = ["configurable-http-proxy"]
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    db_url: str | None = Field(
+        None, description="The hub's database as an SQLAlchemy URL without a password, e.g. "
+        "mysql+pymysql://dsportal_hub@db.example.org:3306/jupyterhub or postgresql://dsportal_hub@db/jupyterhub "
+        "(mysql:// and mariadb:// without a driver use PyMySQL). Empty: SQLite in data_dir, for a "
+        "single-machine trial.")
+    db_password_file: Path | None = Field(
+        None, description="The server database's password, alone in a file of the hub's account, mode 0600; "
+        "given to the database driver when the hub connects, never put in the URL or the environment.")
 
+    @field_validator("db_url")
+    @classmethod
+    def _db_url(cls, value: str | None) -> str | None:
+        return database_url(value) if value and value.strip() else None
+
+    @model_validator(mode="after")
+    def _db_password(self) -> "HubSettings":
+        if self.db_url and not self.db_url.startswith("sqlite") and not self.db_password_file:
+            raise ValueError("db_url names a database server: db_password_file must name the file that holds "
+                             "its password (mode 0600)")
+        if self.db_password_file and not self.db_password_file.is_absolute():
+            raise ValueError(f"db_password_file {str(self.db_password_file)!r} must be an absolute path")
+        return self
 
     @field_validator("subdomain_host")
     @classmethod

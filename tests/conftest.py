@@ -109,7 +109,8 @@ def second_hub(portal, tmp_path):
         config = yaml.safe_load(CONFIG.read_text())
         login = urlparse(config["hub"]["hub_bind_url"]).hostname  # where the compute nodes reach the hub
         config["hub"].update(bind_url="http://127.0.0.1:8010", hub_bind_url=f"http://{login}:8091",
-                             proxy_api_url="http://127.0.0.1:8011", data_dir=str(tmp_path / "hub"))
+                             proxy_api_url="http://127.0.0.1:8011", data_dir=str(tmp_path / "hub"),
+                             db_url=None, db_password_file=None)  # its own SQLite: never the main hub's database
         if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
             config["hub"]["subdomain_host"] = "http://localhost:8010"
         # A scratch hub runs as root (its data is in this test's folder): the same mediator, through runuser.

@@ -23,7 +23,8 @@ def layer(module: str) -> str:
         return "base"
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"
-    if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck"):
+    if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
+                  "portal.hubdatabase"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
                          ("portal.cluster", "admin"), ("portal.cli", "cli")):

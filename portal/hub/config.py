@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 from spawner.partitionspawner import PartitionSpawner
 from spawner.gpuspawner import SlurmGPUSpawner
 
+from .. import hubdatabase
 from .. import settings as settings_module
 from .. import templating
 from . import metrics, upstream
@@ -70,6 +71,22 @@ def _sqlite_commits_without_waiting_for_disk(dbapi_connection, _record) -> None:
         cursor.close()
 
 
+def configure_database(c, hub) -> None:
+    """SQLite in data_dir, or the server database of hub.db_url, its password given to the driver
+    (portal/hubdatabase.py). Upgrades run JupyterHub's own: for a server database before the hub
+    opens it (hubdatabase.prepare), for SQLite by JupyterHub itself, which backs the file up first."""
+    url = hubdatabase.hub_database_url(hub)
+    try:
+        c.JupyterHub.db_kwargs = hubdatabase.engine_arguments(url, hub.db_password_file)
+        hubdatabase.prepare(url, hub.db_password_file)
+    except hubdatabase.DatabaseError as error:
+        raise SystemExit(f"dsportal: the hub's database: {error}") from None
+    c.JupyterHub.db_url = url
+    c.JupyterHub.upgrade_db = True
+    if hubdatabase.is_sqlite(url) and not event.contains(Engine, "connect", _sqlite_commits_without_waiting_for_disk):
+        event.listen(Engine, "connect", _sqlite_commits_without_waiting_for_disk)
+
+
 def _is_address(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
@@ -89,9 +106,7 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.hub_bind_url = hub.hub_bind_url
     if hub.hub_connect_url:
         c.JupyterHub.hub_connect_url = hub.hub_connect_url
-    c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
-    if not event.contains(Engine, "connect", _sqlite_commits_without_waiting_for_disk):
-        event.listen(Engine, "connect", _sqlite_commits_without_waiting_for_disk)
+    configure_database(c, hub)
     c.JupyterHub.cookie_secret_file = str(data_dir / "cookie_secret")
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")

@@ -10,7 +10,8 @@ accounts, which must match LDAP for jobs to run as them.
 The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
 private bridge), slurmdaemons.py (munge, GPUs, slurmctld,
 slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
-node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub).
+node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
+(the hub's database on the demo's MariaDB).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_images(config_path)
     ensure_courses(config_path)
     if with_hub:
+        # JupyterHub's tables and alembic (0.4 s) are loaded here only, not by every dsportal command
+        # (the Slurm prolog's `dsportal firewall add-user` among them).
+        from .hubdb import ensure_hub_database
+
+        ensure_hub_database(config_path)  # the hub's own database on the demo's MariaDB
         ensure_hub(config_path)
 
 
