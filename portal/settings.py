@@ -177,6 +177,10 @@ class HubSettings(_Model):
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")
     http_timeout: int = Field(60, gt=0)
     proxy_command: list[str] = ["configurable-http-proxy"]
+    external_proxy: bool = Field(
+        False, description="configurable-http-proxy runs as its own service (config/systemd/dsportal-proxy.service) "
+        "and the hub never starts or stops it: restarting the hub drops no route (JupyterHub #5107). The hub reads the "
+        "proxy's token from CONFIGPROXY_AUTH_TOKEN (the hub unit's EnvironmentFile). False: the hub starts the proxy.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     db_url: str | None = Field(
         None, description="The hub's database as an SQLAlchemy URL without a password, e.g. "

@@ -87,7 +87,8 @@ def test_a_hub_whose_database_server_does_not_answer_stops_with_a_message(tmp_pa
 
 @pytest.fixture
 def server_database(portal, tmp_path):
-    """An empty database and account of the test's own on the demo's MariaDB; dropped afterwards."""
+    """An empty database and account of the test's own on the demo's MariaDB; dropped afterwards (tests
+    ask for it before second_hub, so that the hubs on it are gone by then)."""
     secret = tmp_path / "movetest-password"
     secret.write_text(os.urandom(12).hex())
     secret.chmod(0o600)
@@ -95,7 +96,7 @@ def server_database(portal, tmp_path):
     port = urlparse(settings_module.load(CONFIG).hub.db_url).port  # the demo's MariaDB
     yield f"mysql+pymysql://{MOVE_TEST_ACCOUNT}@127.0.0.1:{port}/{MOVE_TEST_DATABASE}", secret
     subprocess.run(["mariadb", f"--socket={hubdb.mariadb_socket()}"], check=True, text=True,
-                   input=f"DROP DATABASE IF EXISTS {MOVE_TEST_DATABASE}; "
+                   input=f"SET SESSION lock_wait_timeout = 60; DROP DATABASE IF EXISTS {MOVE_TEST_DATABASE}; "
                          f"DROP USER IF EXISTS '{MOVE_TEST_ACCOUNT}'@'127.0.0.1';")
 
 
@@ -138,7 +139,7 @@ def moved_counts(output: str) -> dict[str, int]:
 
 
 def test_moving_an_sqlite_hub_to_the_server_database_keeps_users_tokens_and_running_sessions(
-        second_hub, server_database, tmp_path):
+        server_database, second_hub, tmp_path):
     url, secret = server_database
     base = second_hub(lambda config: None)  # its own SQLite (conftest), as a hub before the move
     alice = login(base, "alice")
@@ -166,7 +167,7 @@ def test_moving_an_sqlite_hub_to_the_server_database_keeps_users_tokens_and_runn
 
 
 def test_moving_into_a_database_that_already_holds_a_hub_is_refused_and_changes_nothing(
-        second_hub, server_database, tmp_path):
+        server_database, second_hub, tmp_path):
     url, secret = server_database
     second_hub(lambda config: None)
     stop_second_hub(tmp_path / "hub")
@@ -178,7 +179,7 @@ def test_moving_into_a_database_that_already_holds_a_hub_is_refused_and_changes_
     assert "already holds" in again.stderr and "would mix two hubs" in again.stderr
 
 
-def test_a_running_hub_is_not_moved(second_hub, server_database, tmp_path):
+def test_a_running_hub_is_not_moved(server_database, second_hub, tmp_path):
     url, secret = server_database
     second_hub(lambda config: None)
     moved = subprocess.run([DSPORTAL, "--config", str(tmp_path / "portal.yaml"), "hub", "move-database",

@@ -112,6 +112,8 @@ def configure(c, settings=None) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
     c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
     c.ConfigurableHTTPProxy.api_url = hub.proxy_api_url
+    if hub.external_proxy:  # its own service: the token from the environment (CONFIGPROXY_AUTH_TOKEN)
+        c.ConfigurableHTTPProxy.should_start = False
     configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)
