@@ -130,7 +130,8 @@ class PartitionSpawner(WrapSpawner):
             self.child_spawner.clear_state()
             if self.child_state:
                 self.child_spawner.load_state(self.child_state)
-            for trait in set(self.trait_names()) & set(self.child_spawner.trait_names()) - set(self.child_config):
+            # Linked like wrapspawner's, but for Spawner.db: reading it is what JupyterHub warns about.
+            for trait in set(self.trait_names()) & set(self.child_spawner.trait_names()) - set(self.child_config) - {"db"}:
                 directional_link((self, trait), (self.child_spawner, trait))
         return self.child_spawner
 

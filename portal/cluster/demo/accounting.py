@@ -47,7 +47,7 @@ def ensure_accounting() -> None:
            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
-    run(["mariadb", f"--socket={socket_path}", "-e", sql])
+    run(["mariadb", f"--socket={socket_path}"], input=sql)  # the password on its input, never a command line
     conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password,
                   login_address=LOGIN_ADDRESS)
     changed = write_if_changed(p.slurm / "slurmdbd.conf", conf, 0o600)  # slurmdbd refuses a readable one: it holds the password
