@@ -113,6 +113,7 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     # mediator, with runuser instead of its account's sudo rule.
     config["hub"].pop("account", None)
     config["slurm"]["submit_as"] = "runuser"
+    config["hub"].update(external_proxy=False, proxy_token_file=None)  # each hub starts its own proxy, as stock's
     environment = str(broken_environment(data.parent)) if broken else config["session"]["environment"]
     config["session"]["environment"] = environment
     path = data / "portal.yaml"

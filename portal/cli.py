@@ -24,6 +24,16 @@ def _hub_config_file() -> str:
 
 def cmd_hub(args) -> int:
     settings = settings_module.load(args.config)  # fail here, naming the key, not deep in JupyterHub
+    if args.action == "proxy":
+        from .hub import proxyservice  # the hub's modules (JupyterHub, certificates) for this command only
+
+        proxyservice.exec_proxy(settings)  # returns only by an exception
+    if args.action == "generate-certs":
+        os.chdir(Path(settings.hub.data_dir))
+        os.environ[settings_module.CONFIG_ENV] = str(settings.source)
+        from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
+
+        return jupyterhub_main(["-f", _hub_config_file(), "--generate-certs"]) or 0
     if args.action == "move-database":
         return move_database(settings, args.to, args.password_file)
     if args.action == "install-mediator":
@@ -168,9 +178,11 @@ def main(argv=None) -> int:
     demo_parser.set_defaults(func=cmd_demo)
     hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
                                 "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule; "
-                                "move-database: move the stopped hub's SQLite database to a database server")
+                                "move-database: move the stopped hub's SQLite database to a database server; proxy: become the "
+                                "configurable-http-proxy of hub.external_proxy; generate-certs: the internal-ssl "
+                                "certificates (the proxy's among them) without starting the hub")
     hub_parser.add_argument("action", nargs="?", default="run",
-                            choices=["run", "install-mediator", "sudoers", "move-database"])
+                            choices=["run", "install-mediator", "sudoers", "move-database", "proxy", "generate-certs"])
     hub_parser.add_argument("--install", action="store_true", help="sudoers: write /etc/sudoers.d/dsportal (visudo-checked)")
     hub_parser.add_argument("--to", metavar="URL", help="move-database: the server database, an SQLAlchemy URL "
                             "without a password, e.g. mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub")

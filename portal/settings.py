@@ -180,7 +180,11 @@ class HubSettings(_Model):
     external_proxy: bool = Field(
         False, description="configurable-http-proxy runs as its own service (config/systemd/dsportal-proxy.service) "
         "and the hub never starts or stops it: restarting the hub drops no route (JupyterHub #5107). The hub reads the "
-        "proxy's token from CONFIGPROXY_AUTH_TOKEN (the hub unit's EnvironmentFile). False: the hub starts the proxy.")
+        "proxy's token from hub.proxy_token_file, as `dsportal hub proxy` (the proxy's service) does. False: the hub "
+        "starts the proxy.")
+    proxy_token_file: Path | None = Field(
+        None, description="With external_proxy: the file (the hub account's, mode 0600) holding the token the hub and "
+        "the proxy share; never on a command line. `openssl rand -hex 32 > FILE`.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     db_url: str | None = Field(
         None, description="The hub's database as an SQLAlchemy URL without a password, e.g. "

@@ -116,6 +116,7 @@ def second_hub(portal, tmp_path):
         # A scratch hub runs as root (its data is in this test's folder): the same mediator, through runuser.
         config["hub"].pop("account", None)
         config["slurm"]["submit_as"] = "runuser"
+        config["hub"].update(external_proxy=False, proxy_token_file=None)  # it starts a proxy of its own
         edit(config)
         path = tmp_path / "portal.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -18,7 +18,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from .. import hubdatabase
 from .. import settings as settings_module
 from .. import templating
-from . import metrics, upstream
+from . import metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from .portreport import install_port_handler
@@ -112,8 +112,10 @@ def configure(c, settings=None) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
     c.ConfigurableHTTPProxy.command = _proxy_command(hub.proxy_command)
     c.ConfigurableHTTPProxy.api_url = hub.proxy_api_url
-    if hub.external_proxy:  # its own service: the token from the environment (CONFIGPROXY_AUTH_TOKEN)
+    if hub.external_proxy:  # its own service (proxyservice.py): the hub never starts or stops it
         c.ConfigurableHTTPProxy.should_start = False
+        if hub.proxy_token_file:
+            c.ConfigurableHTTPProxy.auth_token = proxyservice.read_token(hub.proxy_token_file)
     configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)

@@ -23,7 +23,7 @@ from .accounting import accounting_status, stop_accounting
 from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
 from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
-from .hub import ensure_hub, hub_pidfile, stop_hub
+from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
 from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .network import ensure_network, network_status, remove_hosts, remove_network
 from .slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
@@ -59,6 +59,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
 
 def down() -> None:
     stop_hub()
+    stop_proxy()
     stop_slurm()
     stop_accounting()
     stop_ldap()

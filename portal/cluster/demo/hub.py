@@ -8,11 +8,15 @@ Slurm operator, so that it sees every session job (slurm.conf's PrivateData hide
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlparse
 
 import spawner
 
@@ -62,6 +66,8 @@ def ensure_hub(config_path: Path | None = None) -> None:
     private_data_dir(Path(settings.hub.data_dir))
     if settings.hub.account:
         command, env = as_hub_account(settings, command, env)
+    if settings.hub.external_proxy:
+        ensure_proxy(settings, command[:-1], env)
     with private_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                    start_new_session=True)
@@ -118,11 +124,74 @@ def private_data_dir(path: Path) -> None:
 
 
 def stop_hub() -> None:
+    """The hub; and the proxy where the hub started it (with hub.external_proxy the proxy is a service of
+    its own, which a hub restart leaves alone: stop_proxy)."""
     stop_pid(hub_pidfile(), "JupyterHub")
-    settings = None
-    try:
-        settings = settings_module.load()
-    except settings_module.SettingsError:
-        pass
+    settings = _settings_or_none()
+    if settings and not settings.hub.external_proxy:
+        stop_pid(Path(settings.hub.data_dir) / "proxy.pid", "configurable-http-proxy")
+
+
+def stop_proxy() -> None:
+    settings = _settings_or_none()
     if settings:
         stop_pid(Path(settings.hub.data_dir) / "proxy.pid", "configurable-http-proxy")
+
+
+def _settings_or_none():
+    try:
+        return settings_module.load()
+    except settings_module.SettingsError:
+        return None
+
+
+def ensure_proxy(settings, dsportal: list[str], env: dict[str, str]) -> None:
+    """configurable-http-proxy as its own service (hub.external_proxy), as systemd's dsportal-proxy.service
+    runs it: `dsportal hub proxy`, as the hub's account (``dsportal``: the command up to `hub`). Its
+    pid in hub.data_dir/proxy.pid, where JupyterHub keeps the one it starts; restarted only when its
+    command changes (new proxy.js, new settings), never with the hub."""
+    data_dir = Path(settings.hub.data_dir)
+    owner = data_dir.stat()
+    token = settings.hub.proxy_token_file
+    if token and not token.exists():
+        descriptor = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        os.chown(token, owner.st_uid, owner.st_gid)
+    if settings.hub.internal_ssl and not (data_dir / "internal-ssl/proxy-api/proxy-api.key").exists():
+        # The hub makes the proxy's certificates; a proxy that starts first needs them made now.
+        made = subprocess.run([*dsportal, "hub", "generate-certs"], env=env, capture_output=True, text=True, cwd="/")
+        if made.returncode != 0:
+            raise DemoError(f"dsportal hub generate-certs failed: {(made.stderr or made.stdout).strip()[-2000:]}")
+    pidfile, stamp = data_dir / "proxy.pid", paths().run / "dsportal-proxy.code"
+    fingerprint = hashlib.sha256(json.dumps(proxyservice_argv(settings)).encode()
+                                 + (Path(__file__).parents[2] / "hub" / "proxy.js").read_bytes()
+                                 ).hexdigest()[:16]
+    pid = alive(pidfile)
+    if pid and stamp.exists() and stamp.read_text() == fingerprint and os.stat(f"/proc/{pid}").st_uid == owner.st_uid:
+        return
+    stop_pid(pidfile, "configurable-http-proxy")  # an older one, or one an earlier hub started
+    with private_log(paths().log / "proxy.log") as log:
+        process = subprocess.Popen([*dsportal, "hub", "proxy"], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd="/")
+    pidfile.write_text(str(process.pid))
+    stamp.write_text(fingerprint)
+
+    def listening():
+        if process.poll() is not None:
+            raise DemoError(f"the proxy exited ({process.returncode}); see {paths().log / 'proxy.log'}")
+        api = urlparse(settings.hub.proxy_api_url)
+        try:
+            socket.create_connection((api.hostname, api.port or 8001), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(listening, "configurable-http-proxy", timeout=30)
+    say(f"configurable-http-proxy started as its own service (log {paths().log / 'proxy.log'})")
+
+
+def proxyservice_argv(settings) -> list[str]:
+    """What `dsportal hub proxy` runs (portal/hub/proxyservice.py), to notice a change of it."""
+    return [settings.hub.bind_url, settings.hub.proxy_api_url, str(settings.hub.hub_connect_url or settings.hub.hub_bind_url),
+            str(settings.hub.internal_ssl), str(settings.hub.subdomain_host), *settings.hub.proxy_command]
