@@ -12,7 +12,8 @@ say() { echo "[install] $*"; }
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh must run as root" >&2; exit 1; }
 
 packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev procps util-linux sudo charliecloud debootstrap
-          openmpi-bin libopenmpi-dev cmake g++ chromium nftables slurmdbd mariadb-server libnss-myhostname)
+          openmpi-bin libopenmpi-dev cmake g++ chromium nftables slurmdbd mariadb-server libnss-myhostname
+          systemd)  # systemd-analyze verify of the shipped units (tests/test_deploy.py); not run as PID 1
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
