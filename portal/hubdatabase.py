@@ -10,7 +10,6 @@ connects on its own here: the schema is created, stamped and upgraded through th
 from __future__ import annotations
 
 import os
-import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,8 @@ from alembic.script import ScriptDirectory
 from jupyterhub import dbutil, orm
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.engine import Engine
+
+from . import settings as settings_module
 
 SQLITE_NAME = "jupyterhub.sqlite"
 ALEMBIC_TABLE = "alembic_version"
@@ -46,22 +47,9 @@ def is_sqlite(url: str) -> bool:
 def read_password(path: Path) -> str:
     """The database password from its file, which other accounts must not be able to read."""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise DatabaseError(f"the database password file {path} is not a plain file")
-        if info.st_mode & 0o077:
-            raise DatabaseError(
-                f"the database password file {path} may be read by other accounts (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}): make it the hub account's alone (chmod 600 {path})")
-        password = Path(path).read_text().strip()
-    except FileNotFoundError:
-        raise DatabaseError(f"the database password file {path} does not exist") from None
-    except PermissionError:
-        raise DatabaseError(f"the database password file {path} cannot be read by this account "
-                            f"(uid {os.geteuid()}): it must belong to the hub's account") from None
-    if not password:
-        raise DatabaseError(f"the database password file {path} is empty")
-    return password
+        return settings_module.read_secret(path, "the database password file")
+    except settings_module.SettingsError as error:
+        raise DatabaseError(str(error)) from None
 
 
 def engine_arguments(url: str, password_file: Path | None) -> dict:

@@ -15,6 +15,7 @@ import ast
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -115,8 +116,6 @@ class Patch:
         if self.package == "python":
             return platform.python_version()
         if self.package == CHP:
-            import json
-
             return json.loads((chp_folder() / "package.json").read_text())["version"]
         return importlib.metadata.version(self.package)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,27 @@ SLURM_TOKEN = re.compile(r"^[A-Za-z0-9_.:@%+=,/-]+$")
 
 class SettingsError(ValueError):
     """portal.yaml is missing, unreadable or invalid; the message names each bad key."""
+
+
+def read_secret(path: Path, what: str) -> str:
+    """The secret in a file portal.yaml names (``what``: 'the database password file'), refused unless
+    it is a plain file only its owner (the hub's account) can read."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise SettingsError(f"{what} {path} is not a plain file")
+        if info.st_mode & 0o077:
+            raise SettingsError(f"{what} {path} may be read by other accounts (mode "
+                                f"{stat.S_IMODE(info.st_mode):04o}): make it the hub account's alone (chmod 600 {path})")
+        secret = Path(path).read_text().strip()
+    except FileNotFoundError:
+        raise SettingsError(f"{what} {path} does not exist") from None
+    except PermissionError:
+        raise SettingsError(f"{what} {path} cannot be read by this account (uid {os.geteuid()}): it must belong "
+                            "to the hub's account") from None
+    if not secret:
+        raise SettingsError(f"{what} {path} is empty")
+    return secret
 
 
 def parse_walltime(text: str) -> int:

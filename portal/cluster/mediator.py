@@ -93,6 +93,15 @@ def read_input() -> str:
     return data.decode()
 
 
+def slurm_env(settings: dict) -> dict[str, str]:
+    """What a Slurm command needs of the environment: a safe PATH, the settings' slurm.conf."""
+    return {"PATH": SAFE_PATH, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
+
+
+def slurm_tool(settings: dict, name: str) -> str:
+    return os.path.join(settings.get("bin_dir", "/usr/bin"), name)
+
+
 def submit(settings: dict, me: pwd.struct_passwd) -> int:
     try:
         request = json.loads(read_input())
@@ -106,18 +115,15 @@ def submit(settings: dict, me: pwd.struct_passwd) -> int:
             raise Refused(f"environment variable {name!r} is not NAME=text")
     private_folder(me.pw_dir, below(me.pw_dir, log_dir))
     job_env = {name: value for name, value in env.items() if not _UNSAFE_ENV.match(name)}
-    job_env.update(PATH=SAFE_PATH, HOME=me.pw_dir, USER=me.pw_name, LOGNAME=me.pw_name)
-    if settings.get("slurm_conf"):
-        job_env["SLURM_CONF"] = settings["slurm_conf"]
-    sbatch = os.path.join(settings.get("bin_dir", "/usr/bin"), "sbatch")
-    return subprocess.run([sbatch, "--parsable"], input=script.encode(), env=job_env, cwd=me.pw_dir).returncode
+    job_env.update(slurm_env(settings), HOME=me.pw_dir, USER=me.pw_name, LOGNAME=me.pw_name)
+    return subprocess.run([slurm_tool(settings, "sbatch"), "--parsable"], input=script.encode(), env=job_env,
+                          cwd=me.pw_dir).returncode
 
 
 def cancel(settings: dict, me: pwd.struct_passwd, job_id: str) -> int:
     if not (job_id.isascii() and job_id.isdigit()):
         raise Refused(f"{job_id!r} is not a job id")
-    env = {"PATH": SAFE_PATH, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
-    return subprocess.run([os.path.join(settings.get("bin_dir", "/usr/bin"), "scancel"), job_id], env=env).returncode
+    return subprocess.run([slurm_tool(settings, "scancel"), job_id], env=slurm_env(settings)).returncode
 
 
 def certs(me: pwd.struct_passwd, folder: str) -> int:

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .. import settings as settings_module
 from .routeowner import proxy_command
 
 TOKEN_ENV = "CONFIGPROXY_AUTH_TOKEN"  # how configurable-http-proxy takes its token
@@ -21,10 +22,10 @@ class ProxyServiceError(RuntimeError):
 
 def read_token(path: Path) -> str:
     """The proxy's token: a file of the hub account's alone."""
-    info = os.stat(path)
-    if info.st_mode & 0o077:
-        raise ProxyServiceError(f"{path} is readable by others (mode {info.st_mode & 0o777:o}): chmod 600 it")
-    token = Path(path).read_text().strip()
+    try:
+        token = settings_module.read_secret(path, "the proxy token file")
+    except settings_module.SettingsError as error:
+        raise ProxyServiceError(str(error)) from None
     if len(token) < 32:
         raise ProxyServiceError(f"{path} holds no token (32 characters or more: openssl rand -hex 32 > {path})")
     return token

@@ -280,8 +280,9 @@ PATCHES = [
            Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
           None),
     Patch("wrapspawner-child", "spawner/partitionspawner.py",
-          "wrapspawner's WrapSpawner: construct_child, child_config, child_spawner, its state and poll "
-          "(start() replaced); the spawner's own, listed here", "wrapspawner", "1.0.1",
+          "wrapspawner's WrapSpawner: child_config, child_spawner, its state and poll (start() replaced; "
+          "construct_child replaced by a copy without Spawner.db, with the user's options); the spawner's own, "
+          "listed here", "wrapspawner", "1.0.1",
           "the chosen profile's SlurmGPUSpawner as the child, validated before anything reaches Slurm",
           (Definition("wrapspawner.wrapspawner", "WrapSpawner.construct_child", "242b0121fb64996c"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.start", "9d36dfdecc9cffcd"),

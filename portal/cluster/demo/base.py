@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -57,6 +58,20 @@ def write_if_changed(path: Path, text: str, mode: int) -> bool:
 
 def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
+
+
+def secret_file(path: Path, owner_of: Path) -> None:
+    """A random secret at ``path`` (made once, never rewritten), mode 0600, owned as ``owner_of`` is,
+    each time: the hub's data folder, which may have changed hands since (the hub's own account)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        say(f"secret written to {path}")
+    owner = os.stat(owner_of if owner_of.exists() else path.parent)
+    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    os.chmod(path, 0o600)
 
 
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import spawner
 from ... import settings as settings_module
 from .. import hubaccount
 from .accounting import ensure_slurm_operator
-from .base import DemoError, alive, paths, say, stop_pid, wait_for
+from .base import DemoError, alive, paths, say, secret_file, stop_pid, wait_for
 
 
 def hub_running(settings) -> bool:
@@ -152,12 +151,8 @@ def ensure_proxy(settings, dsportal: list[str], env: dict[str, str]) -> None:
     command changes (new proxy.js, new settings), never with the hub."""
     data_dir = Path(settings.hub.data_dir)
     owner = data_dir.stat()
-    token = settings.hub.proxy_token_file
-    if token and not token.exists():
-        descriptor = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))
-        os.chown(token, owner.st_uid, owner.st_gid)
+    if settings.hub.proxy_token_file:
+        secret_file(settings.hub.proxy_token_file, data_dir)
     if settings.hub.internal_ssl and not (data_dir / "internal-ssl/proxy-api/proxy-api.key").exists():
         # The hub makes the proxy's certificates; a proxy that starts first needs them made now.
         made = subprocess.run([*dsportal, "hub", "generate-certs"], env=env, capture_output=True, text=True, cwd="/")

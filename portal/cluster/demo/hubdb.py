@@ -4,15 +4,13 @@ then has its database moved there (portal/cluster/dbmove.py), once, with the hub
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 from urllib.parse import urlparse
 
 from ... import hubdatabase, settings as settings_module
 from .. import dbmove
 from .accounting import MARIADB_PORT
-from .base import DemoError, paths, run, say
+from .base import DemoError, paths, run, say, secret_file
 from .hub import stop_hub
 
 
@@ -36,15 +34,7 @@ def ensure_hub_database(config_path: Path | None = None, socket: Path | None = N
 def hub_password(path: Path, owner_of: Path) -> str:
     """The hub account's database password: made once (random), mode 0600, owned as the hub's
     data folder is, each time (the folder may have changed hands since: the hub's own account)."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_urlsafe(24))
-        say(f"hub database password written to {path}")
-    owner = os.stat(owner_of if owner_of.exists() else path.parent)
-    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
-    os.chmod(path, 0o600)
+    secret_file(path, owner_of)
     try:
         return hubdatabase.read_password(path)
     except hubdatabase.DatabaseError as error:
