@@ -5,8 +5,11 @@ import pwd
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
+
+from portal.settings import load
 
 from conftest import CONFIG
 
@@ -97,3 +100,42 @@ def test_dsportal_check_says_whether_the_sudo_rules_are_what_the_portal_needs_an
         assert "[FAIL]" in line and "a shell as" in line, line
     finally:
         extra.unlink()
+
+
+PROXY_API_PROBE = """
+import ssl, urllib.request
+context = ssl._create_unverified_context()
+try:
+    answer = urllib.request.urlopen("{url}", context=context, timeout=10)
+    print("answered", answer.status)
+except Exception as error:
+    print("refused", type(error).__name__)
+"""
+
+
+def as_bob(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", "bob", "--", *argv], input=input, capture_output=True, text=True,
+                          timeout=60, cwd="/")
+
+
+def test_a_neighbour_reaches_neither_the_hubs_secrets_nor_its_database_nor_the_proxys_api(portal):
+    """bob, a user with a shell on the login node: the hub's files, its database account, the proxy's
+    API and the mediator (which he may run, as himself) give him nothing of the hub's or of alice's."""
+    hub = SETTINGS["hub"]
+    for secret in (hub["db_password_file"], hub["proxy_token_file"], str(DATA_DIR / "cookie_secret")):
+        assert as_bob("cat", secret).returncode != 0, secret
+    port = hub["db_url"].rsplit(":", 1)[1].split("/")[0]
+    for password in ([], ["--password="], ["--password=guess"]):
+        result = as_bob("mariadb", "-h", "127.0.0.1", "-P", port, "-u", "dsportal_hub", *password, "jupyterhub",
+                        "-e", "SELECT COUNT(*) FROM api_tokens")
+        assert result.returncode != 0 and "Access denied" in result.stderr, (password, result.stderr)
+    api = urlparse(load(CONFIG).hub.proxy_api_url)._replace(scheme="https", path="/api/routes").geturl()
+    probe = as_bob(sys.executable, "-I", "-c", PROXY_API_PROBE.format(url=api))
+    assert probe.stdout.startswith("refused"), probe.stdout + probe.stderr  # no client certificate of the hub's
+    alice = pwd.getpwnam("alice").pw_dir
+    result = as_bob(MEDIATOR, "certs", f"{alice}/.dsportal/certs/x", input="a.crt AAAA\n")
+    assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
+    result = as_bob(MEDIATOR, "submit", input='{"script": "#!/bin/sh\\n", "env": {}, "log_dir": "%s/.dsportal/logs"}' % alice)
+    assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
+    result = as_bob(MEDIATOR, "tail", f"{alice}/.dsportal/logs/session-1.log")
+    assert result.returncode == 1 and "Permission denied" in result.stderr, result.stderr  # his rights, not the hub's
