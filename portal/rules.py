@@ -52,11 +52,6 @@ def may_use(profile: Profile, user_groups: set[str]) -> bool:
     return not profile.groups or bool(user_groups & set(profile.groups))
 
 
-def images_for(images: list[Image], profile: Profile) -> list[Image]:
-    """The images a profile offers (an image naming no profiles is everybody's)."""
-    return [i for i in images if not i.profiles or profile.name in i.profiles]
-
-
 # ------------------------------------------------------------------------------ the slice
 @dataclass(frozen=True)
 class SessionSlice:
@@ -168,7 +163,8 @@ class LaunchPolicy(BaseModel):
         raise RequestError(f"unknown or not permitted partition profile {shown(wanted)}: choose one of {offered}")
 
     def images_for(self, profile: Profile) -> list[Image]:
-        return images_for(self.images, profile)
+        """The images a profile offers (an image naming no profiles is everybody's)."""
+        return [i for i in self.images if not i.profiles or profile.name in i.profiles]
 
 
 # ------------------------------------------------------------------------------ a job request

@@ -23,5 +23,3 @@ REPORT_PORT = "DSPORTAL_REPORT_PORT"  # set by singleuser: this server is a sess
 # Set by `dsportal templates check` for the notebooks it runs.
 TEMPLATE_CHECK = "DSPORTAL_TEMPLATE_CHECK"  # "1": notebooks pick their short settings (fewer epochs)
 TEMPLATE_RUN = "DSPORTAL_TEMPLATE_RUN"  # marks the check's own processes, to find what they leave behind
-
-ALL = {name: value for name, value in dict(globals()).items() if name.isupper() and name != "ALL"}
