@@ -13,6 +13,7 @@ say() { echo "[install] $*"; }
 
 packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev procps util-linux sudo charliecloud debootstrap
           openmpi-bin libopenmpi-dev cmake g++ chromium nftables slurmdbd mariadb-server libnss-myhostname
+          patchelf squashfs-tools  # Apptainer from Debian unstable, relocated (scripts/install-apptainer.sh)
           systemd)  # systemd-analyze verify of the shipped units (tests/test_deploy.py); not run as PID 1
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
@@ -29,6 +30,7 @@ fi
 
 mkdir -p "$PREFIX"
 chmod 755 "$PREFIX"
+bash scripts/install-apptainer.sh
 if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ]; then
   say "configurable-http-proxy (npm)"
   mkdir -p "$PREFIX/chp"

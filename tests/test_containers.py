@@ -1,7 +1,10 @@
-"""Kernels inside container images, limited to the session's GPU slice (Charliecloud, real image)."""
+"""Kernels inside container images, limited to the session's GPU slice (real Apptainer and
+Charliecloud, real image)."""
 
 import json
 import pwd
+
+import pytest
 
 from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 from hubclient import active_jobs
@@ -30,15 +33,20 @@ print(json.dumps(seen))
 """
 
 
-def test_container_kernel_runs_in_the_image_as_the_user_with_the_slice(alice):
+@pytest.mark.parametrize("kernel, display_name, argv", [
+    ("dsportal-debian-python", "Python 3 in a container (Debian bookworm + NumPy)",
+     ["apptainer", "exec", "--containall", "--nv"]),
+    ("dsportal-debian-python-ch", "Python 3 in a container (Charliecloud)", ["ch-run", "--no-passwd"]),
+])
+def test_container_kernel_runs_in_the_image_as_the_user_with_the_slice(alice, kernel, display_name, argv):
     alice.spawn({"profile": "gpu", "gpus": 2})
     specs = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]
     assert "python3" in specs, "the host Python 3 kernel stays available"
-    assert specs["dsportal-debian-python"]["spec"]["display_name"] == "Python 3 in a container (Debian bookworm + NumPy)"
-    assert specs["dsportal-debian-python"]["spec"]["argv"][:2] == ["ch-run", "--no-passwd"]
+    assert specs[kernel]["spec"]["display_name"] == display_name
+    assert specs[kernel]["spec"]["argv"][:len(argv)] == argv
 
     host_gpus = alice.run_code("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip()
-    seen = json.loads(alice.run_code(PROBE, kernel="dsportal-debian-python"))
+    seen = json.loads(alice.run_code(PROBE, kernel=kernel))
     assert 'VERSION_CODENAME=bookworm' in seen["os"]
     assert seen["marker"] == "debian-python"
     assert seen["uid"] == pwd.getpwnam("alice").pw_uid
@@ -71,6 +79,52 @@ def test_cpu_profile_gets_only_the_images_it_may_use(alice):
     assert "dsportal-pytorch" not in specs  # the pytorch image is for the GPU profiles only
 
 
+HOST_VIEW = """
+import json, os
+host_tmp = os.environ.get("HOST_TMPDIR_FILE")
+print(json.dumps({
+    "env": sorted(os.environ),
+    "host_folders": [p for p in ("/var/lib/dsportal-demo/slurm", "/opt/dsportal", "/etc/munge", "/etc/dsportal",
+                                 "/home/bob", "/var/lib/dsportal-demo/nodes/node1") if os.path.exists(p)],
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "tmp": sorted(os.listdir("/tmp")),
+    "devices": sorted(os.listdir("/dev")),
+}))
+"""
+
+
+def test_apptainer_kernel_sees_its_slice_and_nothing_else_of_the_host(alice):
+    """--containall: the kernel's files are its home, the data, the job's own /tmp; its processes
+    are its own; its environment holds none of the session's secrets."""
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    host = json.loads(alice.run_code(
+        "import json, os; print(json.dumps({'tmp': sorted(os.listdir('/tmp')), "
+        "'token': 'JUPYTERHUB_API_TOKEN' in os.environ}))"))
+    assert host["token"], "the host kernel has the session's token (the container must not)"
+    seen = json.loads(alice.run_code(HOST_VIEW, kernel="dsportal-debian-python"))
+    assert not [name for name in seen["env"] if name.startswith(("JUPYTERHUB", "JPY_", "DSPORTAL", "SLURM_"))
+                and name != "SLURM_JOB_ID"], seen["env"]
+    assert seen["host_folders"] == []
+    assert len(seen["processes"]) < 10, seen["processes"]  # its own process namespace, not the node's
+    assert seen["tmp"] == host["tmp"], "the job's own /tmp (job_container/tmpfs), as the session sees it"
+    assert not [d for d in seen["devices"] if d.startswith(("nvidia", "sd", "vd", "loop", "mem"))], seen["devices"]
+
+
+def test_image_of_an_uninstalled_runtime_is_unavailable_in_words(tmp_path):
+    from portal.cluster.images import image_status
+    from portal.session.kernels import kernel_spec
+    from portal.settings import Image
+
+    image = Image(name="s", display_name="S", source="docker://x", path=tmp_path, runtime="singularity")
+    status, detail = image_status(image)
+    assert status == "no-runtime"
+    assert detail == "singularity is not installed on this machine (singularity not found)"
+    spec = kernel_spec(image, [], "/home/alice", "/tmp/rt", "0")
+    assert spec["display_name"] == "S (unavailable: runtime not installed)"
+    assert spec["metadata"]["dsportal"]["reason"] == (
+        "S is unavailable: singularity is not installed on this machine (singularity not found). Ask your admin.")
+
+
 # The Apptainer/Singularity command lines, pinned to their documented CLI:
 # `apptainer exec [--nv] [--bind src:dest[:ro]] IMAGE COMMAND`, APPTAINERENV_VAR sets VAR inside.
 LAUNCH = Launch(image="/images/pytorch.sif", command=["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -79,15 +133,22 @@ LAUNCH = Launch(image="/images/pytorch.sif", command=["python", "-m", "ipykernel
 
 def test_apptainer_command_line():
     assert ApptainerRuntime().argv(LAUNCH) == [
-        "apptainer", "exec", "--nv", "--bind", "/home/alice:/home/alice", "--bind", "/data:/datasets:ro",
+        "apptainer", "exec", "--containall", "--nv", "--bind", "/tmp:/tmp", "--bind", "/home/alice:/home/alice",
+        "--bind", "/data:/datasets:ro",
         "/images/pytorch.sif", "python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    # A job's ranks: the launcher's environment, and one /dev/shm for the ranks of a node
+    ranks = Launch(image="/images/h", command=["python3", "-u", "train.py"], gpus=False, ranks=True,
+                   binds=[Bind("/tmp/dsportal-alice-7/runtime", "/tmp/dsportal-alice-7/runtime")])
+    assert ApptainerRuntime().argv(ranks) == [
+        "apptainer", "exec", "--contain", "--bind", "/tmp:/tmp", "--bind", "/dev/shm:/dev/shm",
+        "/images/h", "python3", "-u", "train.py"]
     assert ApptainerRuntime().environment({"CUDA_VISIBLE_DEVICES": "0,1"}) == {
         "APPTAINERENV_CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def test_singularity_command_line():
     argv = SingularityRuntime("/usr/local/bin/singularity").argv(LAUNCH)
-    assert argv[:3] == ["/usr/local/bin/singularity", "exec", "--nv"]
+    assert argv[:4] == ["/usr/local/bin/singularity", "exec", "--containall", "--nv"]
     assert SingularityRuntime().environment({"CUDA_VISIBLE_DEVICES": "2"}) == {"SINGULARITYENV_CUDA_VISIBLE_DEVICES": "2"}
 
 

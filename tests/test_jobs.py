@@ -294,7 +294,8 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
         assert line in script, line
     launch = next(line for line in script.splitlines() if line.strip().startswith("apptainer"))
     assert "srun --mpi=pmix --kill-on-bad-exit=1" in script
-    assert launch.split() == ["apptainer", "exec", "--nv", "--bind", "/home/u:/home/u", "/images/ngc.sif", "python3",
+    assert launch.split() == ["apptainer", "exec", "--contain", "--nv", "--bind", "/tmp:/tmp", "--bind", "/dev/shm:/dev/shm",
+                              "--bind", "/home/u:/home/u", "/images/ngc.sif", "python3",
                               "-u", "/home/u/.dsportal/jobs/x/cell.py", "--lr", "'0.1;", "rm", "-rf", "~'"]
     # The same plan under mpirun: Open MPI maps the ranks, the rest is identical.
     policy = _policy(launcher="mpirun")

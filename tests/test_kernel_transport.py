@@ -21,7 +21,7 @@ from hubclient import active_jobs
 from portal.cluster.demo import network
 from portal.session.kernelsockets import SocketPathTooLong, socket_prefix
 
-KERNELS = ("python3", "dsportal-debian-python")
+KERNELS = ("python3", "dsportal-debian-python", "dsportal-debian-python-ch")  # host, Apptainer, Charliecloud
 
 # What a kernel says about its own connection: its connection file, sockets and their folder.
 WHERE_AM_I = """
@@ -34,7 +34,7 @@ def seen(path):
     st = os.stat(path)
     return {"socket": stat.S_ISSOCK(st.st_mode), "mode": oct(st.st_mode & 0o777), "owner": st.st_uid}
 folder = os.path.dirname(info["ip"])
-print(json.dumps({"pid": os.getpid(), "transport": info["transport"], "sockets": {p: seen(p) for p in sockets},
+print(json.dumps({"pid": os.getpid(), "connection_file": get_connection_file(), "transport": info["transport"], "sockets": {p: seen(p) for p in sockets},
                   "folder": folder, "folder_mode": oct(os.stat(folder).st_mode & 0o777),
                   "folder_owner": os.stat(folder).st_uid, "runtime_dir": os.environ["JUPYTER_RUNTIME_DIR"]}))
 """
@@ -67,6 +67,19 @@ def tcp_listeners(node: str) -> str:
     """Every TCP listener of the node (IPv4 and IPv6), with its processes."""
     return subprocess.run(["ip", "netns", "exec", network.namespace(node), "ss", "-Hltnp"],
                           capture_output=True, text=True, check=True).stdout
+
+
+def host_pid(probe: dict) -> int:
+    """The kernel's process id on its node: a kernel in Apptainer's own process namespace knows only
+    its id there. The node's process running ipykernel with its connection file."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"ipykernel_launcher" in argv and probe["connection_file"].encode() in argv:
+            return int(entry.name)
+    raise AssertionError(f"no process of the kernel {probe['connection_file']}")
 
 
 def bobs_job_connects(node: str, paths: list[str]) -> dict:
@@ -102,6 +115,8 @@ def test_kernels_talk_over_private_unix_sockets_and_listen_on_no_tcp_port(alice)
     node = active_jobs("alice")[0]["nodes"]
     alice_uid = pwd.getpwnam("alice").pw_uid
     seen = {kernel: json.loads(alice.run_code(WHERE_AM_I, kernel=kernel, keep=True)) for kernel in KERNELS}
+    for probe in seen.values():
+        probe["pid"] = host_pid(probe)
     listening = tcp_listeners(node)
     print(json.dumps(seen, indent=1))
 

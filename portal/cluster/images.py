@@ -22,24 +22,52 @@ class ImageError(RuntimeError):
     pass
 
 
+# The command each runtime is run as, where an image does not name its own (Image.runtime_binary).
+RUNTIME_COMMANDS = {"apptainer": "apptainer", "singularity": "singularity", "charliecloud": "ch-run"}
+FUSE = "/dev/fuse"
+
+
+def runtime_command(image: Image) -> str:
+    return image.runtime_binary or RUNTIME_COMMANDS[image.runtime]
+
+
 def image_status(image: Image) -> tuple[str, str]:
-    """('built' | 'missing' | 'unreadable', detail) as the calling user sees it."""
+    """('built' | 'missing' | 'unreadable' | 'no-runtime', detail) as the calling user sees it, on
+    the machine it runs on: a session asks on its node before it offers an image's kernel."""
     path = Path(image.path)
     if not path.exists():
         return "missing", f"no image at {path}"
+    command = runtime_command(image)
+    if not shutil.which(command):
+        return "no-runtime", f"{image.runtime} is not installed on this machine ({command} not found)"
+    if path.is_dir():
+        return _folder_status(image, path)
     if image.runtime == "charliecloud":
-        python = path / image.python.lstrip("/") if image.python.startswith("/") else path / "usr/bin" / image.python
-        if not path.is_dir() or not (path / "etc/os-release").exists():
-            return "unreadable", f"{path} is not an image directory (no etc/os-release)"
-        if not os.access(path, os.R_OK | os.X_OK) or not os.access(python, os.X_OK):
-            return "unreadable", f"{path} has no usable {image.python}"
-    else:
-        if not os.access(path, os.R_OK):
-            return "unreadable", f"{path} is not readable"
-        with open(path, "rb") as handle:
-            head = handle.read(64)
-        if b"singularity" not in head.lower() and not head.startswith(b"#!"):
-            return "unreadable", f"{path} is not a SIF image"
+        return "unreadable", f"{path} is not an image directory (Charliecloud runs folders)"
+    if not os.access(path, os.R_OK):
+        return "unreadable", f"{path} is not readable"
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    if b"singularity" not in head.lower() and not head.startswith(b"#!"):
+        return "unreadable", f"{path} is not a SIF image"
+    if not os.access(FUSE, os.R_OK | os.W_OK):
+        # Without setuid, Apptainer mounts a SIF through squashfuse, which needs /dev/fuse.
+        return "unreadable", (f"{path} is a SIF file, which needs {FUSE} open to users on this machine (it is "
+                              "not); a sandbox folder of the image runs without it (apptainer build --sandbox)")
+    return "built", str(path)
+
+
+def _folder_status(image: Image, path: Path) -> tuple[str, str]:
+    """An image folder: Charliecloud's image, or Apptainer's sandbox (the folder plus /.singularity.d,
+    whose environment scripts put the host's GPU libraries on LD_LIBRARY_PATH under --nv)."""
+    python = path / image.python.lstrip("/") if image.python.startswith("/") else path / "usr/bin" / image.python
+    if not (path / "etc/os-release").exists():
+        return "unreadable", f"{path} is not an image directory (no etc/os-release)"
+    if not os.access(path, os.R_OK | os.X_OK) or not os.access(python, os.X_OK):
+        return "unreadable", f"{path} has no usable {image.python}"
+    if image.runtime != "charliecloud" and not (path / ".singularity.d").is_dir():
+        return "unreadable", (f"{path} is a root folder, not an {image.runtime} sandbox (no /.singularity.d): "
+                              "build it with `dsportal images build` or `apptainer build --sandbox`")
     return "built", str(path)
 
 
@@ -66,7 +94,9 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
     with open(target.with_name(target.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if image.source.startswith("debootstrap:"):
-            if force or image_status(image)[0] != "built":
+            if not force and _root_folder_only(image):
+                make_sandbox(image, target)  # an older demo's image: made a sandbox where it is
+            elif force or image_status(image)[0] != "built":
                 build_debootstrap(image, data_mount_targets)
             return
         _build_sif(image)
@@ -145,9 +175,37 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
     (partial / MARKER).write_text(f"{image.name}\n")
     add_mount_points(partial, data_mount_targets)
     subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
+    if image.runtime in ("apptainer", "singularity"):
+        make_sandbox(image, partial)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     print(f"[images] {image.name} built: {size_of(target) / 2**20:,.0f} MiB", flush=True)
+
+
+def _root_folder_only(image: Image) -> bool:
+    path = Path(image.path)
+    return (image.runtime in ("apptainer", "singularity") and (path / "etc/os-release").is_file()
+            and not (path / ".singularity.d").exists())
+
+
+def make_sandbox(image: Image, root: Path) -> None:
+    """Makes a root folder an Apptainer sandbox where it is: ``apptainer build --sandbox`` from it adds
+    /.singularity.d (its environment scripts put the host's GPU libraries on LD_LIBRARY_PATH
+    under --nv); the result replaces the folder."""
+    command = runtime_command(image)
+    if not shutil.which(command):
+        raise ImageError(f"{command} is not installed on this machine (make deps installs Apptainer)")
+    built = root.with_name(root.name + ".sandbox")
+    shutil.rmtree(built, ignore_errors=True)
+    print(f"[images] {command} build --sandbox {image.name}", flush=True)
+    result = subprocess.run([command, "build", "--force", "--sandbox", str(built), str(root)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        shutil.rmtree(built, ignore_errors=True)
+        raise ImageError(f"{command} build --sandbox of {image.name} failed: {(result.stderr or result.stdout)[-2000:]}")
+    subprocess.run(["chmod", "-R", "a+rX,go-w", str(built)], check=True)
+    shutil.rmtree(root)
+    built.rename(root)
 
 
 # Files ch-run binds from the host when the image has them: without /etc/hosts (debootstrap makes
@@ -199,7 +257,8 @@ def _wheels(image: Image) -> list[Path]:
 
 
 def unbuilt_demo_images(settings) -> list[Image]:
-    """The debootstrap: images of the catalog that are not built yet."""
+    """The debootstrap: images of the catalog that are not built yet (a folder two entries share is
+    built once: the second finds it built)."""
     return [i for i in settings.images if i.source.startswith("debootstrap:") and image_status(i)[0] != "built"]
 
 
@@ -220,7 +279,7 @@ def main(settings, action: str, name: str | None) -> int:
             return 1
     for image in chosen:
         try:
-            build(image, targets)
+            build(image, targets, force=action != "build-demo")
         except ImageError as error:
             print(f"dsportal images: {error}", file=sys.stderr)
             return 1

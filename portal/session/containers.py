@@ -1,8 +1,15 @@
 """Container runtime backends: an image + binds + environment + command -> the argv that runs it.
 
-Production runs Apptainer or Singularity (``exec --nv``); the embedded cluster runs the same
-launch path through Charliecloud, the runtime these machines really have. Each backend is a
-few lines: adding one means adding a class here and a name in ``RUNTIMES``.
+Apptainer (or Singularity) is the portal's runtime, on production clusters and on the demo;
+Charliecloud is the second backend. Each backend is a few lines: adding one means adding a class
+here and a name in ``RUNTIMES``.
+
+What a container sees of the host is what its Launch binds and nothing else: a kernel gets its
+home, the data mounts, the session's runtime folder and the job's own /tmp (private to the job
+where Slurm's job_container/tmpfs is on), its GPUs are the job's (CUDA_VISIBLE_DEVICES), and its
+environment is only what the kernelspec sets. Ranks of a multi-node job keep their launcher's
+environment (srun's PMIx, torchrun's RANK...) and share the node's /dev/shm with each other (MPI's
+shared-memory transport between ranks of one node).
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ class Launch:
     binds: list[Bind] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     gpus: bool = True
+    ranks: bool = False  # the ranks of a multi-node job, not a kernel (see the module's docstring)
 
 
 class ApptainerRuntime:
-    """``apptainer exec --nv``: GPUs of the job (CUDA_VISIBLE_DEVICES) only, env via APPTAINERENV_."""
+    """``apptainer exec --containall --nv``: none of the host's folders, processes or environment but
+    the binds and APPTAINERENV_ variables; GPUs of the job (CUDA_VISIBLE_DEVICES) only. Ranks:
+    ``--contain`` (their own /dev and no host folders, but the launcher's environment and processes)."""
 
     binary = "apptainer"
     env_prefix = "APPTAINERENV_"
@@ -37,10 +47,14 @@ class ApptainerRuntime:
         self.binary = binary or self.binary
 
     def argv(self, launch: Launch) -> list[str]:
-        argv = [self.binary, "exec"]
+        argv = [self.binary, "exec", "--contain" if launch.ranks else "--containall"]
         if launch.gpus:
             argv.append("--nv")
-        for bind in launch.binds:
+        # --contain gives the container an empty 64 MB /tmp: the job's own /tmp instead.
+        binds = [Bind("/tmp", "/tmp")] + ([Bind("/dev/shm", "/dev/shm")] if launch.ranks else []) + launch.binds
+        for bind in binds:
+            if bind.source == bind.target and bind.target.startswith("/tmp/"):
+                continue  # within the job's /tmp, bound already
             argv += ["--bind", f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "")]
         return argv + [launch.image, *launch.command]
 

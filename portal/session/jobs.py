@@ -75,7 +75,8 @@ def _rank_argv(plan: JobPlan, script: str, policy: LaunchPolicy, home: str) -> l
     backend = runtime(plan.image.runtime, plan.image.runtime_binary)
     binds = ([Bind(home, home)] + [Bind(str(m.source), m.target, m.read_only) for m in policy.data_mounts]
              + [Bind(path, path) for path in plan.profile.jobs.container_binds])
-    launch = Launch(image=str(plan.image.path), binds=binds, command=[plan.image.python, "-u", script, *plan.args])
+    launch = Launch(image=str(plan.image.path), binds=binds, command=[plan.image.python, "-u", script, *plan.args],
+                    gpus=plan.gpus_per_node > 0, ranks=True)
     return backend.argv(launch)
 
 

@@ -43,9 +43,13 @@ def kernel_pipe_config(runtime_dir: str) -> str:
 def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None) -> dict:
     status, detail = image_status(image)
     if status != "built":
-        reason = f"{image.display_name} is unavailable: image {status} ({detail}). Ask your admin to build it."
+        if status == "no-runtime":
+            shown, reason = "runtime not installed", f"{image.display_name} is unavailable: {detail}. Ask your admin."
+        else:
+            shown = f"image {status}"
+            reason = f"{image.display_name} is unavailable: image {status} ({detail}). Ask your admin to build it."
         return {
-            "display_name": f"{image.display_name} (unavailable: image {status})",
+            "display_name": f"{image.display_name} (unavailable: {shown})",
             "language": "python",
             "argv": [sys.executable, "-c", f"import sys; sys.exit({reason!r})", "{connection_file}"],
             "metadata": {"dsportal": {"image": image.name, "status": status, "reason": reason}},
@@ -53,10 +57,15 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
     backend = runtime(image.runtime, image.runtime_binary)
     binds = [Bind(home, home), Bind(runtime_dir, runtime_dir)]
     binds += [Bind(str(m.source), m.target, m.read_only) for m in mounts]
-    launch = Launch(image=str(image.path), binds=binds,
+    launch = Launch(image=str(image.path), binds=binds, gpus=bool(cuda),
                     command=[image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                              f"--config={kernel_pipe_config(runtime_dir)}"])
+    # What the kernel is told (Apptainer's --containall passes nothing else): its GPUs, its job, the
+    # session's runtime folder (where its sockets are).
     env = {"CUDA_VISIBLE_DEVICES": cuda} if cuda is not None else {}
+    env["JUPYTER_RUNTIME_DIR"] = runtime_dir
+    if os.environ.get("SLURM_JOB_ID"):
+        env["SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
     return {
         "display_name": image.display_name,
         "language": "python",
