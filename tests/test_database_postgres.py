@@ -64,7 +64,7 @@ from portal.hub.config import configure_database
 
 
 class ScratchSpawner(LocalProcessSpawner):
-    """Sessions as processes of the hub's own account: the test's users are no local accounts."""
+    """Sessions as processes of the hub's own account: the test's users are not local accounts."""
 
     def make_preexec_fn(self, name):
         return None
@@ -163,9 +163,10 @@ def scratch_hub(tmp_path):
             proxy_port=PROXY_PORT, hub_port=HUB_PORT, proxy_api_port=PROXY_API_PORT, chp=str(CHP), data=str(data),
             python=sys.executable, session=str(tmp_path / "session.py"), sessions=str(sessions), token=ADMIN_TOKEN,
             hub=hub))
-        log = open(tmp_path / "hub.log", "ab")
-        process = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=data, stdout=log,
-                                   stderr=subprocess.STDOUT, env=environment())
+        assert not answers(), f"something left from an earlier run answers at {HUB_URL}: stop it first"
+        with open(tmp_path / "hub.log", "ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=data,
+                                       stdout=log, stderr=subprocess.STDOUT, env=environment())
         processes.append(process)
         wait_answers(process, tmp_path / "hub.log")
         return process
@@ -186,15 +187,19 @@ def environment(**more) -> dict:
     return {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}", "PATH": path, **more}
 
 
+def answers() -> bool:
+    try:
+        return requests.get(f"{HUB_URL}/hub/api", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
 def wait_answers(process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert process.poll() is None, f"the scratch hub exited:\n{log.read_text()}"
-        try:
-            if requests.get(f"{HUB_URL}/hub/api", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
+        if answers():
+            return
         time.sleep(0.3)
     raise AssertionError(f"the scratch hub did not answer in 60 s:\n{log.read_text()}")
 
@@ -206,9 +211,9 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
 
 
-def api(method: str, path: str, token: str = ADMIN_TOKEN, **json) -> requests.Response:
+def api(method: str, path: str, token: str = ADMIN_TOKEN, **body) -> requests.Response:
     return requests.request(method, f"{HUB_URL}/hub/api{path}", headers={"Authorization": f"token {token}"},
-                            json=json or None, timeout=10)
+                            json=body or None, timeout=10)
 
 
 def wait_ready(name: str) -> dict:
