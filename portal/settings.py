@@ -137,12 +137,14 @@ def parse_memory_mb(text: str | int) -> int:
 
 
 DATABASE_BACKENDS = ("sqlite", "mysql", "mariadb", "postgresql")
-_DEFAULT_DRIVERS = {"mysql": "pymysql", "mariadb": "pymysql"}  # the driver dsportal installs
+# The drivers dsportal installs (pyproject.toml); psycopg is psycopg 3, SQLAlchemy 2.1's own default.
+_DEFAULT_DRIVERS = {"mysql": "pymysql", "mariadb": "pymysql", "postgresql": "psycopg"}
 
 
 def database_url(text: str) -> str:
     """A database URL the hub may use, checked: a known kind of database, no password in it, a
-    server and a database name for a server database. mysql:// and mariadb:// get PyMySQL."""
+    server and a database name for a server database. mysql:// and mariadb:// get PyMySQL,
+    postgresql:// gets psycopg."""
     text = text.strip()
     scheme, separator, rest = text.partition("://")
     backend, _, driver = scheme.partition("+")

@@ -145,13 +145,17 @@ def _check_counts(connection, tables, expected: dict[str, int]) -> None:
 
 
 def _advance_sequences(connection, tables) -> None:
-    """PostgreSQL hands out ids from sequences that rows inserted with their ids do not move:
-    set each past the highest id copied. MySQL/MariaDB move AUTO_INCREMENT themselves."""
+    """PostgreSQL hands out ids from sequences that rows inserted with their ids do not move: set each
+    past the highest id copied, or the hub's next new user or token takes an id a copied row holds
+    (tests/test_database_postgres.py). MySQL/MariaDB move AUTO_INCREMENT themselves."""
     if connection.dialect.name != "postgresql":
         return
+    quote = connection.dialect.identifier_preparer.quote
     for table in tables:
-        for column in table.primary_key.columns:
-            if isinstance(column.type, Integer) and len(table.primary_key.columns) == 1:
-                connection.execute(text(
-                    f"SELECT setval(pg_get_serial_sequence('{table.name}', '{column.name}'), "
-                    f"COALESCE((SELECT MAX({column.name}) FROM {table.name}), 0) + 1, false)"))
+        key = list(table.primary_key.columns)
+        if len(key) != 1 or not isinstance(key[0].type, Integer):
+            continue  # a composite or non-integer key has no sequence behind it
+        connection.execute(
+            text(f"SELECT setval(pg_get_serial_sequence(:table, :column), "
+                 f"COALESCE((SELECT MAX({quote(key[0].name)}) FROM {quote(table.name)}), 0) + 1, false)"),
+            {"table": quote(table.name), "column": key[0].name})
