@@ -39,6 +39,39 @@ def test_check_names_each_broken_part(portal, tmp_path):
     assert "[ok] profile gpu" in result.stdout
 
 
+def test_check_names_the_container_runtime_and_each_image_as_a_user_sees_it(portal, tmp_path):
+    result = check(CONFIG)
+    assert "[ok] container runtime apptainer: apptainer version 1.4.5 (apptainer)" in result.stdout, result.stdout
+    assert "[ok] container runtime charliecloud: " in result.stdout
+    assert "[ok] image debian-python: apptainer, /var/lib/dsportal-demo/images/debian-python" in result.stdout
+    assert "[WARN] image pytorch: missing: no image at /var/lib/dsportal-demo/images/pytorch-24.05.sif" in result.stdout
+
+    config = yaml.safe_load(CONFIG.read_text())
+    demo_image = next(i for i in config["images"] if i["name"] == "debian-python")
+    root_folder = tmp_path / "root-folder"  # a debootstrap-like folder that was never made a sandbox
+    (root_folder / "etc").mkdir(parents=True)
+    (root_folder / "etc/os-release").write_text("ID=debian\n")
+    python = root_folder / "usr/bin/python3"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    for folder in [root_folder, *root_folder.parents]:  # nobody must reach it (pytest's folders are 0700)
+        if folder == folder.parent:
+            break
+        folder.chmod(folder.stat().st_mode | 0o055)
+    config["images"] += [{**demo_image, "name": "elsewhere", "runtime_binary": "/opt/nowhere/apptainer"},
+                         {**demo_image, "name": "rootonly", "path": str(root_folder)}]
+    path = tmp_path / "portal.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = check(path)
+    assert result.returncode == 1
+    assert ("[FAIL] container runtime apptainer: /opt/nowhere/apptainer does not run for users: runuser: failed to "
+            "execute /opt/nowhere/apptainer: No such file or directory; make deps installs Apptainer") in result.stdout
+    assert ("[WARN] image elsewhere: no-runtime: apptainer is not installed on this machine "
+            "(/opt/nowhere/apptainer not found)") in result.stdout
+    assert f"[WARN] image rootonly: unreadable: {root_folder} is a root folder, not an apptainer sandbox" in result.stdout
+
+
 def test_check_reports_slurm_outage_and_invalid_config(portal, tmp_path):
     config = yaml.safe_load(CONFIG.read_text())
     bad_conf = tmp_path / "slurm.conf"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import socket
@@ -15,6 +16,7 @@ import ldap3
 from .. import settings as settings_module
 from ..templatesources import notebooks
 from . import firewall, hubaccount
+from .images import runtime_command
 from .slurmclient import SlurmCommands, SlurmError
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
@@ -103,6 +105,47 @@ def check_user_environment(settings) -> Result:
         why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
         return Result("user environment", False, f"{prefix} is not usable by other accounts: {why}")
     return Result("user environment", True, f"{prefix} imports {USER_SIDE_MODULES} as an ordinary user")
+
+
+# Asked as an ordinary account, in the user environment: what a session would find.
+IMAGE_PROBE = """import json, sys
+from types import SimpleNamespace
+from portal.cluster.images import image_status
+print(json.dumps([image_status(SimpleNamespace(**image)) for image in json.loads(sys.argv[1])]))"""
+USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"  # where sessions find their container runtime
+
+
+def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", "nobody", "--", *argv], capture_output=True, text=True, cwd="/",
+                          env={"PATH": USER_PATH, "LANG": "C.UTF-8"}, timeout=60)
+
+
+def check_images(settings) -> list[Result]:
+    """Each container runtime the catalog uses runs for an ordinary account (its version), and
+    each image is there for one; an image that is not is a warning: its kernel says so."""
+    results = []
+    for name, command in sorted({(image.runtime, runtime_command(image)) for image in settings.images}):
+        try:
+            found = _as_nobody([command, "--version"])
+            ok, version = found.returncode == 0, (found.stdout or found.stderr).strip().splitlines()[:1]
+        except subprocess.TimeoutExpired:
+            ok, version = False, ["no answer in 60 s"]
+        detail = (f"{' '.join(version)} ({command})" if ok else
+                  f"{command} does not run for users: {' '.join(version) or 'not found'}; make deps installs Apptainer")
+        results.append(Result(f"container runtime {name}", ok, detail))
+    fields = [{"path": str(i.path), "runtime": i.runtime, "runtime_binary": i.runtime_binary, "python": i.python}
+              for i in settings.images]
+    if not fields:
+        return results
+    python = str(settings.session.environment / "bin" / "python")
+    probe = _as_nobody([python, "-I", "-c", IMAGE_PROBE, json.dumps(fields)])
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return results + [Result("images", False, f"could not look at the images as a user: {why}")]
+    for image, (status, detail) in zip(settings.images, json.loads(probe.stdout)):
+        shown = f"{image.runtime}, {detail}" if status == "built" else f"{status}: {detail}"
+        results.append(Result(f"image {image.name}", True, shown, warning=status != "built"))
+    return results
 
 
 def check_templates(settings) -> list[Result]:
@@ -296,6 +339,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))
     results += check_templates(settings)
+    results += check_images(settings)
     results.append(check_homes())
     results.append(check_firewall())
     results += check_confinement(settings)
