@@ -22,6 +22,9 @@ Measured, per hub:
               environment): time until the hub reports the failure (capped by --start-timeout)
   CPU         a session's start in CPU seconds (its job's processes, read when the hub sees it
               ready: bench/cpu.py) and a kernel's, after its first answer (median)
+  kernel start  dsportal only: asking the session for a kernel -> its first answer (start, connect,
+              run a cell), for the host's Python, the demo image in Apptainer (--containall) and
+              the same image in Charliecloud, side by side in the same session (median)
   ended       a ready session's job is cancelled outside the portal (scancel, as for a node
               failure or the walltime): time until the hub shows the server stopped (median)
 
@@ -253,6 +256,23 @@ def stop_seconds(user: HubUser) -> float:
     return time.monotonic() - started
 
 
+# A kernel of each runtime in the same session: the host's Python, the demo image through Apptainer
+# (--containall) and through Charliecloud.
+CONTAINER_KERNELS = {"host": "python3", "apptainer": "dsportal-debian-python", "charliecloud": "dsportal-debian-python-ch"}
+
+
+def kernel_start_seconds(user, kernel: str) -> float:
+    """Wall seconds from asking the session for a kernel to its first answer, as JupyterLab opens
+    one: start it, connect its channels, run a cell. (Left running: the session's end stops it.)"""
+    started = time.monotonic()
+    user.run_code("print(1)", kernel=kernel, timeout=120, keep=True)
+    return time.monotonic() - started
+
+
+def kernel_starts_text(starts: dict) -> str:
+    return ", ".join(f"{runtime} {statistics.median(times):.2f} s" for runtime, times in starts.items())
+
+
 def measure(kind: str, index: int, workdir: Path, args) -> dict:
     options = SLICE if kind == "dsportal" else {}
     result = {"kind": kind}
@@ -267,18 +287,22 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
         result.update(spawn=statistics.median(spawns), spawns=spawns, stop=statistics.median(stops), stops=stops,
                       queued_in_slurm=queued)
 
-        ended, session_cpu, kernel_cpu = [], [], []
+        ended, session_cpu, kernel_cpu, kernel_starts = [], [], [], {}
         for _ in range(args.rounds):
             spawn_seconds(alice, options, args.start_timeout)
             job_id = active_jobs("alice")[0]["job_id"]
             session_cpu.append(job_cpu_seconds(job_id))  # what the start cost, read as it became ready
             kernel_cpu.append(kernel_cpu_seconds(alice))
+            if kind == "dsportal":  # stock batchspawner's sessions have no container kernels
+                for runtime, kernel in CONTAINER_KERNELS.items():
+                    kernel_starts.setdefault(runtime, []).append(kernel_start_seconds(alice, kernel))
             started = time.monotonic()
             subprocess.run(["scancel", str(job_id)], check=True)
             wait_gone(alice, timeout=120)
             ended.append(time.monotonic() - started)
         result.update(ended=statistics.median(ended), endeds=ended, session_cpu=statistics.median(session_cpu),
-                      session_cpus=session_cpu, kernel_cpu=statistics.median(kernel_cpu), kernel_cpus=kernel_cpu)
+                      session_cpus=session_cpu, kernel_cpu=statistics.median(kernel_cpu), kernel_cpus=kernel_cpu,
+                      kernel_starts=kernel_starts)
 
         users = [hub.user(name) for name in args.users]
         before = job_queries()
@@ -363,6 +387,9 @@ def main(argv=None) -> int:
             print(f"  session start    {r['session_cpu']:6.2f} CPU-s median, the job's processes when ready "
                   f"({', '.join(f'{s:.2f}' for s in r['session_cpus'])}); a kernel's first answer "
                   f"{r['kernel_cpu']:.2f} CPU-s ({', '.join(f'{s:.2f}' for s in r['kernel_cpus'])})")
+            if r["kernel_starts"]:
+                print(f"  kernel start     {kernel_starts_text(r['kernel_starts'])} (median of {args.rounds}; "
+                      f"each {r['kernel_starts']})")
             print(f"  ended outside    {r['ended']:6.2f} s median until the hub shows it stopped after an external "
                   f"scancel ({', '.join(f'{s:.2f}' for s in r['endeds'])})")
             print(f"  {len(args.users)} at once       {r['concurrent_all']:6.2f} s until all ready "
@@ -390,6 +417,7 @@ def main(argv=None) -> int:
           f"({ours['spawn'] / stock['spawn']:.2f}x; queued in Slurm {queued(ours)} vs {queued(stock)} s) | "
           f"session start {ours['session_cpu']:.2f} vs {stock['session_cpu']:.2f} CPU-s, kernel "
           f"{ours['kernel_cpu']:.2f} vs {stock['kernel_cpu']:.2f} CPU-s | "
+          f"kernel start {kernel_starts_text(ours['kernel_starts'])} | "
           f"stop {ours['stop']:.2f} vs {stock['stop']:.2f} s | external scancel seen in {ours['ended']:.1f} vs "
           f"{stock['ended']:.1f} s | {len(args.users)} at once "
           f"{ours['concurrent_all']:.2f} vs {stock['concurrent_all']:.2f} s with "
