@@ -3,6 +3,8 @@ Charliecloud, real image)."""
 
 import json
 import pwd
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +179,46 @@ def test_corrupt_images_are_reported_unreadable(tmp_path):
         assert status == "unreadable", detail
         spec = kernel_spec(image, [], "/home/alice", "/tmp/rt", "0")
         assert spec["display_name"].endswith("(unavailable: image unreadable)")
+
+
+def test_images_build_makes_a_sif_or_a_sandbox_that_users_run(tmp_path):
+    """`dsportal images build` runs the real `apptainer build`: a .sif path gets a SIF file, any other
+    path a sandbox folder, readable by users, which alice runs."""
+    import os
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from conftest import CONFIG, DSPORTAL
+
+    root = tmp_path / "root"  # a tiny root folder: /bin/true and what it links
+    for path in ("/usr/bin/true", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.realpath(path), root / path.lstrip("/"))
+    (root / "etc").mkdir()
+    (root / "etc/os-release").write_text("ID=tiny\n")
+    built = Path(tempfile.mkdtemp(prefix="dsportal-images-", dir="/var/tmp"))  # users reach it (not pytest's 0700)
+    os.chmod(built, 0o755)
+    try:
+        config = yaml.safe_load(CONFIG.read_text())
+        config["images"] = [
+            {"name": "tiny-sif", "display_name": "T", "source": str(root), "path": str(built / "tiny.sif"),
+             "python": "/usr/bin/true"},
+            {"name": "tiny-sandbox", "display_name": "T", "source": str(root), "path": str(built / "tiny"),
+             "python": "/usr/bin/true"}]
+        path = tmp_path / "portal.yaml"
+        path.write_text(yaml.safe_dump(config))
+        for name in ("tiny-sif", "tiny-sandbox"):
+            done = subprocess.run([DSPORTAL, "--config", str(path), "images", "build", name], capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert (built / "tiny.sif").read_bytes()[:64].lower().count(b"singularity") == 1
+        assert (built / "tiny/.singularity.d").is_dir() and (built / "tiny/usr/bin/true").is_file()
+        listed = subprocess.run([DSPORTAL, "--config", str(path), "images", "list"], capture_output=True, text=True)
+        assert "tiny-sandbox     built" in listed.stdout, listed.stdout
+        ran = subprocess.run(["runuser", "-u", "alice", "--", "apptainer", "exec", "--containall", str(built / "tiny"),
+                              "/usr/bin/true"], capture_output=True, text=True, cwd="/", timeout=60)
+        assert ran.returncode == 0, ran.stderr
+    finally:
+        shutil.rmtree(built)

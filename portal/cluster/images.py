@@ -120,11 +120,19 @@ def _build_sif(image: Image) -> None:
         env[f"{prefix}_DOCKER_PASSWORD"] = env["NGC_API_KEY"]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
-    result = subprocess.run([binary, "build", "--force", str(partial), image.source], env=env)
+    # A path that is not a .sif file gets a sandbox folder: what nodes without FUSE for users run.
+    sandbox = [] if target.suffix == ".sif" else ["--sandbox"]
+    result = subprocess.run([binary, "build", "--force", *sandbox, str(partial), image.source], env=env)
     if result.returncode != 0:
+        if partial.is_dir():
+            shutil.rmtree(partial, ignore_errors=True)
         partial.unlink(missing_ok=True)
         raise ImageError(f"{binary} build of {image.name} failed (exit {result.returncode})")
-    os.chmod(partial, 0o644)
+    if sandbox:
+        subprocess.run(["chmod", "-R", "a+rX,go-w", str(partial)], check=True)
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        os.chmod(partial, 0o644)
     partial.replace(target)
 
 
