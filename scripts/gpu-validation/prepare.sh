@@ -10,12 +10,18 @@ rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
    libhwloc15 libnuma1 libjson-c5 liblua5.1-0 libyaml-0-2 liblz4-1 libreadline8 libdbus-1-3 libsystemd0 libudev1 \
    libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6)
 [ "${1:-}" = debs ] && { du -sh .devcarry; exit 0; }  # isolation.sh needs only Slurm
+if [ "${1:-}" = apptainer ]; then  # apptainer.sh: also Apptainer's debs (install-apptainer.sh's cache), patchelf, the SIF tools
+  mkdir -p .devcarry/apptainer .devcarry/tools
+  cp "${DSPORTAL_APPTAINER_CACHE:-/var/cache/dsportal/apptainer}"/*.deb .devcarry/apptainer/
+  (cd .devcarry/tools && apt-get download patchelf squashfs-tools squashfuse libsquashfuse0 libfuse3-3 fuse3 liblzo2-2)
+fi
 PY=/opt/dsportal/env/bin/python
 $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform any \
    -d .devcarry/whl nbclient ipykernel nbformat
 # already in the GPU machine's Python
 (cd .devcarry/whl && rm -f attrs-* packaging-* psutil-* pygments-* python_dateutil-* typing_extensions-* tzdata-*)
+[ "${1:-}" = apptainer ] && { du -sh .devcarry; exit 0; }
 $PY - <<'PYEOF'
 from portal import settings
 from portal.templating import render
