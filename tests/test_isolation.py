@@ -91,8 +91,12 @@ def test_bob_cannot_read_alices_files_from_kernel_container_or_terminal(two_sess
     assert set(read_as(alice, paths).values()) == {"read"}
     as_bob = read_as(bob, paths)
     assert set(as_bob.values()) == {"PermissionError"}, as_bob
+    # In his Apptainer kernel (--containall) her home is not even there; in Charliecloud, which binds
+    # the host's /home, the modes refuse him.
     in_container = read_as(bob, paths, kernel="dsportal-debian-python")
-    assert set(in_container.values()) == {"PermissionError"}, in_container
+    assert set(in_container.values()) == {"FileNotFoundError"}, in_container
+    in_charliecloud = read_as(bob, paths, kernel="dsportal-debian-python-ch")
+    assert set(in_charliecloud.values()) == {"PermissionError"}, in_charliecloud
     terminal = bob.run_in_terminal(f"cat {' '.join(paths[1:3])}; ls {paths[0]}")
     assert SECRET not in terminal and terminal.count("Permission denied") == 3, terminal
     assert SECRET in alice.run_in_terminal(f"cat {paths[1]}")
