@@ -20,7 +20,8 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
 from portal import defaults, sessionvars
-from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
+from portal.cluster.slurmclient import (Job, Slurm, SlurmError, SlurmUnavailable, queue_place, refusal_hint,
+                                        shared_client)
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
 from portal.settings import Profile, human_duration, parse_walltime
 from portal.templatesources import Spec
@@ -333,6 +334,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return None
 
     # ---------------------------------------------------------------- lifecycle
+    def queue_limit(self) -> float:
+        """Seconds the session may wait in Slurm's queue: its profile's queue_limit."""
+        return parse_walltime(self.slice.profile.queue_limit)
+
+    def _queued_too_long(self) -> SpawnFailed:
+        job, chosen = self.job, self.slice
+        reason = f" (Slurm's reason: {job.reason})" if job and job.reason not in ("None", "") else ""
+        return SpawnFailed(
+            f"Your session waited {human_duration(self.queue_limit())} in Slurm's queue for {chosen.describe()}"
+            f"{reason}, the longest {chosen.profile.display_name} lets a "
+            "session wait; it was taken out of the queue. Try fewer GPUs, another profile, or later.",
+            reason="queue-limit", status_code=503)
+
     async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
         job_id = self.job_id
@@ -383,6 +397,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if status == JobStatus.NOTFOUND:
                 # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.
                 raise await self._failure(self.job, "ended before it started")
+            if status == JobStatus.PENDING and time.monotonic() - self.submitted_at > self.queue_limit():
+                raise self._queued_too_long()  # JupyterHub's stop() then takes the job out of the queue
             await self._until_port_or(self.startup_poll_interval)
         metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self.submitted_at)
 
@@ -506,7 +522,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if job is None:
                 yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
             elif job.pending:
-                reason = "" if job.reason in ("None", "") else f": waiting for {job.reason}"
+                place, queued = queue_place(self.slurm.last_jobs, job)
+                reason = f", place {place} of {queued} in its queue" if place else ""
+                reason += "" if job.reason in ("None", "") else f": waiting for {job.reason}"
                 estimate = ""
                 if job.start_time > time.time():
                     start = datetime.fromtimestamp(job.start_time)

@@ -99,6 +99,7 @@ class Job:
     submit_time: int
     gpus: int = 0  # per node, as requested (tres_per_node)
     profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
+    priority: int = 0  # while pending: the scheduler serves higher first
 
     @property
     def pending(self) -> bool:
@@ -135,10 +136,29 @@ class Job:
             submit_time=int(item.get("submit_time") or 0),
             gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
             profile=profile_of(item.get("comment") or ""),
+            priority=_number(item.get("priority")),
         )
 
 
 PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
+
+
+def _number(value) -> int:
+    """squeue --json's numbers: plain, or (newer Slurm) {"set": true, "number": N}."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else 0
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def queue_place(jobs: dict[int, "Job"], job: "Job") -> tuple[int, int]:
+    """(place, of): where a pending job stands among its partition's pending jobs, in the order the
+    scheduler takes them (priority, then age); (0, 0) when it is not pending."""
+    if not job.pending:
+        return 0, 0
+    queue = sorted((j for j in jobs.values() if j.pending and j.partition == job.partition),
+                   key=lambda j: (-j.priority, j.submit_time, j.job_id))
+    ids = [j.job_id for j in queue]
+    return (ids.index(job.job_id) + 1 if job.job_id in ids else 0), len(ids)
 
 
 def profile_of(comment: str) -> str:
