@@ -12,6 +12,7 @@ import asyncio
 import json
 import pwd
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 import batchspawner
@@ -45,6 +46,15 @@ class SpawnFailed(SpawnException):
         # lines) is shown to her alone, on the spawn page and in the progress stream.
         super().__init__(logged or message, reason=reason, status_code=status_code)
         self.jupyterhub_message = f"{message}{private}"
+
+
+@dataclass(frozen=True)
+class Extension:
+    """What asking for more walltime did: ``done`` or not, and the message for the user."""
+
+    done: bool
+    message: str
+    time_limit_s: int = 0
 
 
 class RequestRefused(SpawnFailed):
@@ -480,6 +490,25 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self.query_job_status(fresh_after=time.monotonic())
             if status not in (JobStatus.RUNNING, JobStatus.PENDING):
                 return status
+
+    async def extend(self, minutes: int) -> Extension:
+        """``minutes`` more for the running session, up to its profile's max_walltime."""
+        job = await self.slurm.job(int(self.job_id), max_age=0) if self.job_id else None
+        if job is None or not job.running:
+            return Extension(False, "Your session is not running, so there is nothing to extend.")
+        profile = self.slice.profile
+        most = parse_walltime(profile.max_walltime) // 60
+        if job.time_limit >= most:
+            return Extension(False, f"Your session already has the longest walltime {profile.display_name} allows, "
+                             f"{human_duration(most * 60)}; save your work before it ends.")
+        wanted = min(job.time_limit + minutes, most)
+        try:
+            await self.slurm.set_time_limit(job.job_id, wanted)
+        except SlurmError as error:
+            return Extension(False, f"Slurm refused to extend your session: {error}")
+        capped = f", the longest {profile.display_name} allows" if wanted == most else ""
+        return Extension(True, f"Your session's walltime is now {human_duration(wanted * 60)}{capped} "
+                         f"({human_duration((wanted - job.time_limit) * 60)} more).", wanted * 60)
 
     def idle_limit(self) -> int | None:
         """Seconds this session may stay unused (its profile's idle limit for its GPU count)."""

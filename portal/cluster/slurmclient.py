@@ -100,6 +100,7 @@ class Job:
     gpus: int = 0  # per node, as requested (tres_per_node)
     profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
     priority: int = 0  # while pending: the scheduler serves higher first
+    time_limit: int = 0  # minutes (0: none known)
 
     @property
     def pending(self) -> bool:
@@ -137,6 +138,7 @@ class Job:
             gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
             profile=profile_of(item.get("comment") or ""),
             priority=_number(item.get("priority")),
+            time_limit=_number(item.get("time_limit")),
         )
 
 
@@ -457,6 +459,11 @@ class Slurm:
 
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, "cancel", str(int(job_id))))
+
+    async def set_time_limit(self, job_id: int, minutes: int) -> None:
+        """A job's new time limit, as the hub: a Slurm operator (users may only shorten theirs).
+        Slurm still applies the partition's and QoS's limits, and says so."""
+        await self.run([self.tool("scontrol"), "update", f"JobId={int(job_id)}", f"TimeLimit={int(minutes)}"])
 
     async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
         """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.
