@@ -198,7 +198,8 @@ class HubSettings(_Model):
         "(e.g. dsportal-hub; the demo makes it). It owns data_dir and the hub's secrets, and acts as users only "
         "through the mediator (slurm.submit_as: sudo, `dsportal hub sudoers`). Empty: the hub runs as root.")
     admin_users: list[str] = []
-    start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up.")
+    start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up once Slurm runs its "
+                               "job (the wait in the queue is the profile's queue_limit).")
     http_timeout: int = Field(60, gt=0)
     proxy_command: list[str] = ["configurable-http-proxy"]
     external_proxy: bool = Field(
@@ -371,6 +372,9 @@ class Profile(_Model):
         "GPUs go back to the queue. In use: the browser talks to it, a kernel runs code (even silently), "
         "or one of its GPUs is busy. Empty: never.")
     idle_timeout_without_gpu: str | None = Field(None, description="The same for sessions without GPUs.")
+    queue_limit: str = Field(
+        "08:00:00", description="How long (HH:MM:SS) a session may wait in Slurm's queue before the portal "
+        "withdraws it and tells the user; then hub.start_timeout more to come up once it runs.")
 
     @field_validator("gpu_choices")
     @classmethod
@@ -386,7 +390,7 @@ class Profile(_Model):
             raise ValueError("must be positive")
         return value
 
-    @field_validator("default_walltime", "max_walltime")
+    @field_validator("default_walltime", "max_walltime", "queue_limit")
     @classmethod
     def _walltime(cls, value: str) -> str:
         if parse_walltime(value) <= 0:

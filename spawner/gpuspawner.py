@@ -12,6 +12,7 @@ import asyncio
 import json
 import pwd
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 import batchspawner
@@ -20,7 +21,8 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
 from portal import defaults, sessionvars
-from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
+from portal.cluster.slurmclient import (Job, Slurm, SlurmError, SlurmUnavailable, queue_place, refusal_hint,
+                                        shared_client)
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
 from portal.settings import Profile, human_duration, parse_walltime
 from portal.templatesources import Spec
@@ -44,6 +46,15 @@ class SpawnFailed(SpawnException):
         # lines) is shown to her alone, on the spawn page and in the progress stream.
         super().__init__(logged or message, reason=reason, status_code=status_code)
         self.jupyterhub_message = f"{message}{private}"
+
+
+@dataclass(frozen=True)
+class Extension:
+    """What asking for more walltime did: ``done`` or not, and the message for the user."""
+
+    done: bool
+    message: str
+    time_limit_s: int = 0
 
 
 class RequestRefused(SpawnFailed):
@@ -333,6 +344,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return None
 
     # ---------------------------------------------------------------- lifecycle
+    def queue_limit(self) -> float:
+        """Seconds the session may wait in Slurm's queue: its profile's queue_limit."""
+        return parse_walltime(self.slice.profile.queue_limit)
+
+    def _queued_too_long(self) -> SpawnFailed:
+        job, chosen = self.job, self.slice
+        reason = f" (Slurm's reason: {job.reason})" if job and job.reason not in ("None", "") else ""
+        return SpawnFailed(
+            f"Your session waited {human_duration(self.queue_limit())} in Slurm's queue for {chosen.describe()}"
+            f"{reason}, the longest {chosen.profile.display_name} lets a "
+            "session wait; it was taken out of the queue. Try fewer GPUs, another profile, or later.",
+            reason="queue-limit", status_code=503)
+
     async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
         job_id = self.job_id
@@ -383,6 +407,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if status == JobStatus.NOTFOUND:
                 # No clear_state(): JupyterHub calls stop() next, which scancels whatever is left.
                 raise await self._failure(self.job, "ended before it started")
+            if status == JobStatus.PENDING and time.monotonic() - self.submitted_at > self.queue_limit():
+                raise self._queued_too_long()  # JupyterHub's stop() then takes the job out of the queue
             await self._until_port_or(self.startup_poll_interval)
         metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self.submitted_at)
 
@@ -465,6 +491,25 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if status not in (JobStatus.RUNNING, JobStatus.PENDING):
                 return status
 
+    async def extend(self, minutes: int) -> Extension:
+        """``minutes`` more for the running session, up to its profile's max_walltime."""
+        job = await self.slurm.job(int(self.job_id), max_age=0) if self.job_id else None
+        if job is None or not job.running:
+            return Extension(False, "Your session is not running, so there is nothing to extend.")
+        profile = self.slice.profile
+        most = parse_walltime(profile.max_walltime) // 60
+        if job.time_limit >= most:
+            return Extension(False, f"Your session already has the longest walltime {profile.display_name} allows, "
+                             f"{human_duration(most * 60)}; save your work before it ends.")
+        wanted = min(job.time_limit + minutes, most)
+        try:
+            await self.slurm.set_time_limit(job.job_id, wanted)
+        except SlurmError as error:
+            return Extension(False, f"Slurm refused to extend your session: {error}")
+        capped = f", the longest {profile.display_name} allows" if wanted == most else ""
+        return Extension(True, f"Your session's walltime is now {human_duration(wanted * 60)}{capped} "
+                         f"({human_duration((wanted - job.time_limit) * 60)} more).", wanted * 60)
+
     def idle_limit(self) -> int | None:
         """Seconds this session may stay unused (its profile's idle limit for its GPU count)."""
         return self.slice.idle_limit if self.slice is not None else None
@@ -506,7 +551,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if job is None:
                 yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
             elif job.pending:
-                reason = "" if job.reason in ("None", "") else f": waiting for {job.reason}"
+                place, queued = queue_place(self.slurm.last_jobs, job)
+                reason = f", place {place} of {queued} in its queue" if place else ""
+                reason += "" if job.reason in ("None", "") else f": waiting for {job.reason}"
                 estimate = ""
                 if job.start_time > time.time():
                     start = datetime.fromtimestamp(job.start_time)

@@ -185,6 +185,10 @@ class PartitionSpawner(WrapSpawner):
         self.select_profile(chosen.profile.name)
         self.construct_child()
         self.child_spawner.slice = chosen  # validated once: the child submits exactly this
+        # JupyterHub gives start() this long, read once start() has returned its coroutine: the
+        # profile's time in the queue (the child withdraws a job that waits longer, in words),
+        # then the configured time to come up once Slurm runs it.
+        self.start_timeout = int(self.child_spawner.queue_limit()) + self.child_spawner.start_timeout
         return self.child_spawner.start()
 
     async def poll(self):

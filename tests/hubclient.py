@@ -169,8 +169,8 @@ class HubUser:
     def start_server(self, options: dict | None = None) -> requests.Response:
         return self.api("POST", f"/hub/api/users/{self.name}/server", json=options or {})
 
-    def progress_events(self, timeout: float = 120) -> list[dict]:
-        """The hub's progress stream for the spawn in flight, until ready or failed."""
+    def progress_events(self, timeout: float = 120, until=lambda event: False) -> list[dict]:
+        """The hub's progress stream for the spawn in flight, until ready, failed or ``until(event)``."""
         events = []
         with self.api("GET", f"/hub/api/users/{self.name}/server/progress", stream=True) as response:
             response.raise_for_status()
@@ -179,7 +179,7 @@ class HubUser:
                 if line and line.startswith("data:"):
                     event = json.loads(line[5:])
                     events.append(event)
-                    if event.get("ready") or event.get("failed"):
+                    if event.get("ready") or event.get("failed") or until(event):
                         break
                 if time.monotonic() > deadline:
                     break

@@ -93,7 +93,8 @@ def test_full_nodes_then_a_third_request_waits_with_slurms_reason(alice, bob, ca
     assert response.status_code == 202, response.text
     events = _read_progress_until(carol, lambda e: "Resources" in e.get("message", ""))
     messages = [e.get("message", "") for e in events]
-    assert any(re.search(r"Job \d+ queued on partition gpu: waiting for Resources", m) for m in messages), messages
+    assert any(re.search(r"Job \d+ queued on partition gpu, place 1 of 1 in its queue: waiting for Resources", m)
+               for m in messages), messages
     assert only_job("carol")["job_state"] == "PENDING"
 
     # Cancelled while pending (by an operator here): the spawn fails at once, saying so.

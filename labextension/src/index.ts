@@ -16,7 +16,7 @@ import { Widget } from '@lumino/widgets';
 
 import { api, duration, sessionUrl, state } from './api';
 import { JobsPanel } from './jobs';
-import { SliceStatus } from './slice';
+import { Slice, SLICE_CHANGED, SliceStatus } from './slice';
 
 import '../style/index.css';
 
@@ -41,7 +41,8 @@ const COMMANDS = {
   tensorboard: 'dsportal:open-tensorboard',
   tensorboardHere: 'dsportal:open-tensorboard-here',
   freshCopy: 'dsportal:fresh-template-copy',
-  keep: 'dsportal:keep-session'
+  keep: 'dsportal:keep-session',
+  extend: 'dsportal:extend-session'
 };
 
 type Notify = (message: string, type?: string, actions?: { label: string; commandId: string; args?: any; displayType?: string }[]) => Promise<string>;
@@ -186,6 +187,58 @@ function watchIdle(app: JupyterFrontEnd, notify: Notify): void {
   void look();
 }
 
+// ------------------------------------------------------------------------------------ walltime
+const WARN_AT_S = [15 * 60, 5 * 60]; // before the walltime ends: warn with Save all and Extend
+const EXTEND_MINUTES = 60;
+
+function watchWalltime(app: JupyterFrontEnd, notify: Notify): void {
+  const warned = new Set<number>();
+  const look = async () => {
+    let slice: Slice;
+    try {
+      slice = await api<Slice>('GET', 'slice');
+    } catch {
+      window.setTimeout(look, 60_000);
+      return;
+    }
+    const left = slice.time_left_s;
+    if (left === null) {
+      return;
+    }
+    for (const at of WARN_AT_S) {
+      if (left > at) {
+        warned.delete(at); // extended since: warn again when it comes round
+      } else if (!warned.has(at) && left > 0) {
+        warned.add(at);
+        void notify(
+          `Your session's walltime ends in ${duration(left)}: then Slurm stops it, with its kernels. ` +
+            'Save your work, or extend the session.',
+          'warning',
+          [
+            { label: 'Save all', commandId: 'docmanager:save-all', displayType: 'accent' },
+            { label: `Extend by ${EXTEND_MINUTES} min`, commandId: COMMANDS.extend }
+          ]
+        );
+      }
+    }
+    // Closer to the end, closer looks.
+    window.setTimeout(look, left <= WARN_AT_S[0] + 120 ? 15_000 : 60_000);
+  };
+  app.commands.addCommand(COMMANDS.extend, {
+    label: `Extend my session by ${EXTEND_MINUTES} min`,
+    execute: async () => {
+      try {
+        const done = await api<{ message: string }>('POST', 'extend', { minutes: EXTEND_MINUTES });
+        void notify(done.message, 'success');
+      } catch (error) {
+        void notify((error as Error).message, 'error');
+      }
+      window.dispatchEvent(new Event(SLICE_CHANGED));
+    }
+  });
+  void look();
+}
+
 // ------------------------------------------------------------------------------------ plugins
 const main: JupyterFrontEndPlugin<void> = {
   id: 'dsportal-lab:plugin',
@@ -255,6 +308,7 @@ const main: JupyterFrontEndPlugin<void> = {
     state.loaded = true;
     void app.restored.then(() => {
       watchIdle(app, notify);
+      watchWalltime(app, notify);
       return watchTemplates(app, notify);
     });
   }
@@ -269,7 +323,8 @@ const slice: JupyterFrontEndPlugin<void> = {
     if (!statusBar) {
       return;
     }
-    statusBar.registerStatusItem('dsportal-lab:slice', { item: new SliceStatus(), align: 'left', rank: 50 });
+    const item = new SliceStatus(() => void app.commands.execute(COMMANDS.extend));
+    statusBar.registerStatusItem('dsportal-lab:slice', { item, align: 'left', rank: 50 });
   }
 };
 

@@ -4,7 +4,9 @@ import { Widget } from '@lumino/widgets';
 
 import { api, duration, state } from './api';
 
-interface Slice {
+export const SLICE_CHANGED = 'dsportal-slice-changed'; // a window event: read the slice again
+
+export interface Slice {
   job_id: number | null;
   partition: string;
   node: string;
@@ -23,21 +25,28 @@ function memory(mb: number): string {
 }
 
 export class SliceStatus extends Widget {
-  constructor() {
+  /** ``extend``: what a click does (ask for more walltime). */
+  constructor(extend: () => void) {
     super();
     this.addClass('dsportal-SliceStatus');
     this.addClass('jp-StatusBar-TextItem');
     this.node.textContent = 'Slurm job …';
+    this.node.style.cursor = 'pointer';
+    this.node.addEventListener('click', extend);
     void this._read();
     this._tick = window.setInterval(() => this._show(), TICK_MS);
     this._reread = window.setInterval(() => void this._read(), READ_MS);
+    window.addEventListener(SLICE_CHANGED, this._changed);
   }
 
   dispose(): void {
     window.clearInterval(this._tick);
     window.clearInterval(this._reread);
+    window.removeEventListener(SLICE_CHANGED, this._changed);
     super.dispose();
   }
+
+  private _changed = () => void this._read();
 
   private async _read(): Promise<void> {
     try {
@@ -69,7 +78,7 @@ export class SliceStatus extends Widget {
     this.node.title =
       `Your session is Slurm job ${slice.job_id} on ${slice.node || 'its node'} (partition ${slice.partition}): ` +
       `${parts.slice(0, 3).join(', ')}` +
-      (left ? `; it ends in ${left}, when its walltime runs out. Save your work before then.` : '.');
+      (left ? `; it ends in ${left}, when its walltime runs out. Save your work before then. Click to extend it.` : '.');
   }
 
   private _slice: Slice | null = null;

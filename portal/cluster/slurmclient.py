@@ -99,6 +99,8 @@ class Job:
     submit_time: int
     gpus: int = 0  # per node, as requested (tres_per_node)
     profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
+    priority: int = 0  # while pending: the scheduler serves higher first
+    time_limit: int = 0  # minutes (0: none known)
 
     @property
     def pending(self) -> bool:
@@ -135,10 +137,30 @@ class Job:
             submit_time=int(item.get("submit_time") or 0),
             gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
             profile=profile_of(item.get("comment") or ""),
+            priority=_number(item.get("priority")),
+            time_limit=_number(item.get("time_limit")),
         )
 
 
 PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
+
+
+def _number(value) -> int:
+    """squeue --json's numbers: plain, or (newer Slurm) {"set": true, "number": N}."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else 0
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def queue_place(jobs: dict[int, "Job"], job: "Job") -> tuple[int, int]:
+    """(place, of): where a pending job stands among its partition's pending jobs, in the order the
+    scheduler takes them (priority, then age); (0, 0) when it is not pending."""
+    if not job.pending:
+        return 0, 0
+    queue = sorted((j for j in jobs.values() if j.pending and j.partition == job.partition),
+                   key=lambda j: (-j.priority, j.submit_time, j.job_id))
+    ids = [j.job_id for j in queue]
+    return (ids.index(job.job_id) + 1 if job.job_id in ids else 0), len(ids)
 
 
 def profile_of(comment: str) -> str:
@@ -437,6 +459,11 @@ class Slurm:
 
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, "cancel", str(int(job_id))))
+
+    async def set_time_limit(self, job_id: int, minutes: int) -> None:
+        """A job's new time limit, as the hub: a Slurm operator (users may only shorten theirs).
+        Slurm still applies the partition's and QoS's limits, and says so."""
+        await self.run([self.tool("scontrol"), "update", f"JobId={int(job_id)}", f"TimeLimit={int(minutes)}"])
 
     async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
         """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.

@@ -21,6 +21,7 @@ from .. import templating
 from . import metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
+from .extend import ExtendHandler
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
 
@@ -131,6 +132,7 @@ def configure(c, settings=None) -> None:
     c.Authenticator.admin_users = set(hub.admin_users)
 
     install_port_handler()
+    c.JupyterHub.extra_handlers = [(r"/api/dsportal/extend", ExtendHandler)]
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
     c.PartitionSpawner.default_profile = settings.profile().name

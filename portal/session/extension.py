@@ -26,6 +26,7 @@ def _load_jupyter_server_extension(server_app):
         (r"dsportal/api/jobs/(\d+)/stream", jobs_api.JobStreamHandler),
         ("dsportal/api/policy", jobs_api.PolicyHandler),
         ("dsportal/api/slice", jobs_api.SliceHandler),
+        ("dsportal/api/extend", jobs_api.ExtendHandler),
         ("dsportal/api/idle", activity.IdleHandler),
     ]
     activity.setup(server_app)

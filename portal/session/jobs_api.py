@@ -9,6 +9,8 @@ REST (under the session's base URL, e.g. /user/alice/):
                                          live, then {"type": "state", ...} once the job ended
   GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
   GET    dsportal/api/slice              this session's slice: GPUs, CPUs, memory, walltime left
+  POST   dsportal/api/extend             {"minutes": N}: more walltime, up to the profile's maximum (the hub
+                                         changes the job's time limit; its message says what happened)
 
 The session's server answers its owner only (JupyterHub's token/cookie check), so another
 user's token is refused before any of this runs; jobs are the ones in the owner's own
@@ -28,6 +30,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
 from ..cluster.slurmclient import SlurmError, SlurmMissing, SlurmUnavailable, refusal_hint
+from . import hubapi
 from .api import MessageAPIHandler
 from .onuse import module_on_use
 
@@ -122,6 +125,19 @@ class SliceHandler(_JobsAPI):
         except Exception as error:  # noqa: BLE001
             self._fail(error)
         self.finish(json.dumps(found))
+
+
+class ExtendHandler(MessageAPIHandler):
+    @web.authenticated
+    async def post(self):
+        body = self.get_json_body()
+        minutes = body.get("minutes") if isinstance(body, dict) else None
+        response = await hubapi.post("dsportal/extend", {"minutes": minutes})
+        if response.code == 599:
+            raise web.HTTPError(503, f"The hub is not answering right now, please retry: {hubapi.message_of(response)}")
+        if response.code != 200:
+            raise web.HTTPError(response.code, hubapi.message_of(response))
+        self.finish(response.body)
 
 
 class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):

@@ -11,23 +11,16 @@ instead of serving on a port nobody routes to.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from jupyterhub.services.auth import HubAuth
-from jupyterhub.utils import make_ssl_context, url_path_join
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
 from .. import sessionvars
+from . import hubapi
 
 
-def refusal(code: int, body: bytes) -> str:
-    try:
-        reason = json.loads(body or b"{}").get("message") or ""
-    except (ValueError, AttributeError):
-        reason = (body or b"").decode(errors="replace").strip()
-    if not reason and code == 403:
+def refusal(response) -> str:
+    reason = hubapi.message_of(response)
+    if not reason and response.code == 403:
         # The hub revoked this session's token: its start was given up (e.g. sbatch timed out
         # while slurmctld hung, and Slurm took the job in later). Nobody waits for this job.
         reason = "the hub no longer knows this session (its start was given up); this job ends"
@@ -38,21 +31,11 @@ async def report(server_app) -> None:
     if not os.environ.pop(sessionvars.REPORT_PORT, ""):
         return
     port = server_app.port  # the one it bound (the chosen one, unless taken meanwhile)
-    hub_auth = HubAuth()
-    ssl = None
-    if hub_auth.certfile and hub_auth.keyfile:
-        ssl = make_ssl_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
-    request = HTTPRequest(
-        url_path_join(hub_auth.api_url, "batchspawner"), method="POST", ssl_options=ssl,
-        headers={"Authorization": f"token {hub_auth.api_token}", "Content-Type": "application/json"},
-        body=json.dumps({"port": port, "job_id": os.environ.get("SLURM_JOB_ID", "")}),
-        request_timeout=60,
-    )
-    response = await AsyncHTTPClient().fetch(request, raise_error=False)
+    response = await hubapi.post("batchspawner", {"port": port, "job_id": os.environ.get("SLURM_JOB_ID", "")})
     if response.code == 201:
         server_app.log.info("dsportal: port %s reported to the hub", port)
         return
-    reason = refusal(response.code, response.body) if response.code != 599 else str(response.error)
+    reason = refusal(response)
     sys.stderr.write(f"dsportal: the hub refused this session's port ({response.code}): {reason}\n")
     sys.stderr.flush()
     os._exit(1)  # nothing of the session has started yet: no kernel, no terminal

@@ -1,0 +1,34 @@
+"""The session's requests to its hub's API: as the session (its token), over the hub's internal TLS."""
+
+from __future__ import annotations
+
+import json
+
+from jupyterhub.services.auth import HubAuth
+from jupyterhub.utils import make_ssl_context, url_path_join
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
+
+
+async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
+    """POST ``body`` to the hub's API at ``path`` (e.g. "batchspawner"); the response, whatever its code
+    (599: the hub did not answer)."""
+    hub_auth = HubAuth()
+    ssl = None
+    if hub_auth.certfile and hub_auth.keyfile:
+        ssl = make_ssl_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
+    request = HTTPRequest(
+        url_path_join(hub_auth.api_url, path), method="POST", ssl_options=ssl,
+        headers={"Authorization": f"token {hub_auth.api_token}", "Content-Type": "application/json"},
+        body=json.dumps(body), request_timeout=timeout,
+    )
+    return await AsyncHTTPClient().fetch(request, raise_error=False)
+
+
+def message_of(response: HTTPResponse) -> str:
+    """The hub's ``message`` (its errors and dsportal's answers carry one), else the body's text."""
+    if response.code == 599:
+        return str(response.error)
+    try:
+        return json.loads(response.body or b"{}").get("message") or ""
+    except (ValueError, AttributeError):
+        return (response.body or b"").decode(errors="replace").strip()

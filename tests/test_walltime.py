@@ -1,0 +1,79 @@
+"""The walltime's end: JupyterLab warns with Save all and Extend; a user extends her own running
+session up to her profile's maximum (the hub, a Slurm operator, changes the job's time limit),
+and is told in words where the profile or Slurm says no. Real hub, real Slurm, a real browser."""
+
+from playwright.sync_api import sync_playwright
+
+from conftest import HUB, login
+from test_profiles import only_job, scontrol
+
+
+def extend(user, minutes):
+    return user.api("POST", f"/user/{user.name}/dsportal/api/extend", json={"minutes": minutes})
+
+
+def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
+    alice.spawn({"profile": "gpu", "gpus": 1, "walltime": "01:00:00"})
+    job_id = only_job("alice")["job_id"]
+
+    done = extend(alice, 60)
+    assert done.status_code == 200, done.text
+    assert done.json()["message"] == "Your session's walltime is now 2 h (1 h more)."
+    assert scontrol(job_id)["TimeLimit"] == "02:00:00"
+    assert alice.api("GET", "/user/alice/dsportal/api/slice").json()["time_limit_s"] == 7200
+
+    capped = extend(alice, 24 * 60)  # beyond the profile's 12 h: up to it, and said so
+    assert capped.status_code == 200, capped.text
+    assert capped.json()["message"] == ("Your session's walltime is now 12 h, the longest GPU partition allows "
+                                        "(10 h more).")
+    assert scontrol(job_id)["TimeLimit"] == "12:00:00"
+    refused = extend(alice, 60)
+    assert refused.status_code == 400
+    assert refused.json()["message"] == ("Your session already has the longest walltime GPU partition allows, "
+                                         "12 h; save your work before it ends.")
+
+    for bad in ("lots", 0, -5, 1.5, True, 10**6, None):
+        answer = extend(alice, bad)
+        assert answer.status_code == 400, (bad, answer.text)
+        assert answer.json()["message"].startswith("expected {'minutes': <1-1440>}"), answer.text
+    # bob, without a session, asks the hub for more time: he has nothing to extend, and alice's stays.
+    asked = bob.api("POST", "/hub/api/dsportal/extend", json={"minutes": 60})
+    assert asked.status_code == 400 and asked.json()["message"] == "You have no running session to extend."
+    assert scontrol(job_id)["TimeLimit"] == "12:00:00"
+
+
+def test_slurms_own_limit_refuses_in_words(second_hub):
+    def generous_profile(config):  # the portal allows more than the partition's MaxTime (4 h)
+        next(p for p in config["profiles"] if p["name"] == "cpu")["max_walltime"] = "06:00:00"
+
+    alice = login(second_hub(generous_profile), "alice")
+    alice.spawn({"profile": "cpu", "walltime": "03:00:00"})
+    job_id = only_job("alice")["job_id"]
+    refused = extend(alice, 120)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["message"]
+    assert message.startswith("Slurm refused to extend your session: "), message
+    assert scontrol(job_id)["TimeLimit"] == "03:00:00"
+
+
+def test_jupyterlab_warns_before_the_walltime_ends_and_extends_from_the_warning(alice):
+    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
+
+    alice.spawn({"profile": "cpu", "walltime": "00:16:00"})  # 15 minutes left within a minute
+    job_id = only_job("alice")["job_id"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        log_in(page)
+        page.goto(f"{HUB}/user/alice/lab?reset")
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        warning = page.locator(".Toastify__toast", has_text="Your session's walltime ends in")
+        warning.wait_for(timeout=150_000)
+        assert warning.get_by_role("button", name="Save all").is_visible()
+        SHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SHOTS / "walltime-warning.png"))
+        warning.get_by_role("button", name="Extend by 60 min").click()
+        page.locator(".Toastify__toast", has_text="Your session's walltime is now 1 h 16 min").wait_for(timeout=30_000)
+        page.locator(".dsportal-SliceStatus", has_text=" left").wait_for(timeout=10_000)
+        browser.close()
+    assert scontrol(job_id)["TimeLimit"] == "01:16:00"
