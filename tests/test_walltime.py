@@ -42,18 +42,22 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
     assert scontrol(job_id)["TimeLimit"] == "12:00:00"
 
 
-def test_slurms_own_limit_refuses_in_words(second_hub):
-    def generous_profile(config):  # the portal allows more than the partition's MaxTime (4 h)
+def test_the_partitions_own_limit_holds_though_the_hub_is_a_slurm_operator(second_hub):
+    def generous_profile(config):  # the portal would allow more than the partition's MaxTime (4 h)
         next(p for p in config["profiles"] if p["name"] == "cpu")["max_walltime"] = "06:00:00"
 
     alice = login(second_hub(generous_profile), "alice")
     alice.spawn({"profile": "cpu", "walltime": "03:00:00"})
     job_id = only_job("alice")["job_id"]
-    refused = extend(alice, 120)
-    assert refused.status_code == 400, refused.text
-    message = refused.json()["message"]
-    assert message.startswith("Slurm refused to extend your session: "), message
-    assert scontrol(job_id)["TimeLimit"] == "03:00:00"
+    capped = extend(alice, 120)
+    assert capped.status_code == 200, capped.text
+    assert capped.json()["message"] == "Your session's walltime is now 4 h, the longest partition cpu allows (1 h more)."
+    assert scontrol(job_id)["TimeLimit"] == "04:00:00"
+    refused = extend(alice, 60)
+    assert refused.status_code == 400
+    assert refused.json()["message"] == ("Your session already has the longest walltime partition cpu allows, 4 h; "
+                                         "save your work before it ends.")
+    assert scontrol(job_id)["TimeLimit"] == "04:00:00"
 
 
 def test_jupyterlab_warns_before_the_walltime_ends_and_extends_from_the_warning(alice):

@@ -462,8 +462,22 @@ class Slurm:
 
     async def set_time_limit(self, job_id: int, minutes: int) -> None:
         """A job's new time limit, as the hub: a Slurm operator (users may only shorten theirs).
-        Slurm still applies the partition's and QoS's limits, and says so."""
+        An operator passes the partition's MaxTime and the QoS's MaxWall: ask time_ceiling first."""
         await self.run([self.tool("scontrol"), "update", f"JobId={int(job_id)}", f"TimeLimit={int(minutes)}"])
+
+    async def time_ceiling(self, partition: str, qos: str | None) -> tuple[int | None, str]:
+        """(minutes, whose limit) of the longest time limit Slurm lets a user's job in ``partition``
+        (and ``qos``) have: the partition's MaxTime, the QoS's MaxWall, the lower; (None, "") if neither."""
+        limits = []
+        shown = await self.run([self.tool("scontrol"), "show", "partition", partition, "-o"])
+        max_time = parse_config(shown.replace(" ", "\n")).get("MaxTime", "UNLIMITED")
+        if max_time not in ("UNLIMITED", ""):
+            limits.append((slurm_minutes(max_time), f"partition {partition}"))
+        if qos:
+            wall = (await self.run([self.tool("sacctmgr"), "-n", "-P", "show", "qos", qos, "format=MaxWall"])).strip()
+            if wall:
+                limits.append((slurm_minutes(wall), f"QoS {qos}"))
+        return min(limits) if limits else (None, "")
 
     async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
         """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.
@@ -559,6 +573,18 @@ def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds:
         _clients[key] = Slurm(Path(conf) if conf else None, Path(bin_dir), submit_as, cache_seconds=cache_seconds,
                               mediator=Path(mediator))
     return _clients[key]
+
+
+def slurm_minutes(text: str) -> int:
+    """Slurm's time values ('D-HH:MM:SS', 'HH:MM:SS', 'MM:SS', 'MM') -> whole minutes."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        parts = [0, parts[0], 0]  # minutes alone
+    elif len(parts) == 2:
+        parts = [0, *parts]  # MM:SS
+    hours, minutes, _seconds = parts
+    return (int(days or 0) * 24 + hours) * 60 + minutes
 
 
 def parse_config(text: str) -> dict[str, str]:
