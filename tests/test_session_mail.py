@@ -15,6 +15,7 @@ import pytest
 
 from conftest import CONFIG, HUB, stop_and_wait
 from hubclient import HubUser, active_jobs
+from portal.cluster.demo.mta import exim_settings
 from portal.rules import RequestError, parse_options, plain_mail_address, wants_mail
 from portal.settings import load
 from portal.templating import render
@@ -92,6 +93,15 @@ def test_the_form_shows_the_checkbox_off_with_the_note_when_there_is_no_address(
     form = render("spawn_form.html.j2", rows=[], default="", mail={"address": "alice@dsportal.test", "note": ""})
     assert not re.search(r'<input[^>]*name="mail"[^>]*disabled', form)
     assert "E-mail me when my session starts" in form and "alice@dsportal.test" in form
+
+
+def test_the_demos_mta_delivers_its_domain_locally_and_relays_nothing():
+    settings = dict(line.split("=", 1) for line in exim_settings("dsportal.test").splitlines() if "=" in line)
+    assert settings["dc_eximconfig_configtype"] == "'local'"
+    assert settings["dc_other_hostnames"] == "'dsportal.test'"
+    assert settings["dc_local_interfaces"] == "'127.0.0.1 ; ::1'"
+    assert settings["dc_relay_nets"] == settings["dc_relay_domains"] == settings["dc_smarthost"] == "''"
+    assert settings["dc_localdelivery"] == "'mail_spool'"
 
 
 # ---------------------------------------------------------------- the demo cluster

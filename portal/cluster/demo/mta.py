@@ -53,5 +53,5 @@ def ensure_mta() -> None:
                         "missing): run scripts/install-deps.sh (exim4-daemon-light, bsd-mailx)")
     domain = mail_domain()
     if write_if_changed(EXIM_CONFIG, exim_settings(domain), 0o644):
-        run(["update-exim4.conf"])
+        run(["/usr/sbin/update-exim4.conf"])
         say(f"exim4: local delivery for @{domain} to /var/mail")
