@@ -104,7 +104,10 @@ def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> Sess
 
 
 # ------------------------------------------------------------------------------ a spawn request
-OPTIONS = ("profile", "gpus", "walltime")
+OPTIONS = ("profile", "gpus", "walltime", "mail")
+# A plain address: it lands on an #SBATCH line (--mail-user) and on the mail program's command line,
+# so it starts with a letter or digit (never an option like -oQ).
+PLAIN_MAIL_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 
 
 def parse_options(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str) -> SessionSlice:
@@ -119,6 +122,7 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
             raise RequestError(f"{key} must be text, not {described(options[key])}")
     if "gpus" in options and options["gpus"] is None:
         raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
+    wants_mail(options)
     name = options.get("profile") or default_profile
     by_name = {p.name: p for p in profiles}
     if name not in by_name:
@@ -128,6 +132,23 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
     if not may_use(profile, user_groups):
         raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
     return slice_for(profile, options.get("gpus"), options.get("walltime"))
+
+
+def wants_mail(options: dict) -> bool:
+    """Whether the request asks for Slurm's e-mail when the session starts (option ``mail``: true/false)."""
+    asked = options.get("mail", False)
+    if not isinstance(asked, bool):
+        raise RequestError(f"mail must be true or false (an e-mail when the session starts), not {described(asked)}")
+    return asked
+
+
+def plain_mail_address(address) -> str:
+    """The user's address from the directory, if it is a plain one Slurm may be given."""
+    text = address if isinstance(address, str) else ""
+    if not PLAIN_MAIL_ADDRESS.fullmatch(text) or len(text) > 254:
+        raise RequestError(f"your e-mail address in the directory, {shown(address)}, is not a plain address "
+                           "(letters, digits and ._+- around one @): Slurm cannot mail it; ask your admin to fix it")
+    return text
 
 
 # ------------------------------------------------------------------------------ what a session may launch

@@ -15,7 +15,8 @@ packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev proc
           openmpi-bin libopenmpi-dev cmake g++ chromium nftables slurmdbd mariadb-server libnss-myhostname
           patchelf squashfs-tools  # Apptainer from Debian unstable, relocated (scripts/install-apptainer.sh)
           systemd   # systemd-analyze verify of the shipped units (tests/test_deploy.py); not run as PID 1
-          postgresql)  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
+          postgresql  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
+          exim4-daemon-light bsd-mailx)  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:
-    """The chosen profile's own fields (each profile has its own 'gpus.NAME' and 'walltime.NAME')."""
+    """The chosen profile's own fields (each profile has its own 'gpus.NAME' and 'walltime.NAME'), and
+    the e-mail checkbox ('mail') shared by all profiles."""
     profile = (formdata.get("profile") or [""])[0]
     options = {"profile": profile}
     for key in ("gpus", "walltime"):
         values = formdata.get(f"{key}.{profile}")
         if values:
             options[key] = values[0].strip()
+    mail = formdata.get("mail")
+    if mail:
+        # A ticked checkbox sends "on"; anything else goes on as sent, for the rules to refuse in words.
+        options["mail"] = True if mail[0] == "on" else mail[0]
     return options

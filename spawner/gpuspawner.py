@@ -135,6 +135,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
     launch_policy_json = Unicode("", help="The session's launch policy (sessionvars.LAUNCH_POLICY), made at submit.")
+    mail_user = Unicode("", help="The user's address for Slurm's mail when the job starts (--mail-type=BEGIN), "
+                        "checked by PartitionSpawner; '' for no mail.")
     last_end = Unicode("", help="Why the session ended without a stop through the portal; PartitionSpawner keeps it "
                        "in the hub's state for the user's next page.")
 
@@ -191,6 +193,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             umask=self.umask,
             command=command + self.get_args(),
             catalog=self.kernel_catalog(chosen.profile.name),
+            mail_user=self.mail_user,
         )
 
     def kernel_catalog(self, profile: str) -> str:

@@ -16,33 +16,51 @@ import time
 from datetime import datetime, timezone
 
 from sqlalchemy.orm import object_session
-from traitlets import Any, Float, List, Unicode, default, directional_link
+from traitlets import Any, Dict, Float, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
 from portal import defaults
 from portal.cluster.slurmclient import SlurmError
-from portal.rules import RequestError, SessionSlice, may_use, parse_options, unix_groups
-from portal.settings import Profile, parse_memory_mb
+from portal.rules import RequestError, SessionSlice, may_use, parse_options, plain_mail_address, unix_groups, wants_mail
+from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
 from portal.templating import render
 
-from . import certs, metrics
+from . import certs, mailaddress, metrics
 from .form import options_from_form
-from .gpuspawner import RequestRefused, SlurmGPUSpawner
+from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed
 
 
 class PartitionSpawner(WrapSpawner):
     profiles = List(help="Partition profiles (portal.settings.Profile fields) offered to users.").tag(config=True)
     default_profile = Unicode(help="Profile used when a request names none.").tag(config=True)
     resources_interval = Float(defaults.RESOURCES_INTERVAL, help="Seconds the form's live resources are cached.").tag(config=True)
+    ldap = Dict(help="The portal's LDAP settings (portal.settings.LdapSettings fields): where the user's e-mail "
+                "address (her entry's `mail`) is read for Slurm's mail when her session starts. Empty: no e-mail.").tag(
+        config=True)
 
     child_profile = Unicode()
     session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
-    validated = Any(None, help="(options, slice) of the last form the user sent, validated: its start uses the slice.")
+    validated = Any(None, help="(options, slice, mail address) of the last form the user sent, validated: its start "
+                    "uses them.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.created_at = time.monotonic()
+        self.boot_timeout = self.start_timeout  # the configured time to come up once Slurm runs the job
+
+    @observe("user_options")
+    def _allow_the_profiles_queue_time(self, change):
+        """JupyterHub gives start() ``start_timeout``, read before start() runs (after it sets the
+        options): the profile's time in Slurm's queue (the child withdraws a job that waits longer,
+        in words), then the time to come up once it runs."""
+        name = (change["new"] or {}).get("profile") or self.default_profile
+        profile = next((p for p in self.profiles if p.get("name") == name), None)
+        if profile is None:  # an unknown profile: start() refuses it at once
+            self.start_timeout = self.boot_timeout
+            return
+        queue = profile.get("queue_limit") or Profile.model_fields["queue_limit"].default
+        self.start_timeout = parse_walltime(queue) + self.boot_timeout
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:
@@ -59,8 +77,48 @@ class PartitionSpawner(WrapSpawner):
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
 
+    # ---------------------------------------------------- e-mail when the session starts
+    async def mail_address(self) -> str | None:
+        """The user's address in LDAP, unchecked; None without one (or without LDAP settings)."""
+        if not self.ldap:
+            return None
+        return await mailaddress.lookup(LdapSettings.model_validate(self.ldap), self.user.name)
+
+    async def mail_user_for(self, options: dict) -> str:
+        """The --mail-user of a request that asks for mail (validated options), else ''."""
+        if not wants_mail(options or {}):
+            return ""
+        try:
+            address = await self.mail_address()
+        except mailaddress.DirectoryUnavailable as error:
+            raise SpawnFailed(f"Your e-mail address could not be looked up: {error}. Start without the e-mail, "
+                              "or retry in a minute.", reason="directory-unavailable", status_code=503) from None
+        if address is None:
+            raise RequestRefused("Your session request was refused: there is no e-mail address for your account in "
+                                 "the directory, so Slurm cannot mail you when the session starts; start without the "
+                                 "e-mail, or ask your admin to add your address")
+        try:
+            return plain_mail_address(address)
+        except RequestError as error:
+            raise RequestRefused(f"Your session request was refused: {error}") from None
+
+    async def _mail_choice(self) -> dict:
+        """What the form's e-mail checkbox shows: the address, or why it is off."""
+        try:
+            address = await self.mail_address()
+        except mailaddress.DirectoryUnavailable as error:
+            return {"address": "", "note": f"Your e-mail address could not be looked up right now: {error}."}
+        if address is None:
+            return {"address": "", "note": "No e-mail address is known for your account in the directory: "
+                                           "ask your admin to add one."}
+        try:
+            return {"address": plain_mail_address(address), "note": ""}
+        except RequestError as error:
+            return {"address": "", "note": f"No e-mail: {error}."}
+
     # ---------------------------------------------------------------- the form
     async def _options_form(self, spawner=None) -> str:
+        mail = asyncio.ensure_future(self._mail_choice())  # LDAP answers while sinfo does
         resources = {}
         try:
             slurm = SlurmGPUSpawner.shared_client(self.config)
@@ -77,7 +135,7 @@ class PartitionSpawner(WrapSpawner):
             })
         default = self.default_profile if any(r["profile"].name == self.default_profile for r in rows) else (
             rows[0]["profile"].name if rows else "")
-        return render("spawn_form.html.j2", rows=rows, default=default)
+        return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail)
 
     @default("options_form")
     def _options_form_default(self):
@@ -87,9 +145,10 @@ class PartitionSpawner(WrapSpawner):
     def _child_class_default(self):
         return SlurmGPUSpawner  # never wrapspawner's LocalProcessSpawner default
 
-    def options_from_form(self, formdata):
+    async def options_from_form(self, formdata):
         options = options_from_form(formdata)
-        self.validated = (options, self.validated_slice(options))  # refuse now: the form comes back with the message
+        # Refuse now: the form comes back with the message.
+        self.validated = (options, self.validated_slice(options), await self.mail_user_for(options))
         return options
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
@@ -161,13 +220,14 @@ class PartitionSpawner(WrapSpawner):
         super().clear_state()
         self.child_profile = ""
 
-    def start(self):
+    async def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
         try:
-            form, chosen = self.validated or (None, None)
+            form, chosen, mail_user = self.validated or (None, None, "")
             self.validated = None
             if form is None or form != self.user_options:  # the REST API's options: not seen yet
                 chosen = self.validated_slice(self.user_options)
+                mail_user = await self.mail_user_for(self.user_options)
         except RequestRefused:
             asked = (self.user_options or {}).get("profile")
             known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
@@ -185,11 +245,8 @@ class PartitionSpawner(WrapSpawner):
         self.select_profile(chosen.profile.name)
         self.construct_child()
         self.child_spawner.slice = chosen  # validated once: the child submits exactly this
-        # JupyterHub gives start() this long, read once start() has returned its coroutine: the
-        # profile's time in the queue (the child withdraws a job that waits longer, in words),
-        # then the configured time to come up once Slurm runs it.
-        self.start_timeout = int(self.child_spawner.queue_limit()) + self.child_spawner.start_timeout
-        return self.child_spawner.start()
+        self.child_spawner.mail_user = mail_user
+        return await self.child_spawner.start()
 
     async def poll(self):
         # The hub's startup check is flagged on this wrapper; the child does the checking.

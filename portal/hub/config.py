@@ -137,6 +137,7 @@ def configure(c, settings=None) -> None:
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
     c.PartitionSpawner.default_profile = settings.profile().name
     c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
+    c.PartitionSpawner.ldap = settings.ldap.model_dump(mode="json")  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
     c.Spawner.http_timeout = hub.http_timeout
     c.Spawner.default_url = "/lab"

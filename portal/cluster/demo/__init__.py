@@ -4,13 +4,13 @@ compute nodes that are network hosts of their own (slurmd each), with demo users
 Every daemon is real and started by this package; all of their state lives under one
 directory (``$DSPORTAL_DEMO_DIR``, default /var/lib/dsportal-demo). ``up`` is idempotent:
 what already runs is left alone. Outside that directory it touches only /etc/hosts (node
-names), the node network (a bridge and a network namespace per node) and the demo users' Unix
-accounts, which must match LDAP for jobs to run as them.
+names), the node network (a bridge and a network namespace per node), the demo users' Unix
+accounts, which must match LDAP for jobs to run as them, and exim4's settings (/etc/exim4).
 
 The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
 private bridge), slurmdaemons.py (munge, GPUs, slurmctld,
 slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
-node.py (firewall, private /proc), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
+node.py (firewall, private /proc), mta.py (exim4: Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
 (the hub's database on the demo's MariaDB).
 """
 
@@ -24,6 +24,7 @@ from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
 from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
+from .mta import ensure_mta
 from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .network import ensure_network, network_status, remove_hosts, remove_network
 from .slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
@@ -42,6 +43,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_network()
     ensure_munge()
     ensure_accounts()  # Unix accounts first: Slurm's associations name them
+    ensure_mta()  # Slurm's mail (MailProg) delivered to the accounts' mailboxes
     ensure_slurm()
     ensure_firewall()
     ensure_private_processes()

@@ -12,6 +12,7 @@ from pathlib import Path
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
 from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
 from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
+from .mta import MAIL_PROGRAM, mail_domain
 
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
@@ -111,6 +112,8 @@ def write_slurm_conf() -> bool:
         cpus_per_node=CPUS_PER_NODE,
         mem_mb_per_node=MEM_MB_PER_NODE,
         gpus_per_node=GPUS_PER_NODE,
+        mail_program=MAIL_PROGRAM,
+        mail_domain=mail_domain(),
     )
     gres = "".join(
         f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
