@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import stat
 from importlib import resources
 from pathlib import Path
@@ -283,9 +284,17 @@ class LoginThrottleSettings(_Model):
 
 
 class LdapSettings(_Model):
+    def tls_kwargs(self) -> dict:
+        """ldap3.Tls's arguments: the server's certificate checked against ca_file (else the system's
+        CAs), its name too (ldap3 checks it once the certificate is required)."""
+        return {"validate": ssl.CERT_REQUIRED, "ca_certs_file": str(self.ca_file) if self.ca_file else None}
+
     server_address: str = "127.0.0.1"
     server_port: int = Field(389, gt=0, lt=65536)
     tls_strategy: Literal["before_bind", "on_connect", "insecure"] = "before_bind"
+    ca_file: Path | None = Field(
+        None, description="PEM file of the CA certificates that sign the LDAP server's certificate; empty: the "
+        "system's. With TLS the server's certificate and name are always checked: passwords go to no impostor.")
     bind_dn_template: list[str] = Field(min_length=1)
     allowed_groups: list[str] = Field(
         default_factory=list, description="Group DNs whose members may log in (empty: any account)."

@@ -10,11 +10,11 @@ never stalls the hub's event loop.
 from __future__ import annotations
 
 import asyncio
-import math
 
 import ldap3
 from ldap3.core.exceptions import LDAPException
 
+from portal import ldapconnect
 from portal.settings import LdapSettings
 
 MAIL_ATTRIBUTE = "mail"
@@ -26,12 +26,7 @@ class DirectoryUnavailable(RuntimeError):
 
 def _connection(ldap: LdapSettings) -> ldap3.Connection:
     """An anonymous connection with the login's TLS strategy and timeouts."""
-    server = ldap3.Server(ldap.server_address, port=ldap.server_port, use_ssl=ldap.tls_strategy == "on_connect",
-                          connect_timeout=ldap.connect_timeout)
-    connection = ldap3.Connection(server, receive_timeout=max(1, math.ceil(ldap.receive_timeout)))  # ldap3: whole seconds
-    connection.open()
-    if ldap.tls_strategy == "before_bind":
-        connection.start_tls()
+    connection = ldapconnect.open_connection(ldap)
     connection.bind()
     return connection
 

@@ -24,7 +24,7 @@ def layer(module: str) -> str:
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"
     if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
-                  "portal.hubdatabase"):
+                  "portal.hubdatabase", "portal.ldapconnect"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
                          ("portal.cluster", "admin"), ("portal.cli", "cli")):

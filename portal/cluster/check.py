@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ldap3
 
-from .. import settings as settings_module
+from .. import ldapconnect, settings as settings_module
 from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
@@ -71,12 +71,7 @@ def check_ldap(settings) -> Result:
     ldap = settings.ldap
     where = f"{ldap.server_address}:{ldap.server_port}"
     try:
-        server = ldap3.Server(ldap.server_address, port=ldap.server_port,
-                              use_ssl=ldap.tls_strategy == "on_connect", connect_timeout=5)
-        conn = ldap3.Connection(server, auto_bind=False, receive_timeout=5)
-        if ldap.tls_strategy == "before_bind":
-            conn.open()
-            conn.start_tls()
+        conn = ldapconnect.open_connection(ldap, connect_timeout=5, receive_timeout=5)
         if not conn.bind():
             return Result("LDAP", False, f"bind to {where} refused: {conn.result.get('description')}")
         missing = [g for g in ldap.allowed_groups if not conn.search(g, "(objectClass=*)", search_scope=ldap3.BASE)]

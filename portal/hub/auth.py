@@ -157,6 +157,7 @@ def configure_ldap(c, settings) -> None:
     c.LDAPAuthenticator.server_address = ldap.server_address
     c.LDAPAuthenticator.server_port = ldap.server_port
     c.LDAPAuthenticator.tls_strategy = ldap.tls_strategy
+    c.LDAPAuthenticator.tls_kwargs = ldap.tls_kwargs()  # ldap3's default checks no certificate at all
     c.LDAPAuthenticator.bind_dn_template = list(ldap.bind_dn_template)
     c.LDAPAuthenticator.allowed_groups = list(ldap.allowed_groups)
     c.PortalAuthenticator.connect_timeout = ldap.connect_timeout

@@ -1,0 +1,24 @@
+"""An anonymous LDAP connection as the portal's settings say (server, TLS strategy, the server's
+certificate checked, timeouts): for `dsportal check` and the hub's look-up of users' e-mail
+addresses. (Logins go through ldapauthenticator with the same TLS arguments: hub/auth.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import ldap3
+
+from .settings import LdapSettings
+
+
+def open_connection(ldap: LdapSettings, connect_timeout: float | None = None,
+                    receive_timeout: float | None = None) -> ldap3.Connection:
+    """Opened (StartTLS done where the strategy says so), not bound."""
+    server = ldap3.Server(ldap.server_address, port=ldap.server_port, use_ssl=ldap.tls_strategy == "on_connect",
+                          tls=ldap3.Tls(**ldap.tls_kwargs()), connect_timeout=connect_timeout or ldap.connect_timeout)
+    receive = max(1, math.ceil(receive_timeout or ldap.receive_timeout))  # ldap3: whole seconds
+    connection = ldap3.Connection(server, auto_bind=False, receive_timeout=receive)
+    connection.open()
+    if ldap.tls_strategy == "before_bind":
+        connection.start_tls()
+    return connection
