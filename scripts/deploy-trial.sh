@@ -102,9 +102,14 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
   # dsportal itself: this checkout's wheel (section 11's upgrade step), installed where it runs
   rm -rf "$TRIAL/wheel" && /opt/dsportal/env/bin/pip wheel -q --no-deps --no-build-isolation -w "$TRIAL/wheel" .
   cp "$TRIAL"/wheel/dsportal-*.whl "$TRIAL/login/root/"
-  systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$shared/opt-dsportal:/opt/dsportal" \
-    --pipe /bin/sh -ec '/opt/dsportal/env/bin/pip install -q --no-deps --force-reinstall /root/dsportal-*.whl
-                        chmod -R a+rX /opt/dsportal/env' 2>&1 | grep -v propagate || true
+  local install='/opt/dsportal/env/bin/pip install -q --no-deps --force-reinstall /root/dsportal-*.whl
+                 chmod -R a+rX /opt/dsportal/env'
+  if leader login > /dev/null; then
+    in_node login sh -ec "$install"
+  else
+    systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$shared/opt-dsportal:/opt/dsportal" \
+      --pipe /bin/sh -ec "$install" 2>&1 | grep -v propagate || true
+  fi
   # the admin's checkout on the login node (the guide installs the unit files from it)
   rm -rf "$TRIAL/login/usr/local/src/dsportal" && mkdir -p "$TRIAL/login/usr/local/src/dsportal"
   git archive HEAD | tar -x -C "$TRIAL/login/usr/local/src/dsportal"
@@ -194,6 +199,11 @@ step_munge() {  # section 3: login's key (the package made one) on cn1 too
 
 # What a site's slurm.conf has anyway (the guide takes a Slurm cluster as given), then the guide's block.
 site_slurm_conf() {
+  # job_container/tmpfs fails inside systemd-nspawn here: slurmstepd's bind of the job's mount
+  # namespace (/proc/PID/ns/mnt onto BasePath/JOB/.ns) gets EINVAL, and every job ends with
+  # "reason Prolog" (kernel 6.18, Slurm 22.05.8; the same bind by hand works). DSPORTAL_TRIAL_TMPFS=yes tries it.
+  local JOB_CONTAINER_LINE="#JobContainerType=job_container/tmpfs  (off in the trial: see deploy-trial.sh)"
+  [ "${DSPORTAL_TRIAL_TMPFS:-no}" = yes ] && JOB_CONTAINER_LINE=JobContainerType=job_container/tmpfs
   cat <<EOF
 ClusterName=trial
 SlurmctldHost=login($LOGIN_ADDR)
@@ -217,7 +227,7 @@ SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=4000
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup,task/affinity
-JobContainerType=job_container/tmpfs
+$JOB_CONTAINER_LINE
 PrologFlags=Contain
 PrivateData=jobs,usage,users,accounts,reservations
 AccountingStorageType=accounting_storage/slurmdbd
@@ -368,6 +378,185 @@ EOF
                         sacctmgr -n show user $USER_NAME format=user | grep -q $USER_NAME ||
                           sacctmgr -i add user $USER_NAME account=datascience > /dev/null"
   say "ldap: $USER_NAME's association: $(in_node login sacctmgr -n -P show assoc user="$USER_NAME" format=cluster,account,user)"
+}
+
+# Section 5: the shipped portal.yaml with the guide's changes, and the trial's one profile (cn1 has
+# 2 CPUs and no GPU), no container images (no Apptainer here), the repo's template notebooks only.
+edit_portal_yaml() {
+  cat <<EOF
+import sys, yaml
+config = yaml.safe_load(open("/usr/local/src/dsportal/config/portal.yaml"))
+hub = config["hub"]
+for key in ("proxy_token_file",):  # the demo's: here the units hand the token over (section 8)
+    hub.pop(key, None)
+hub.update({
+    "bind_url": "https://hub.example.org", "subdomain_host": "https://hub.example.org",
+    "hub_bind_url": "https://login:8081", "proxy_api_url": "http://127.0.0.1:8001",
+    "data_dir": "/var/lib/dsportal/hub", "internal_ssl": True, "external_proxy": True,
+    "account": "dsportal-hub", "admin_users": [],
+    "db_url": "mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub",
+    "db_password_file": "/var/lib/dsportal/hub/db-password",
+})
+config["slurm"].update({"conf": "/etc/slurm/slurm.conf", "submit_as": "sudo",
+                        "mediator": "/usr/local/libexec/dsportal/mediator"})
+config["ldap"].update({"server_address": "login", "server_port": 389, "tls_strategy": "before_bind",
+                       "bind_dn_template": ["uid={username},ou=people,dc=example,dc=org"],
+                       "allowed_groups": ["cn=datascience,ou=groups,dc=example,dc=org"]})
+config["session"].update({"environment": "/opt/dsportal/env", "default_profile": "cpu"})
+config["profiles"] = [{
+    "name": "cpu", "partition": "cpu", "display_name": "CPU partition",
+    "description": "One core and 2 GB on cn1.", "gpu_choices": [0], "default_gpus": 0,
+    "cpus_without_gpu": 1, "mem_without_gpu": "2G",
+    "default_walltime": "01:00:00", "max_walltime": "04:00:00"}]
+config["images"] = []
+config["templates"]["sources"] = [s for s in config["templates"]["sources"] if s["name"] == "dsportal"]
+config["data_mounts"] = []
+yaml.safe_dump(config, sys.stdout, sort_keys=False)
+EOF
+}
+
+step_portal() {
+  trial_ca
+  # 5. portal.yaml
+  in_node login install -d -m 0755 /etc/dsportal
+  edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
+  install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
+  # 6. the node firewall (cn1 has no checkout: the unit file comes from login's)
+  cp "$TRIAL/login/usr/local/src/dsportal/config/systemd/dsportal-firewall.service" "$TRIAL/cn1/root/"
+  script_in cn1 <<EOF
+/opt/dsportal/env/bin/dsportal firewall up --cluster $CLUSTER
+cat > /etc/slurm/prolog.sh <<'PROLOG'
+#!/bin/sh
+# the job's user's TCP services on this node answer only that user
+/opt/dsportal/env/bin/dsportal firewall add-user "\$SLURM_JOB_UID" >/dev/null || true
+PROLOG
+chmod 755 /etc/slurm/prolog.sh
+printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
+install -m 0644 /root/dsportal-firewall.service /etc/systemd/system/
+systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
+EOF
+  script_in login <<EOF
+cd /usr/local/src/dsportal
+/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER
+printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
+install -m 0644 config/systemd/dsportal-firewall.service /etc/systemd/system/
+systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
+EOF
+  say "firewall: login $(in_node login systemctl is-active dsportal-firewall), cn1 $(in_node cn1 systemctl is-active dsportal-firewall)"
+  # 7. TLS for the public side: the proxy terminates it
+  install -m 0600 "$TRIAL/tls/portal.key" "$TRIAL/login/root/hub.example.org.key"
+  install -m 0644 "$TRIAL/tls/portal.crt" "$TRIAL/login/root/hub.example.org.fullchain.crt"
+  script_in login <<'EOF'
+cd /root
+install -d -m 0700 /etc/dsportal/tls
+install -m 0600 hub.example.org.key /etc/dsportal/tls/portal.key
+install -m 0644 hub.example.org.fullchain.crt /etc/dsportal/tls/portal.crt
+EOF
+  # 8. the hub's account, the mediator and its sudo rule, the proxy token
+  script_in login <<'EOF'
+getent passwd dsportal-hub >/dev/null || adduser --system --group --home /var/lib/dsportal --no-create-home dsportal-hub
+sacctmgr -n show account dsportal format=account | grep -q dsportal ||
+  sacctmgr -i add account dsportal Description="the portal's hub"
+sacctmgr -n show user dsportal-hub format=user | grep -q dsportal-hub ||
+  sacctmgr -i add user dsportal-hub Account=dsportal AdminLevel=Operator
+install -d -m 0755 /usr/local/libexec/dsportal
+/opt/dsportal/env/bin/dsportal --config /etc/dsportal/portal.yaml hub install-mediator
+/opt/dsportal/env/bin/dsportal --config /etc/dsportal/portal.yaml hub sudoers > /tmp/dsportal.sudoers
+visudo -cf /tmp/dsportal.sudoers && install -m 0440 /tmp/dsportal.sudoers /etc/sudoers.d/dsportal
+install -d -m 0755 /etc/dsportal
+if [ ! -f /etc/dsportal/proxy-token.env ]; then
+  (umask 077; printf 'CONFIGPROXY_AUTH_TOKEN=%s\n' "$(openssl rand -hex 32)" > /etc/dsportal/proxy-token.env)
+fi
+chown dsportal-hub:dsportal-hub /etc/dsportal/proxy-token.env && chmod 0600 /etc/dsportal/proxy-token.env
+EOF
+  say "sudo: as alice: $(in_node login sudo -u dsportal-hub sudo -n -u "$USER_NAME" /bin/sh -c id 2>&1 | head -1)"
+  say "sudo: as root:  $(in_node login sudo -u dsportal-hub sudo -n true 2>&1 | head -1)"
+  # 9. the hub's database: its own on login's MariaDB (docs/admin.md, "The hub's database")
+  script_in login <<'EOF'
+install -d -m 0755 /var/lib/dsportal
+install -d -m 0700 -o dsportal-hub -g dsportal-hub /var/lib/dsportal/hub
+if [ ! -f /var/lib/dsportal/hub/db-password ]; then
+  (umask 077; openssl rand -hex 16 > /var/lib/dsportal/hub/db-password)
+fi
+chown dsportal-hub:dsportal-hub /var/lib/dsportal/hub/db-password
+mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+          CREATE USER IF NOT EXISTS 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
+          CREATE USER IF NOT EXISTS 'dsportal_hub'@'127.0.0.1' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
+          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';
+          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'127.0.0.1';"
+EOF
+  # 10. the units: the proxy unit's site values edited as its header says
+  script_in login <<'EOF'
+cd /usr/local/src/dsportal
+sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' config/systemd/dsportal-proxy.service
+install -m 0644 config/systemd/dsportal-proxy.service config/systemd/dsportal-hub.service /etc/systemd/system/
+systemd-analyze verify /etc/systemd/system/dsportal-proxy.service /etc/systemd/system/dsportal-hub.service
+systemctl daemon-reload
+systemctl enable -q --now dsportal-proxy dsportal-hub
+EOF
+  local tries
+  for tries in $(seq 60); do
+    curl -s -o /dev/null --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" \
+      https://hub.example.org/hub/login -w "%{http_code}" | grep -q 200 && break
+    sleep 1
+  done
+  say "hub: $(in_node login systemctl is-active dsportal-proxy dsportal-hub | paste -sd ' '), login page $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" https://hub.example.org/hub/login)"
+  in_node login env DSPORTAL_CONFIG=/etc/dsportal/portal.yaml /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true
+}
+
+# ---- done: a real login from this host, a session on cn1, a kernel, a hub restart ----------------------
+# The host's Python with the checkout's tests/hubclient.py (a browser's way through the hub), every
+# *.hub.example.org name sent to the login node, the trial's CA trusted.
+hub_python() {
+  REQUESTS_CA_BUNDLE=$TRIAL/tls/ca.crt WEBSOCKET_CLIENT_CA_BUNDLE=$TRIAL/tls/ca.crt PYTHONPATH=$REPO/tests \
+    TRIAL_LOGIN_ADDR=$LOGIN_ADDR /opt/dsportal/env/bin/python -c "
+import os, socket
+real_getaddrinfo = socket.getaddrinfo
+def trial_getaddrinfo(host, *args, **kwargs):
+    if host == 'hub.example.org' or str(host).endswith('.hub.example.org'):
+        host = os.environ['TRIAL_LOGIN_ADDR']
+    return real_getaddrinfo(host, *args, **kwargs)
+socket.getaddrinfo = trial_getaddrinfo
+$1"
+}
+
+step_check() {
+  local start token_file=$TRIAL/alice-token job
+  start=$(now)
+  hub_python "
+import time
+from hubclient import HubUser
+alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
+print('[trial] login: $USER_NAME logged in over $LOGIN_ADDR')
+model = alice.model()
+if not model.get('servers'):
+    started = time.monotonic()
+    server = alice.spawn({}, timeout=300)
+    print(f'[trial] session: ready in {time.monotonic() - started:.1f} s at {server[\"url\"]}')
+lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
+print(f'[trial] JupyterLab through the proxy: {lab.status_code} {lab.url}')
+assert lab.status_code == 200
+print('[trial] kernel says: ' + alice.run_code(
+    'import os, socket; print(os.getuid(), socket.gethostname(), os.environ[\"SLURM_JOB_ID\"], 6 * 7)').strip())
+with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
+    out.write(alice.token)
+"
+  say "session: first start to a running kernel $(elapsed "$start") s"
+  job=$(in_node login squeue -h -u "$USER_NAME" -o '%i %u %N %T %j' | tee /dev/stderr | awk '{print $1}' | head -1)
+  say "squeue on login: job $job: $(in_node login squeue -h -j "$job" -o 'user %u, node %N, %T')"
+  say "ps on cn1, $USER_NAME's processes: $(in_node cn1 ps -u "$USER_NAME" -o comm= | sort | uniq -c | tr -s ' ' | paste -sd ',')"
+  # the route survives a hub restart: the session answers through the proxy while and after the hub restarts
+  local status_url="https://$USER_NAME.hub.example.org/user/$USER_NAME/api/status" code
+  curl_session() {
+    curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" \
+      --resolve "$USER_NAME.hub.example.org:443:$LOGIN_ADDR" -H "Authorization: token $(cat "$token_file")" "$status_url"
+  }
+  say "before the hub restart: session API $(curl_session)"
+  in_node login systemctl restart dsportal-hub --no-block
+  code=$(curl_session)
+  say "while dsportal-hub restarts ($(in_node login systemctl is-active dsportal-hub)): session API $code"
+  sleep 5
+  say "after: dsportal-hub $(in_node login systemctl is-active dsportal-hub), session API $(curl_session), squeue: $(in_node login squeue -h -j "$job" -o %T)"
 }
 
 case "${1:-all}" in
