@@ -280,6 +280,11 @@ EOF
 systemctl enable -q slurmd && systemctl restart slurmd
 EOF
   sleep 2
+  # section 4: users see only their own processes
+  for name in login cn1; do
+    in_node "$name" sh -ec 'grep -q hidepid /etc/fstab || echo "proc /proc proc defaults,hidepid=invisible,gid=adm 0 0" >> /etc/fstab
+                            mount -o remount /proc'
+  done
   in_node login sinfo -N -o '%N %T %c %m'
   say "slurm: $(in_node login scontrol show config | grep -E 'DefMemPerCPU|JobContainerType|PrologFlags' | tr -s ' ' | paste -sd ';')"
 }
@@ -528,11 +533,12 @@ import time
 from hubclient import HubUser
 alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
 print('[trial] login: $USER_NAME logged in over $LOGIN_ADDR')
-model = alice.model()
-if not model.get('servers'):
-    started = time.monotonic()
-    server = alice.spawn({}, timeout=300)
-    print(f'[trial] session: ready in {time.monotonic() - started:.1f} s at {server[\"url\"]}')
+if alice.model().get('servers'):  # a session of an earlier run: stopped, so that this one measures a start
+    alice.stop_server()
+    print('[trial] session: the earlier run\'s session stopped')
+started = time.monotonic()
+server = alice.spawn({}, timeout=300)
+print(f'[trial] session: ready in {time.monotonic() - started:.1f} s at {server[\"url\"]}')
 lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
 print(f'[trial] JupyterLab through the proxy: {lab.status_code} {lab.url}')
 assert lab.status_code == 200
@@ -557,6 +563,8 @@ with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o
   say "while dsportal-hub restarts ($(in_node login systemctl is-active dsportal-hub)): session API $code"
   sleep 5
   say "after: dsportal-hub $(in_node login systemctl is-active dsportal-hub), session API $(curl_session), squeue: $(in_node login squeue -h -j "$job" -o %T)"
+  say "hub process user: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-hub)"), proxy's: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-proxy)")"
+  say "job $job's memory limit on cn1: $(in_node cn1 cat "/sys/fs/cgroup/memory/slurm_cn1/uid_$USER_UID/job_$job/memory.limit_in_bytes") bytes"
 }
 
 case "${1:-all}" in
