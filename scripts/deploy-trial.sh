@@ -32,7 +32,7 @@ elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
 # ---- the two systems ---------------------------------------------------------------------------
 leader() {  # the container's PID 1 (systemd), as the host sees it
   local nspawn
-  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $1 " | head -1) || return 1
+  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1) || return 1
   pgrep -P "$nspawn" | head -1
 }
 # in_node NAME CMD...: a root login's environment inside NAME (not the host's PATH and variables)
@@ -100,7 +100,8 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
     cp -a /opt/dsportal "$shared/opt-dsportal.new" && mv "$shared/opt-dsportal.new" "$shared/opt-dsportal"
   fi
   # dsportal itself: this checkout's wheel (section 11's upgrade step), installed where it runs
-  rm -rf "$TRIAL/wheel" && /opt/dsportal/env/bin/pip wheel -q --no-deps --no-build-isolation -w "$TRIAL/wheel" .
+  rm -rf "$TRIAL/wheel" && /opt/dsportal/env/bin/pip wheel -q --no-deps --no-build-isolation -w "$TRIAL/wheel" . \
+    > "$TRIAL/wheel.log" 2>&1
   cp "$TRIAL"/wheel/dsportal-*.whl "$TRIAL/login/root/"
   local install='/opt/dsportal/env/bin/pip install -q --no-deps --force-reinstall /root/dsportal-*.whl
                  chmod -R a+rX /opt/dsportal/env'
@@ -118,7 +119,7 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
   # under the cgroup nspawn runs in: the container's cgroup namespace starts there
   local controller dir nspawn
-  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $1 " | head -1)
+  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
     dir=${dir%/}/dstrial-$1
@@ -134,7 +135,7 @@ boot_node() {
   local name=$1 shared=$TRIAL/shared
   if ! leader "$name" >/dev/null; then
     # --register=no --keep-unit: the host has no systemd (nor D-Bus, nor machined) as PID 1
-    setsid systemd-nspawn --boot --register=no --keep-unit --console=passive -D "$name" -M "$name" \
+    setsid systemd-nspawn --boot --register=no --keep-unit --console=passive -D "$TRIAL/$name" -M "$name" \
       --network-bridge="$BRIDGE" \
       --bind="$shared/opt-dsportal:/opt/dsportal" --bind="$shared/home:/home" \
       --bind="$shared/datasets:/datasets" --bind="$shared/courses:/srv/courses" \
@@ -174,9 +175,13 @@ step_boot() { boot_node login; boot_node cn1; }
 step_down() {
   local name nspawn
   for name in cn1 login; do
-    nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $name " | head -1) || continue
+    nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
     in_node "$name" systemctl poweroff || kill "$nspawn"
-    for _ in $(seq 30); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq 60); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$nspawn" 2>/dev/null; then  # no clean poweroff within a minute: nspawn stops it
+      kill "$nspawn"
+      for _ in $(seq 30); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
+    fi
   done
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     find "/sys/fs/cgroup/$controller" -depth -type d -path '*/dstrial-cn1*' -exec rmdir {} \; 2>/dev/null || true
