@@ -553,7 +553,7 @@ with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o
     out.write(alice.token)
 "
   say "session: first start to a running kernel $(elapsed "$start") s"
-  job=$(in_node login squeue -h -u "$USER_NAME" -o '%i %u %N %T %j' | tee /dev/stderr | awk '{print $1}' | head -1)
+  job=$(in_node login squeue -h -u "$USER_NAME" -o %i | head -1)
   say "squeue on login: job $job: $(in_node login squeue -h -j "$job" -o 'user %u, node %N, %T')"
   say "ps on cn1, $USER_NAME's processes: $(in_node cn1 ps -u "$USER_NAME" -o comm= | sort | uniq -c | tr -s ' ' | paste -sd ',')"
   # the route survives a hub restart: the session answers through the proxy while and after the hub restarts
