@@ -277,8 +277,8 @@ chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 0600 /etc/slurm/slurmdbd.con
 mysql -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$TRIAL/slurmdb-password")';
           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 systemctl enable -q slurmdbd && systemctl restart slurmdbd
-for i in \$(seq 30); do sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep 1; done
-sacctmgr -n show cluster format=cluster | grep -q trial || sacctmgr -i add cluster trial
+for i in \$(seq 30); do sacctmgr -n -P show cluster >/dev/null 2>&1 && break; sleep 1; done
+sacctmgr -n -P show cluster format=cluster | grep -q trial || sacctmgr -i add cluster trial
 systemctl enable -q slurmctld && systemctl restart slurmctld
 EOF
   script_in cn1 <<'EOF'
@@ -383,9 +383,9 @@ EOF
   done
   in_node login sh -ec "install -d -m 0700 -o $USER_NAME -g $USER_NAME /home/$USER_NAME"  # shared homes
   # section 4, end: every portal user needs a Slurm association
-  in_node login sh -ec "sacctmgr -n show account datascience format=account | grep -q datascience ||
+  in_node login sh -ec "sacctmgr -n -P show account datascience format=account | grep -q datascience ||
                           sacctmgr -i add account datascience > /dev/null
-                        sacctmgr -n show user $USER_NAME format=user | grep -q $USER_NAME ||
+                        sacctmgr -n -P show user $USER_NAME format=user | grep -q $USER_NAME ||
                           sacctmgr -i add user $USER_NAME account=datascience > /dev/null"
   say "ldap: $USER_NAME's association: $(in_node login sacctmgr -n -P show assoc user="$USER_NAME" format=cluster,account,user)"
 }
@@ -465,9 +465,9 @@ EOF
   # 8. the hub's account, the mediator and its sudo rule, the proxy token
   script_in login <<'EOF'
 getent passwd dsportal-hub >/dev/null || adduser --system --group --home /var/lib/dsportal --no-create-home dsportal-hub
-sacctmgr -n show account dsportal format=account | grep -q dsportal ||
+sacctmgr -n -P show account dsportal format=account | grep -q dsportal ||
   sacctmgr -i add account dsportal Description="the portal's hub"
-sacctmgr -n show user dsportal-hub format=user | grep -q dsportal-hub ||
+sacctmgr -n -P show user dsportal-hub format=user | grep -q dsportal-hub ||
   sacctmgr -i add user dsportal-hub Account=dsportal AdminLevel=Operator
 install -d -m 0755 /usr/local/libexec/dsportal
 /opt/dsportal/env/bin/dsportal --config /etc/dsportal/portal.yaml hub install-mediator
