@@ -491,9 +491,7 @@ fi
 chown dsportal-hub:dsportal-hub /var/lib/dsportal/hub/db-password
 mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
           CREATE USER IF NOT EXISTS 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
-          CREATE USER IF NOT EXISTS 'dsportal_hub'@'127.0.0.1' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
-          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';
-          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'127.0.0.1';"
+          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
 EOF
   # 10. the units: the proxy unit's site values edited as its header says
   script_in login <<'EOF'
