@@ -156,7 +156,11 @@ boot_node() {
       tac /proc/self/mounts | grep -m1 " /sys/fs/cgroup/$c " | grep -q " rw," && continue
       mount --bind /sys/fs/cgroup/$c/dstrial-cn1 /sys/fs/cgroup/$c
       mount -o remount,bind,rw /sys/fs/cgroup/$c
-    done'
+    done
+    # after a reboot slurmd started before its cgroups were writable: again, now that they are
+    if systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
+      systemctl restart slurmd && pgrep -xo slurmd > /run/dstrial-slurmd-cgroups
+    fi'
 }
 
 step_systems() {
@@ -537,8 +541,18 @@ from hubclient import HubUser
 alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
 print('[trial] login: $USER_NAME logged in over $LOGIN_ADDR')
 if alice.model().get('servers'):  # a session of an earlier run: stopped, so that this one measures a start
-    alice.stop_server()
-    print('[trial] session: the earlier run\'s session stopped')
+    # Right after the systems booted, the hub's startup check of that session may still be under way
+    # (up to twice hub.http_timeout while Slurm has not yet seen cn1 reboot), and JupyterHub answers
+    # the stop with 500 ('pending check') until it is done.
+    for attempt in range(40):
+        try:
+            alice.stop_server()
+            break
+        except AssertionError as refused:
+            if 'Internal Server Error' not in str(refused) or attempt == 39:
+                raise
+            time.sleep(5)
+    print(f'[trial] session: the earlier run\'s session stopped (after {attempt} refusals)')
 started = time.monotonic()
 server = alice.spawn({}, timeout=300)
 print(f'[trial] session: ready in {time.monotonic() - started:.1f} s at {server[\"url\"]}')
