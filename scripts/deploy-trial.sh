@@ -159,7 +159,7 @@ boot_node() {
     done
     # after a reboot slurmd started before its cgroups were writable: again, now that they are
     if systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
-      systemctl restart slurmd && pgrep -xo slurmd > /run/dstrial-slurmd-cgroups
+      systemctl restart slurmd && { pgrep -xo slurmd > /run/dstrial-slurmd-cgroups || true; }
     fi'
 }
 
