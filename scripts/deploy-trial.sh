@@ -134,7 +134,10 @@ cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the hos
 boot_node() {
   local name=$1 shared=$TRIAL/shared
   if ! leader "$name" >/dev/null; then
-    # --register=no --keep-unit: the host has no systemd (nor D-Bus, nor machined) as PID 1
+    # --register=no --keep-unit: the host has no systemd (nor D-Bus, nor machined) as PID 1; without
+    # both nspawn stops at "Failed to open system bus". No user namespace (--private-users=no, the
+    # default) and the host's hybrid cgroup layout (no SYSTEMD_NSPAWN_UNIFIED_HIERARCHY) boot as they are.
+    # Without machined there is no `machinectl shell`: in_node enters with nsenter.
     setsid systemd-nspawn --boot --register=no --keep-unit --console=passive -D "$TRIAL/$name" -M "$name" \
       --network-bridge="$BRIDGE" \
       --bind="$shared/opt-dsportal:/opt/dsportal" --bind="$shared/home:/home" \
