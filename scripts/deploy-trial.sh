@@ -432,15 +432,17 @@ yaml.safe_dump(config, sys.stdout, sort_keys=False)
 EOF
 }
 
-step_portal() {
-  trial_ca
-  # 5. portal.yaml
+portal_config() {  # 5. portal.yaml
   in_node login install -d -m 0755 /etc/dsportal
   edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
   install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
-  # 6. the node firewall (cn1 has no checkout: the unit file comes from login's)
+}
+
+portal_firewall() {  # 6. the node firewall (cn1 has no checkout: the unit file comes from login's)
   cp "$TRIAL/login/usr/local/src/dsportal/config/systemd/dsportal-firewall.service" "$TRIAL/cn1/root/"
+  # `up` forgets the users the Prolog added: not again on a node whose firewall runs (it may have jobs)
   script_in cn1 <<EOF
+systemctl is-active -q dsportal-firewall && exit 0
 /opt/dsportal/env/bin/dsportal firewall up --cluster $CLUSTER
 cat > /etc/slurm/prolog.sh <<'PROLOG'
 #!/bin/sh
@@ -453,6 +455,7 @@ install -m 0644 /root/dsportal-firewall.service /etc/systemd/system/
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   script_in login <<EOF
+systemctl is-active -q dsportal-firewall && exit 0
 cd /usr/local/src/dsportal
 /opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
@@ -460,7 +463,9 @@ install -m 0644 config/systemd/dsportal-firewall.service /etc/systemd/system/
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   say "firewall: login $(in_node login systemctl is-active dsportal-firewall), cn1 $(in_node cn1 systemctl is-active dsportal-firewall)"
-  # 7. TLS for the public side: the proxy terminates it
+}
+
+portal_tls() {  # 7. TLS for the public side: the proxy terminates it
   install -m 0600 "$TRIAL/tls/portal.key" "$TRIAL/login/root/hub.example.org.key"
   install -m 0644 "$TRIAL/tls/portal.crt" "$TRIAL/login/root/hub.example.org.fullchain.crt"
   script_in login <<'EOF'
@@ -469,7 +474,9 @@ install -d -m 0700 /etc/dsportal/tls
 install -m 0600 hub.example.org.key /etc/dsportal/tls/portal.key
 install -m 0644 hub.example.org.fullchain.crt /etc/dsportal/tls/portal.crt
 EOF
-  # 8. the hub's account, the mediator and its sudo rule, the proxy token
+}
+
+portal_account() {  # 8. the hub's account, the mediator and its sudo rule, the proxy token
   script_in login <<'EOF'
 getent passwd dsportal-hub >/dev/null || adduser --system --group --home /var/lib/dsportal --no-create-home dsportal-hub
 sacctmgr -n -P show account dsportal format=account | grep -q dsportal ||
@@ -488,7 +495,9 @@ chown dsportal-hub:dsportal-hub /etc/dsportal/proxy-token.env && chmod 0600 /etc
 EOF
   say "sudo: as alice: $(in_node login sudo -u dsportal-hub sudo -n -u "$USER_NAME" /bin/sh -c id 2>&1 | head -1)"
   say "sudo: as root:  $(in_node login sudo -u dsportal-hub sudo -n true 2>&1 | head -1)"
-  # 9. the hub's database: its own on login's MariaDB (docs/admin.md, "The hub's database")
+}
+
+portal_database() {  # 9. the hub's database: its own on login's MariaDB (docs/admin.md, "The hub's database")
   script_in login <<'EOF'
 install -d -m 0755 /var/lib/dsportal
 install -d -m 0700 -o dsportal-hub -g dsportal-hub /var/lib/dsportal/hub
@@ -500,7 +509,9 @@ mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE
           CREATE USER IF NOT EXISTS 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
           GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
 EOF
-  # 10. the units: the proxy unit's site values edited as its header says
+}
+
+portal_units() {  # 10. the units: the proxy unit's site values edited as its header says
   script_in login <<'EOF'
 cd /usr/local/src/dsportal
 sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' config/systemd/dsportal-proxy.service
@@ -517,6 +528,16 @@ EOF
   done
   say "hub: $(in_node login systemctl is-active dsportal-proxy dsportal-hub | paste -sd ' '), login page $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" https://hub.example.org/hub/login)"
   in_node login env DSPORTAL_CONFIG=/etc/dsportal/portal.yaml /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true
+}
+
+step_portal() {  # sections 5 to 10, in the guide's order
+  trial_ca
+  portal_config
+  portal_firewall
+  portal_tls
+  portal_account
+  portal_database
+  portal_units
 }
 
 # ---- done: a real login from this host, a session on cn1, a kernel, a hub restart ----------------------
