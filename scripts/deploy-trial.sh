@@ -1,0 +1,616 @@
+#!/usr/bin/env bash
+# Tries docs/deploy.md as a new admin would (issue 29): two fresh Debian bookworm systems, a login
+# node and a compute node, each booting systemd as PID 1 in systemd-nspawn on a bridge of their own,
+# then the guide's sections in order, as root of those systems, and at the end a real login over
+# the network, a session as a Slurm job on the compute node, a kernel running code, and a hub
+# restart that keeps the session's route.
+#
+#   scripts/deploy-trial.sh            everything (each step is skipped when its result is there)
+#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check
+#   scripts/deploy-trial.sh down       stops both systems, removes the bridge and every trial file
+#
+# Reach them: scripts/deploy-trial.sh shell login|cn1 (a root shell inside); the portal answers at
+# https://hub.example.org (192.0.2.10:443; the trial's CA: /var/lib/dsportal-trial/tls/ca.crt).
+# Runs as root on a Debian bookworm host; needs the package registries; uses 192.0.2.8/29 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+TRIAL=${DSPORTAL_TRIAL:-/var/lib/dsportal-trial}
+BRIDGE=dstrial0
+NET_PREFIX=192.0.2              # documentation range; the bridge takes only 192.0.2.8/29 of it,
+HOST_ADDR=$NET_PREFIX.9/29      # so a host whose own uplink is in 192.0.2.0/24 keeps it
+LOGIN_ADDR=$NET_PREFIX.10
+CN1_ADDR=$NET_PREFIX.11
+CLUSTER=$NET_PREFIX.8/29
+USER_NAME=alice USER_UID=2001 USER_PASSWORD=alice-trial
+LDAP_ADMIN_PASSWORD=trial-ldap-admin
+declare -A TIMES=()
+say() { echo "[trial] $*"; }
+now() { date +%s.%N; }
+elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
+
+# ---- the two systems ---------------------------------------------------------------------------
+leader() {  # the container's PID 1 (systemd), as the host sees it
+  local nspawn
+  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1) || return 1
+  pgrep -P "$nspawn" | head -1
+}
+# in_node NAME CMD...: a root login's environment inside NAME (not the host's PATH and variables)
+in_node() {
+  local pid
+  pid=$(leader "$1") || { echo "trial system $1 is not running" >&2; return 1; }
+  nsenter -t "$pid" -a env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root LANG=C.UTF-8 TERM=dumb "${@:2}"
+}
+# script_in NAME: runs bash's stdin inside NAME, stopping at the first failing command
+script_in() { in_node "$1" bash -euo pipefail -s; }
+
+packages_for() {
+  local common="python3 munge slurm-client nftables adduser procps iproute2 iputils-ping openssl curl less nslcd libnss-ldapd"
+  if [ "$1" = login ]; then
+    echo "$common nodejs sudo slurmctld slurmdbd mariadb-server slapd ldap-utils"
+  else
+    echo "$common slurmd"
+  fi
+}
+
+make_root() {  # debootstrap, then the guide's packages (section 2) from the host: the systems have no internet
+  local name=$1 root=$TRIAL/$1 start
+  [ -x "$root/usr/sbin/nft" ] && return 0
+  start=$(now)
+  debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2,ca-certificates \
+    bookworm "$root.new" http://deb.debian.org/debian > "$TRIAL/debootstrap-$name.log"
+  mv "$root.new" "$root"
+  TIMES[debootstrap-$name]=$(elapsed "$start")
+  start=$(now)
+  cat > "$root/root/preseed" <<EOF
+slapd slapd/domain string example.org
+slapd shared/organization string Example
+slapd slapd/password1 password $LDAP_ADMIN_PASSWORD
+slapd slapd/password2 password $LDAP_ADMIN_PASSWORD
+nslcd nslcd/ldap-uris string ldap://login/
+nslcd nslcd/ldap-base string dc=example,dc=org
+libnss-ldapd libnss-ldapd/nsswitch multiselect passwd, group, shadow
+EOF
+  systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/sh -ec "
+    export DEBIAN_FRONTEND=noninteractive
+    echo 'deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sources.list
+    apt-get update -q && debconf-set-selections /root/preseed
+    apt-get install -y -q --no-install-recommends $(packages_for "$name") && apt-get clean" \
+    > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
+  TIMES[packages-$name]=$(elapsed "$start")
+  echo "$name" > "$root/etc/hostname"
+  local address=$CN1_ADDR; [ "$name" = login ] && address=$LOGIN_ADDR
+  # 10-: before the container's own 80-container-host0.network (DHCP), which would win otherwise
+  mkdir -p "$root/etc/systemd/network"
+  printf '[Match]\nName=host0\n\n[Network]\nAddress=%s/29\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n' \
+    "$address" > "$root/etc/systemd/network/10-host0.network"
+  ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
+  printf '127.0.0.1\tlocalhost\n%s\tlogin hub.example.org\n%s\tcn1\n' "$LOGIN_ADDR" "$CN1_ADDR" > "$root/etc/hosts"
+  say "$name: debootstrap ${TIMES[debootstrap-$name]} s, packages ${TIMES[packages-$name]} s"
+}
+
+shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh), copied onto the shared storage
+  local shared=$TRIAL/shared
+  mkdir -p "$shared"/{home,datasets,courses}
+  if [ ! -x "$shared/opt-dsportal/env/bin/python" ]; then
+    [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
+    cp -a /opt/dsportal "$shared/opt-dsportal.new" && mv "$shared/opt-dsportal.new" "$shared/opt-dsportal"
+  fi
+  # dsportal itself: this checkout's wheel (section 11's upgrade step), installed where it runs
+  rm -rf "$TRIAL/wheel" && /opt/dsportal/env/bin/pip wheel -q --no-deps --no-build-isolation -w "$TRIAL/wheel" . \
+    > "$TRIAL/wheel.log" 2>&1
+  cp "$TRIAL"/wheel/dsportal-*.whl "$TRIAL/login/root/"
+  local install='/opt/dsportal/env/bin/pip install -q --no-deps --force-reinstall /root/dsportal-*.whl
+                 chmod -R a+rX /opt/dsportal/env'
+  if leader login > /dev/null; then
+    in_node login sh -ec "$install"
+  else
+    systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$shared/opt-dsportal:/opt/dsportal" \
+      --pipe /bin/sh -ec "$install" 2>&1 | grep -v propagate || true
+  fi
+  # the admin's checkout on the login node (the guide installs the unit files from it)
+  rm -rf "$TRIAL/login/usr/local/src/dsportal" && mkdir -p "$TRIAL/login/usr/local/src/dsportal"
+  git archive HEAD | tar -x -C "$TRIAL/login/usr/local/src/dsportal"
+}
+
+cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
+  # under the cgroup nspawn runs in: the container's cgroup namespace starts there
+  local controller dir nspawn
+  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
+  for controller in cpuset cpu cpuacct memory devices freezer pids; do
+    dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
+    dir=${dir%/}/dstrial-$1
+    mkdir -p "$dir"
+    if [ "$controller" = cpuset ]; then
+      cat "$(dirname "$dir")/cpuset.cpus" > "$dir/cpuset.cpus"
+      cat "$(dirname "$dir")/cpuset.mems" > "$dir/cpuset.mems"
+    fi
+  done
+}
+
+boot_node() {
+  local name=$1 shared=$TRIAL/shared
+  if ! leader "$name" >/dev/null; then
+    # --register=no --keep-unit: the host has no systemd (nor D-Bus, nor machined) as PID 1; without
+    # both nspawn stops at "Failed to open system bus". No user namespace (--private-users=no, the
+    # default) and the host's hybrid cgroup layout (no SYSTEMD_NSPAWN_UNIFIED_HIERARCHY) boot as they are.
+    # Without machined there is no `machinectl shell`: in_node enters with nsenter.
+    setsid systemd-nspawn --boot --register=no --keep-unit --console=passive -D "$TRIAL/$name" -M "$name" \
+      --network-bridge="$BRIDGE" \
+      --bind="$shared/opt-dsportal:/opt/dsportal" --bind="$shared/home:/home" \
+      --bind="$shared/datasets:/datasets" --bind="$shared/courses:/srv/courses" \
+      > "$TRIAL/boot-$name.log" 2>&1 < /dev/null &
+    local tries
+    for tries in $(seq 60); do
+      in_node "$name" systemctl is-system-running 2>/dev/null | grep -qE 'running|degraded' && break
+      sleep 1
+    done
+  fi
+  say "$name: $(in_node "$name" systemctl is-system-running || true) ($(in_node "$name" ip -br -4 addr show host0 | awk '{print $3}'))"
+  [ "$name" = cn1 ] || return 0
+  # nspawn mounts the host's cgroup v1 controllers read-only (only name=systemd is the container's):
+  # Slurm's proctrack/task cgroup plugins could not make a job's cgroups. Each controller's mount
+  # is replaced by a writable bind of a subtree of its own, so cn1's jobs stay apart from the host's.
+  cgroup_subtree "$name"
+  in_node "$name" sh -ec 'for c in cpuset cpu cpuacct memory devices freezer pids; do
+      tac /proc/self/mounts | grep -m1 " /sys/fs/cgroup/$c " | grep -q " rw," && continue
+      mount --bind /sys/fs/cgroup/$c/dstrial-cn1 /sys/fs/cgroup/$c
+      mount -o remount,bind,rw /sys/fs/cgroup/$c
+    done
+    # after a reboot slurmd started before its cgroups were writable: again, now that they are
+    if systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
+      systemctl restart slurmd && { pgrep -xo slurmd > /run/dstrial-slurmd-cgroups || true; }
+    fi'
+}
+
+step_systems() {
+  apt-get install -y -q --no-install-recommends debootstrap systemd-container > /dev/null
+  mkdir -p "$TRIAL"
+  make_root login
+  make_root cn1
+  shared_env
+  ip link show "$BRIDGE" > /dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip addr show "$BRIDGE" | grep -q "$HOST_ADDR" || ip addr add "$HOST_ADDR" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+}
+
+step_boot() { boot_node login; boot_node cn1; }
+
+step_down() {
+  local name nspawn
+  for name in cn1 login; do
+    nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
+    in_node "$name" systemctl poweroff || kill "$nspawn"
+    for _ in $(seq 60); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$nspawn" 2>/dev/null; then  # no clean poweroff within a minute: nspawn stops it
+      kill "$nspawn"
+      for _ in $(seq 30); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
+    fi
+  done
+  for controller in cpuset cpu cpuacct memory devices freezer pids; do
+    find "/sys/fs/cgroup/$controller" -depth -type d -path '*/dstrial-cn1*' -exec rmdir {} \; 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+  rm -rf "$TRIAL"
+  say "down: systems stopped, $BRIDGE and $TRIAL removed"
+}
+
+# ---- docs/deploy.md, section by section -----------------------------------------------------------
+step_munge() {  # section 3: login's key (the package made one) on cn1 too
+  install -m 0400 "$TRIAL/login/etc/munge/munge.key" "$TRIAL/cn1/etc/munge/munge.key"  # the guide's scp -p
+  local name
+  for name in login cn1; do
+    in_node "$name" sh -ec 'chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+                            systemctl enable -q munge && systemctl restart munge'
+  done
+  say "munge: login -> cn1 $(in_node login munge -n | in_node cn1 unmunge | grep STATUS)"
+}
+
+# What a site's slurm.conf has anyway (the guide takes a Slurm cluster as given), then the guide's block.
+site_slurm_conf() {
+  # job_container/tmpfs fails inside systemd-nspawn here: slurmstepd's bind of the job's mount
+  # namespace (/proc/PID/ns/mnt onto BasePath/JOB/.ns) gets EINVAL, and every job ends with
+  # "reason Prolog" (kernel 6.18, Slurm 22.05.8; the same bind by hand works). DSPORTAL_TRIAL_TMPFS=yes tries it.
+  local JOB_CONTAINER_LINE="#JobContainerType=job_container/tmpfs  (off in the trial: see deploy-trial.sh)"
+  [ "${DSPORTAL_TRIAL_TMPFS:-no}" = yes ] && JOB_CONTAINER_LINE=JobContainerType=job_container/tmpfs
+  cat <<EOF
+ClusterName=trial
+SlurmctldHost=login($LOGIN_ADDR)
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+AccountingStorageHost=login
+ReturnToService=2
+MpiDefault=none
+NodeName=cn1 NodeAddr=$CN1_ADDR CPUs=2 RealMemory=8000 State=UNKNOWN
+PartitionName=cpu Nodes=cn1 Default=YES MaxTime=04:00:00 DefaultTime=01:00:00 State=UP
+
+# docs/deploy.md, section 4
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=4000
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+$JOB_CONTAINER_LINE
+PrologFlags=Contain
+PrivateData=jobs,usage,users,accounts,reservations
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageEnforce=associations,limits,qos
+AccountingStorageTRES=gres/gpu
+AccountingStoreFlags=job_comment
+GresTypes=gpu
+SchedulerParameters=bf_interval=1,batch_sched_delay=0
+Prolog=/etc/slurm/prolog.sh
+MinJobAge=600
+EOF
+}
+
+slurmdbd_conf() {
+  cat <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=slurm
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=$(cat "$TRIAL/slurmdb-password")
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurmdbd.pid
+# docs/deploy.md, section 4
+PrivateData=jobs,usage,users,accounts
+EOF
+}
+
+step_slurm() {  # section 4
+  [ -f "$TRIAL/slurmdb-password" ] || (umask 077; openssl rand -hex 16 > "$TRIAL/slurmdb-password")
+  local name
+  for name in login cn1; do
+    site_slurm_conf > "$TRIAL/$name/etc/slurm/slurm.conf"
+    printf 'ConstrainCores=yes\nConstrainDevices=yes\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n' \
+      > "$TRIAL/$name/etc/slurm/cgroup.conf"
+    printf 'AutoBasePath=true\nBasePath=/local/slurm-tmp\n' > "$TRIAL/$name/etc/slurm/job_container.conf"
+  done
+  slurmdbd_conf > "$TRIAL/login/etc/slurm/slurmdbd.conf"
+  script_in login <<EOF
+chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 0600 /etc/slurm/slurmdbd.conf
+mysql -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$TRIAL/slurmdb-password")';
+          GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+systemctl enable -q slurmdbd && systemctl restart slurmdbd
+for i in \$(seq 30); do sacctmgr -n -P show cluster >/dev/null 2>&1 && break; sleep 1; done
+sacctmgr -n -P show cluster format=cluster | grep -q trial || sacctmgr -i add cluster trial
+systemctl enable -q slurmctld && systemctl restart slurmctld
+EOF
+  script_in cn1 <<'EOF'
+systemctl enable -q slurmd && systemctl restart slurmd
+EOF
+  sleep 2
+  # section 4: users see only their own processes
+  for name in login cn1; do
+    in_node "$name" sh -ec 'grep -q hidepid /etc/fstab || echo "proc /proc proc defaults,hidepid=invisible,gid=adm 0 0" >> /etc/fstab
+                            mount -o remount /proc'
+  done
+  in_node login sinfo -N -o '%N %T %c %m'
+  say "slurm: $(in_node login scontrol show config | grep -E 'DefMemPerCPU|JobContainerType|PrologFlags' | tr -s ' ' | paste -sd ';')"
+}
+
+trial_ca() {  # the trial's own CA: slapd's StartTLS certificate and the portal's public one (section 7)
+  local tls=$TRIAL/tls
+  [ -f "$tls/portal.crt" ] && return 0
+  mkdir -p "$tls" && chmod 700 "$tls"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=dsportal-trial-CA \
+    -keyout "$tls/ca.key" -out "$tls/ca.crt" 2>/dev/null
+  issue_cert ldap "login" "DNS:login"
+  issue_cert portal "hub.example.org" "DNS:hub.example.org,DNS:*.hub.example.org"
+}
+
+issue_cert() {  # issue_cert FILE CN SUBJECT_ALT_NAMES
+  local tls=$TRIAL/tls
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=$2" -keyout "$tls/$1.key" -out "$tls/$1.csr" 2>/dev/null
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$3" > "$tls/$1.ext"
+  openssl x509 -req -in "$tls/$1.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial -days 30 \
+    -extfile "$tls/$1.ext" -out "$tls/$1.crt" 2>/dev/null
+}
+
+directory_ldif() {  # the portal's user, her group and the portal group (what a site's directory has)
+  cat <<EOF
+dn: ou=people,dc=example,dc=org
+objectClass: organizationalUnit
+ou: people
+
+dn: ou=groups,dc=example,dc=org
+objectClass: organizationalUnit
+ou: groups
+
+dn: uid=$USER_NAME,ou=people,dc=example,dc=org
+objectClass: inetOrgPerson
+objectClass: posixAccount
+uid: $USER_NAME
+cn: Alice Trial
+sn: Trial
+uidNumber: $USER_UID
+gidNumber: $USER_UID
+homeDirectory: /home/$USER_NAME
+loginShell: /bin/bash
+userPassword: $(in_node login slappasswd -s "$USER_PASSWORD")
+
+dn: cn=$USER_NAME,ou=groups,dc=example,dc=org
+objectClass: posixGroup
+cn: $USER_NAME
+gidNumber: $USER_UID
+
+dn: cn=datascience,ou=groups,dc=example,dc=org
+objectClass: posixGroup
+cn: datascience
+gidNumber: 3000
+memberUid: $USER_NAME
+EOF
+}
+
+step_ldap() {  # the directory the guide assumes: slapd on login (StartTLS), nslcd on both nodes
+  trial_ca
+  install -d -m 0755 "$TRIAL/login/etc/ldap/tls"
+  install -m 0644 "$TRIAL/tls/ca.crt" "$TRIAL/login/usr/local/share/ca-certificates/dsportal-trial-ca.crt"
+  install -m 0644 "$TRIAL/tls/ca.crt" "$TRIAL/cn1/usr/local/share/ca-certificates/dsportal-trial-ca.crt"
+  install -m 0644 "$TRIAL/tls/ldap.crt" "$TRIAL/login/etc/ldap/tls/ldap.crt"
+  install -m 0600 "$TRIAL/tls/ldap.key" "$TRIAL/login/etc/ldap/tls/ldap.key"
+  script_in login <<'EOF'
+update-ca-certificates >/dev/null
+# libldap-common (a Recommends) brings ldap.conf: without it the client commands trust no CA
+[ -f /etc/ldap/ldap.conf ] || echo 'TLS_CACERT /etc/ssl/certs/ca-certificates.crt' > /etc/ldap/ldap.conf
+chown openldap:openldap /etc/ldap/tls/ldap.key
+ldapmodify -Q -Y EXTERNAL -H ldapi:/// <<LDIF
+dn: cn=config
+changetype: modify
+replace: olcTLSCACertificateFile
+olcTLSCACertificateFile: /etc/ssl/certs/ca-certificates.crt
+-
+replace: olcTLSCertificateFile
+olcTLSCertificateFile: /etc/ldap/tls/ldap.crt
+-
+replace: olcTLSCertificateKeyFile
+olcTLSCertificateKeyFile: /etc/ldap/tls/ldap.key
+LDIF
+EOF
+  if ! in_node login ldapsearch -LLL -x -H ldap://login -ZZ -b dc=example,dc=org uid="$USER_NAME" dn | grep -q dn; then
+    directory_ldif | in_node login ldapadd -x -H ldap://login -ZZ -D cn=admin,dc=example,dc=org -w "$LDAP_ADMIN_PASSWORD" > /dev/null
+  fi
+  in_node cn1 update-ca-certificates > /dev/null
+  local name
+  for name in login cn1; do
+    in_node "$name" sh -c 'grep -q "^ssl start_tls" /etc/nslcd.conf || echo "ssl start_tls" >> /etc/nslcd.conf; systemctl restart nslcd'
+    say "ldap: $name sees $(in_node "$name" id "$USER_NAME")"
+  done
+  in_node login sh -ec "install -d -m 0700 -o $USER_NAME -g $USER_NAME /home/$USER_NAME"  # shared homes
+  # section 4, end: every portal user needs a Slurm association
+  in_node login sh -ec "sacctmgr -n -P show account datascience format=account | grep -q datascience ||
+                          sacctmgr -i add account datascience > /dev/null
+                        sacctmgr -n -P show user $USER_NAME format=user | grep -q $USER_NAME ||
+                          sacctmgr -i add user $USER_NAME account=datascience > /dev/null"
+  say "ldap: $USER_NAME's association: $(in_node login sacctmgr -n -P show assoc user="$USER_NAME" format=cluster,account,user)"
+}
+
+# Section 5: the shipped portal.yaml with the guide's changes, and the trial's one profile (cn1 has
+# 2 CPUs and no GPU), no container images (no Apptainer here), the repo's template notebooks only.
+edit_portal_yaml() {
+  cat <<EOF
+import sys, yaml
+config = yaml.safe_load(open("/usr/local/src/dsportal/config/portal.yaml"))
+hub = config["hub"]
+for key in ("proxy_token_file",):  # the demo's: here the units hand the token over (section 8)
+    hub.pop(key, None)
+hub.update({
+    "bind_url": "https://hub.example.org", "subdomain_host": "https://hub.example.org",
+    "hub_bind_url": "https://login:8081", "proxy_api_url": "http://127.0.0.1:8001",
+    "data_dir": "/var/lib/dsportal/hub", "internal_ssl": True, "external_proxy": True,
+    "account": "dsportal-hub", "admin_users": [],
+    "db_url": "mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub",
+    "db_password_file": "/var/lib/dsportal/hub/db-password",
+})
+config["slurm"].update({"conf": "/etc/slurm/slurm.conf", "submit_as": "sudo",
+                        "mediator": "/usr/local/libexec/dsportal/mediator"})
+config["ldap"].update({"server_address": "login", "server_port": 389, "tls_strategy": "before_bind",
+                       "bind_dn_template": ["uid={username},ou=people,dc=example,dc=org"],
+                       "allowed_groups": ["cn=datascience,ou=groups,dc=example,dc=org"]})
+config["session"].update({"environment": "/opt/dsportal/env", "default_profile": "cpu"})
+config["profiles"] = [{
+    "name": "cpu", "partition": "cpu", "display_name": "CPU partition",
+    "description": "One core and 2 GB on cn1.", "gpu_choices": [0], "default_gpus": 0,
+    "cpus_without_gpu": 1, "mem_without_gpu": "2G",
+    "default_walltime": "01:00:00", "max_walltime": "04:00:00"}]
+config["images"] = []
+config["templates"]["sources"] = [s for s in config["templates"]["sources"] if s["name"] == "dsportal"]
+config["data_mounts"] = []
+yaml.safe_dump(config, sys.stdout, sort_keys=False)
+EOF
+}
+
+portal_config() {  # 5. portal.yaml
+  in_node login install -d -m 0755 /etc/dsportal
+  edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
+  install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
+}
+
+portal_firewall() {  # 6. the node firewall (cn1 has no checkout: the unit file comes from login's)
+  cp "$TRIAL/login/usr/local/src/dsportal/config/systemd/dsportal-firewall.service" "$TRIAL/cn1/root/"
+  # `up` forgets the users the Prolog added: not again on a node whose firewall runs (it may have jobs)
+  script_in cn1 <<EOF
+systemctl is-active -q dsportal-firewall && exit 0
+/opt/dsportal/env/bin/dsportal firewall up --cluster $CLUSTER
+cat > /etc/slurm/prolog.sh <<'PROLOG'
+#!/bin/sh
+# the job's user's TCP services on this node answer only that user
+/opt/dsportal/env/bin/dsportal firewall add-user "\$SLURM_JOB_UID" >/dev/null || true
+PROLOG
+chmod 755 /etc/slurm/prolog.sh
+printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
+install -m 0644 /root/dsportal-firewall.service /etc/systemd/system/
+systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
+EOF
+  script_in login <<EOF
+systemctl is-active -q dsportal-firewall && exit 0
+cd /usr/local/src/dsportal
+/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER
+printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
+install -m 0644 config/systemd/dsportal-firewall.service /etc/systemd/system/
+systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
+EOF
+  say "firewall: login $(in_node login systemctl is-active dsportal-firewall), cn1 $(in_node cn1 systemctl is-active dsportal-firewall)"
+}
+
+portal_tls() {  # 7. TLS for the public side: the proxy terminates it
+  install -m 0600 "$TRIAL/tls/portal.key" "$TRIAL/login/root/hub.example.org.key"
+  install -m 0644 "$TRIAL/tls/portal.crt" "$TRIAL/login/root/hub.example.org.fullchain.crt"
+  script_in login <<'EOF'
+cd /root
+install -d -m 0700 /etc/dsportal/tls
+install -m 0600 hub.example.org.key /etc/dsportal/tls/portal.key
+install -m 0644 hub.example.org.fullchain.crt /etc/dsportal/tls/portal.crt
+EOF
+}
+
+portal_account() {  # 8. the hub's account, the mediator and its sudo rule, the proxy token
+  script_in login <<'EOF'
+getent passwd dsportal-hub >/dev/null || adduser --system --group --home /var/lib/dsportal --no-create-home dsportal-hub
+sacctmgr -n -P show account dsportal format=account | grep -q dsportal ||
+  sacctmgr -i add account dsportal Description="the portal's hub"
+sacctmgr -n -P show user dsportal-hub format=user | grep -q dsportal-hub ||
+  sacctmgr -i add user dsportal-hub Account=dsportal AdminLevel=Operator
+install -d -m 0755 /usr/local/libexec/dsportal
+/opt/dsportal/env/bin/dsportal --config /etc/dsportal/portal.yaml hub install-mediator
+/opt/dsportal/env/bin/dsportal --config /etc/dsportal/portal.yaml hub sudoers > /tmp/dsportal.sudoers
+visudo -cf /tmp/dsportal.sudoers && install -m 0440 /tmp/dsportal.sudoers /etc/sudoers.d/dsportal
+install -d -m 0755 /etc/dsportal
+if [ ! -f /etc/dsportal/proxy-token.env ]; then
+  (umask 077; printf 'CONFIGPROXY_AUTH_TOKEN=%s\n' "$(openssl rand -hex 32)" > /etc/dsportal/proxy-token.env)
+fi
+chown dsportal-hub:dsportal-hub /etc/dsportal/proxy-token.env && chmod 0600 /etc/dsportal/proxy-token.env
+EOF
+  say "sudo: as alice: $(in_node login sudo -u dsportal-hub sudo -n -u "$USER_NAME" /bin/sh -c id 2>&1 | head -1)"
+  say "sudo: as root:  $(in_node login sudo -u dsportal-hub sudo -n true 2>&1 | head -1)"
+}
+
+portal_database() {  # 9. the hub's database: its own on login's MariaDB (docs/admin.md, "The hub's database")
+  script_in login <<'EOF'
+install -d -m 0755 /var/lib/dsportal
+install -d -m 0700 -o dsportal-hub -g dsportal-hub /var/lib/dsportal/hub
+if [ ! -f /var/lib/dsportal/hub/db-password ]; then
+  (umask 077; openssl rand -hex 16 > /var/lib/dsportal/hub/db-password)
+fi
+chown dsportal-hub:dsportal-hub /var/lib/dsportal/hub/db-password
+mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+          CREATE USER IF NOT EXISTS 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
+          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
+EOF
+}
+
+portal_units() {  # 10. the units: the proxy unit's site values edited as its header says
+  script_in login <<'EOF'
+cd /usr/local/src/dsportal
+sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' config/systemd/dsportal-proxy.service
+install -m 0644 config/systemd/dsportal-proxy.service config/systemd/dsportal-hub.service /etc/systemd/system/
+systemd-analyze verify /etc/systemd/system/dsportal-proxy.service /etc/systemd/system/dsportal-hub.service
+systemctl daemon-reload
+systemctl enable -q --now dsportal-proxy dsportal-hub
+EOF
+  local tries
+  for tries in $(seq 60); do
+    curl -s -o /dev/null --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" \
+      https://hub.example.org/hub/login -w "%{http_code}" | grep -q 200 && break
+    sleep 1
+  done
+  say "hub: $(in_node login systemctl is-active dsportal-proxy dsportal-hub | paste -sd ' '), login page $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" https://hub.example.org/hub/login)"
+  in_node login env DSPORTAL_CONFIG=/etc/dsportal/portal.yaml /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true
+}
+
+step_portal() {  # sections 5 to 10, in the guide's order
+  trial_ca
+  portal_config
+  portal_firewall
+  portal_tls
+  portal_account
+  portal_database
+  portal_units
+}
+
+# ---- done: a real login from this host, a session on cn1, a kernel, a hub restart ----------------------
+# The host's Python with the checkout's tests/hubclient.py (a browser's way through the hub), every
+# *.hub.example.org name sent to the login node, the trial's CA trusted.
+hub_python() {
+  REQUESTS_CA_BUNDLE=$TRIAL/tls/ca.crt WEBSOCKET_CLIENT_CA_BUNDLE=$TRIAL/tls/ca.crt PYTHONPATH=$REPO/tests \
+    TRIAL_LOGIN_ADDR=$LOGIN_ADDR /opt/dsportal/env/bin/python -c "
+import os, socket
+real_getaddrinfo = socket.getaddrinfo
+def trial_getaddrinfo(host, *args, **kwargs):
+    if host == 'hub.example.org' or str(host).endswith('.hub.example.org'):
+        host = os.environ['TRIAL_LOGIN_ADDR']
+    return real_getaddrinfo(host, *args, **kwargs)
+socket.getaddrinfo = trial_getaddrinfo
+$1"
+}
+
+step_check() {
+  local start token_file=$TRIAL/alice-token job
+  start=$(now)
+  hub_python "
+import time
+from hubclient import HubUser
+alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
+print('[trial] login: $USER_NAME logged in over $LOGIN_ADDR')
+if alice.model().get('servers'):  # a session of an earlier run: stopped, so that this one measures a start
+    # Right after the systems booted, the hub's startup check of that session may still be under way
+    # (up to twice hub.http_timeout while Slurm has not yet seen cn1 reboot), and JupyterHub answers
+    # the stop with 500 ('pending check') until it is done.
+    for attempt in range(40):
+        try:
+            alice.stop_server()
+            break
+        except AssertionError as refused:
+            if 'Internal Server Error' not in str(refused) or attempt == 39:
+                raise
+            time.sleep(5)
+    print(f'[trial] session: the earlier run\'s session stopped (after {attempt} refusals)')
+started = time.monotonic()
+server = alice.spawn({}, timeout=300)
+print(f'[trial] session: ready in {time.monotonic() - started:.1f} s at {server[\"url\"]}')
+lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
+print(f'[trial] JupyterLab through the proxy: {lab.status_code} {lab.url}')
+assert lab.status_code == 200
+print('[trial] kernel says: ' + alice.run_code(
+    'import os, socket; print(os.getuid(), socket.gethostname(), os.environ[\"SLURM_JOB_ID\"], 6 * 7)').strip())
+with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
+    out.write(alice.token)
+"
+  say "session: first start to a running kernel $(elapsed "$start") s"
+  job=$(in_node login squeue -h -u "$USER_NAME" -o %i | head -1)
+  say "squeue on login: job $job: $(in_node login squeue -h -j "$job" -o 'user %u, node %N, %T')"
+  say "ps on cn1, $USER_NAME's processes: $(in_node cn1 ps -u "$USER_NAME" -o comm= | sort | uniq -c | tr -s ' ' | paste -sd ',')"
+  # the route survives a hub restart: the session answers through the proxy while and after the hub restarts
+  local status_url="https://$USER_NAME.hub.example.org/user/$USER_NAME/api/status" code
+  curl_session() {
+    curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" \
+      --resolve "$USER_NAME.hub.example.org:443:$LOGIN_ADDR" -H "Authorization: token $(cat "$token_file")" "$status_url"
+  }
+  say "before the hub restart: session API $(curl_session)"
+  in_node login systemctl restart dsportal-hub --no-block
+  code=$(curl_session)
+  say "while dsportal-hub restarts ($(in_node login systemctl is-active dsportal-hub)): session API $code"
+  sleep 5
+  say "after: dsportal-hub $(in_node login systemctl is-active dsportal-hub), session API $(curl_session), squeue: $(in_node login squeue -h -j "$job" -o %T)"
+  say "hub process user: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-hub)"), proxy's: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-proxy)")"
+  say "job $job's memory limit on cn1: $(in_node cn1 cat "/sys/fs/cgroup/memory/slurm_cn1/uid_$USER_UID/job_$job/memory.limit_in_bytes") bytes"
+}
+
+case "${1:-all}" in
+  down) step_down ;;
+  shell) in_node "${2:-login}" bash -l ;;
+  all) for step in systems boot munge slurm ldap portal check; do "step_$step"; done ;;
+  *) for step in "$@"; do "step_$step"; done ;;
+esac
