@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 
 from sqlalchemy.orm import object_session
-from traitlets import Any, Dict, Float, List, Unicode, default, directional_link, observe
+from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
 from portal import defaults
@@ -41,13 +41,18 @@ class PartitionSpawner(WrapSpawner):
     child_profile = Unicode()
     session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
+    boot_timeout = Integer(help="The configured start_timeout: the time to come up once Slurm runs the job (the "
+                           "spawner's own start_timeout adds the profile's time in the queue).")
     validated = Any(None, help="(options, slice, mail address) of the last form the user sent, validated: its start "
                     "uses them.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.created_at = time.monotonic()
-        self.boot_timeout = self.start_timeout  # the configured time to come up once Slurm runs the job
+
+    @default("boot_timeout")
+    def _configured_start_timeout(self):
+        return self.start_timeout  # read before the observer below first changes it
 
     @observe("user_options")
     def _allow_the_profiles_queue_time(self, change):
