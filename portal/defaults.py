@@ -8,6 +8,7 @@ SESSION_LOG_DIR = "{home}/.dsportal/logs"
 SESSION_WORKDIR = "{home}"
 SESSION_UMASK = "077"
 ACTIVITY_INTERVAL = 60  # seconds between a session's activity reports
+SAVE_AHEAD = 120  # seconds before the walltime's end that a session saves its documents and stops its kernels
 GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in use
 
 SLURM_BIN_DIR = "/usr/bin"

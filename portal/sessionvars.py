@@ -9,6 +9,7 @@ No imports: every side, the session's start included, may read this module for n
 ACTIVITY_INTERVAL = "DSPORTAL_ACTIVITY_INTERVAL"  # seconds between the session's activity reports
 GPU_BUSY_PERCENT = "DSPORTAL_GPU_BUSY_PERCENT"  # GPU utilisation from which the slice's GPUs count as in use
 IDLE_LIMIT = "DSPORTAL_IDLE_LIMIT"  # seconds: the profile's idle limit for this slice
+SAVE_AHEAD = "DSPORTAL_SAVE_AHEAD"  # seconds: Slurm signals the walltime's end this long before it (--signal)
 LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
 TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
 
@@ -19,6 +20,10 @@ NODE_TMPDIR = "DSPORTAL_NODE_TMPDIR"  # the TMPDIR Slurm gave the session job: w
 
 # Set inside the session.
 REPORT_PORT = "DSPORTAL_REPORT_PORT"  # set by singleuser: this server is a session job's and reports its port
+
+# Not a variable: the line a session writes to its log (the user's) when its walltime ends, naming the
+# files JupyterLab saved; the hub quotes it on the page that says the walltime ended.
+WALLTIME_SAVED = "dsportal: saved before the walltime ended:"
 
 # Set by `dsportal templates check` for the notebooks it runs.
 TEMPLATE_CHECK = "DSPORTAL_TEMPLATE_CHECK"  # "1": notebooks pick their short settings (fewer epochs)

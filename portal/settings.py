@@ -478,6 +478,9 @@ class SessionSettings(_Model):
         defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
         "and busy GPUs count); the idle limits of profiles are measured from the last report.")
     gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100, description="GPU utilisation from which a session's GPU counts as in use.")
+    save_ahead: int = Field(
+        defaults.SAVE_AHEAD, ge=30, le=3600, description="Seconds before a session's walltime ends that Slurm tells it "
+        "(--signal): open JupyterLabs save every document, then the kernels are shut down cleanly.")
 
 
 _FOLDER = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"

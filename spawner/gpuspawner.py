@@ -118,6 +118,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
+    save_ahead = Integer(defaults.SAVE_AHEAD, help="Seconds before the walltime's end that the session is told "
+                         "(Slurm's --signal): it saves open documents and stops its kernels.").tag(config=True)
     activity_interval = Integer(
         defaults.ACTIVITY_INTERVAL, help="Seconds between the session's activity reports to the hub (busy kernels and GPUs count)."
     ).tag(config=True)
@@ -194,6 +196,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             command=command + self.get_args(),
             catalog=self.kernel_catalog(chosen.profile.name),
             mail_user=self.mail_user,
+            # Not for a walltime that is hardly longer: Slurm would signal it as it starts.
+            save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else 0,
         )
 
     def kernel_catalog(self, profile: str) -> str:
@@ -214,6 +218,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env = super().get_env()
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
         env[sessionvars.ACTIVITY_INTERVAL] = str(self.activity_interval)
+        env[sessionvars.SAVE_AHEAD] = str(self.save_ahead)
         env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
         if limit := self.idle_limit():
             env[sessionvars.IDLE_LIMIT] = str(limit)
@@ -440,7 +445,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
         job = await self._final(self.job)
-        self.last_end = self.end_message(job)
+        self.last_end = self.end_message(job) + await self._saved_at_the_end(job)
         self.log.info("Session job %s of %s ended outside the portal: %s", self.job_id, self.user.name, self.last_end)
         metrics.SESSIONS_ENDED.labels(job.partition if job else "", job.state if job else "GONE").inc()
         self.clear_state()
@@ -538,6 +543,17 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         metrics.IDLE_GPUS_RECLAIMED.labels(chosen.profile.partition).inc(chosen.gpus)
         await self.cancel_batch_job()
         self.clear_state()
+
+    async def _saved_at_the_end(self, job: Job | None) -> str:
+        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.walltime)."""
+        if job is None or job.state != "TIMEOUT":
+            return ""
+        log_path = f"{self._expand(self.log_dir)}/session-{self.job_id}.log"
+        tail = await self.slurm.read_as_user(self.user.name, log_path, 60, not_before=self.submitted_wall or None)
+        said = [line for line in tail.splitlines() if line.startswith(sessionvars.WALLTIME_SAVED)]
+        if not said:
+            return ""
+        return f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}."
 
     def end_message(self, job: Job | None) -> str:
         when = datetime.now().strftime("%Y-%m-%d %H:%M")

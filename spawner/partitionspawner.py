@@ -140,7 +140,23 @@ class PartitionSpawner(WrapSpawner):
             })
         default = self.default_profile if any(r["profile"].name == self.default_profile for r in rows) else (
             rows[0]["profile"].name if rows else "")
-        return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail)
+        last = self.last_choice()
+        if last and any(r["profile"].name == last["profile"] for r in rows):
+            default = last["profile"]
+        return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail, last=last)
+
+    def last_choice(self) -> dict:
+        """The options of the user's last start, as the rules read them today ({} if none, or if they no
+        longer pass: a profile withdrawn, a walltime now too long): the form starts from them."""
+        options = (self.orm_spawner.user_options if self.orm_spawner is not None else None) or {}
+        if not options:
+            return {}
+        try:
+            chosen = self.validated_slice(options)
+        except RequestRefused:
+            return {}
+        return {"profile": chosen.profile.name, "gpus": chosen.gpus, "walltime": chosen.walltime,
+                "mail": options.get("mail") is True}
 
     @default("options_form")
     def _options_form_default(self):

@@ -2,6 +2,8 @@
 session up to her profile's maximum (the hub, a Slurm operator, changes the job's time limit),
 and is told in words where the profile or Slurm says no. Real hub, real Slurm, a real browser."""
 
+import time
+
 from playwright.sync_api import sync_playwright
 
 from conftest import HUB, login
@@ -81,3 +83,50 @@ def test_jupyterlab_warns_before_the_walltime_ends_and_extends_from_the_warning(
         page.locator(".dsportal-SliceStatus", has_text=" left").wait_for(timeout=10_000)
         browser.close()
     assert scontrol(job_id)["TimeLimit"] == "01:16:00"
+
+
+EMPTY_NOTEBOOK = {"type": "notebook", "content": {
+    "cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [], "execution_count": None}],
+    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}}
+
+
+def test_at_the_walltimes_end_documents_are_saved_kernels_stop_and_the_next_page_says_so(alice):
+    """Slurm signals the session (--signal, save_ahead 120 s) before its 3-minute walltime ends: the
+    open JupyterLab saves what was typed and not saved, the kernels stop, the home page says so."""
+    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
+
+    alice.spawn({"profile": "cpu", "walltime": "00:03:00"})
+    job_id = only_job("alice")["job_id"]
+    assert alice.api("PUT", "/user/alice/api/contents/walltime-end.ipynb", json=EMPTY_NOTEBOOK).status_code in (200, 201)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        log_in(page)
+        page.goto(f"{HUB}/user/alice/lab/tree/walltime-end.ipynb?reset")
+        editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        editor.wait_for(timeout=90_000)
+        editor.click()
+        page.keyboard.type("typed before the end ")
+        warning = page.locator(".Toastify__toast", has_text="walltime ends in about")
+        for _ in range(170):  # keep typing (never saved by hand) until the session is told: ~1-2 min
+            if warning.count():
+                break
+            page.keyboard.type("x")
+            page.wait_for_timeout(1000)
+        warning.first.wait_for(timeout=10_000)
+        assert "saved walltime-end.ipynb" in warning.first.inner_text()
+        SHOTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(SHOTS / "walltime-end.png"))
+        browser.close()
+    with open("/home/alice/walltime-end.ipynb") as saved:
+        assert "typed before the end x" in saved.read()
+
+    deadline = time.monotonic() + 240  # the time limit, then Slurm's kill
+    while alice.model()["servers"] and time.monotonic() < deadline:
+        time.sleep(2)
+    assert alice.model()["servers"] == {}
+    home = alice.web.get(f"{HUB}/hub/home").text
+    assert f"Your session job {job_id} reached its time limit (Slurm: TIMEOUT" in home, home
+    assert "As it ended, JupyterLab saved: walltime-end.ipynb." in home, home
+    log = open(f"/home/alice/.dsportal/logs/session-{job_id}.log").read()
+    assert "dsportal: kernels shut down before the walltime's end" in log, log[-2000:]

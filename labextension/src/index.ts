@@ -239,6 +239,39 @@ function watchWalltime(app: JupyterFrontEnd, notify: Notify): void {
   void look();
 }
 
+// When Slurm tells the session its walltime ends (portal/session/walltime.py): save every open
+// document with unsaved changes, say which to the server (it writes them to the session's log,
+// which the hub quotes on the next page), and tell the user.
+const WALLTIME_ENDING = 'https://dsportal.invalid/events/walltime-ending/v1';
+
+function saveBeforeTheEnd(app: JupyterFrontEnd, notify: Notify): void {
+  const events = app.serviceManager.events;
+  events.stream.connect(async (_sender: unknown, event: { schema_id: string; [key: string]: any }) => {
+    if (event.schema_id !== WALLTIME_ENDING) {
+      return;
+    }
+    const saved: string[] = [];
+    for (const widget of app.shell.widgets('main')) {
+      const context = (widget as any).context;
+      if (context?.model?.dirty && !context.model.readOnly) {
+        try {
+          await context.save();
+          saved.push(context.path);
+        } catch (error) {
+          console.error('dsportal: could not save', context.path, error);
+        }
+      }
+    }
+    await api('POST', 'walltime/saved', { saved }).catch(() => undefined);
+    void notify(
+      `Your session's walltime ends in about ${duration(Number(event.seconds_left) || 0)}: ` +
+        (saved.length ? `saved ${saved.join(', ')}` : 'every document was saved already') +
+        '. Its kernels are being shut down; start a new session to go on.',
+      'warning'
+    );
+  });
+}
+
 // ------------------------------------------------------------------------------------ plugins
 const main: JupyterFrontEndPlugin<void> = {
   id: 'dsportal-lab:plugin',
@@ -309,6 +342,7 @@ const main: JupyterFrontEndPlugin<void> = {
     void app.restored.then(() => {
       watchIdle(app, notify);
       watchWalltime(app, notify);
+      saveBeforeTheEnd(app, notify);
       return watchTemplates(app, notify);
     });
   }

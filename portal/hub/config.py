@@ -148,6 +148,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
     c.SlurmGPUSpawner.umask = settings.session.umask
     c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval
+    c.SlurmGPUSpawner.save_ahead = settings.session.save_ahead
     if any(p.idle_timeout or p.idle_timeout_without_gpu for p in settings.profiles):
         # The proxy counts every request as activity, an open tab's polling included; idle limits
         # go by the sessions' own reports instead (portal/session/activity.py: what changes or computes).

@@ -6,6 +6,7 @@ its handlers in its own module; this puts them under the session's base URL:
   dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
   dsportal/tensorboard/...                                        TensorBoard (tensorboards.py)
+  dsportal/api/walltime/saved                                     what JupyterLab saved as the walltime ended (walltime.py)
 and guards jupyter-server-proxy's /proxy/ routes (portguard.py). Once the server listens, a session
 job's server reports its port to the hub (portreport.py).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
 
-from . import activity, jobs_api, nbtemplates, portguard, portreport, tensorboards
+from . import activity, jobs_api, nbtemplates, portguard, portreport, tensorboards, walltime
 
 
 def _load_jupyter_server_extension(server_app):
@@ -32,6 +33,7 @@ def _load_jupyter_server_extension(server_app):
     activity.setup(server_app)
     routes += tensorboards.setup(server_app)
     routes += nbtemplates.setup(server_app)
+    routes += walltime.setup(server_app)
     web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
     portguard.install(web_app, base, server_app.log)
     server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))
@@ -39,6 +41,7 @@ def _load_jupyter_server_extension(server_app):
 
 async def _start_jupyter_server_extension(server_app):
     # Runs once the event loop runs, after the server bound its port (queued before this hook).
+    walltime.listen(server_app)
     await portreport.report(server_app)
 
 

@@ -16,11 +16,22 @@ Both run before the kernel opens its sockets. An ipykernel whose IOPub thread is
 (not 6.x or 7.x) keeps its own pipe.
 """
 
+import atexit
 import os
 
 import zmq
 from ipykernel import kernelapp
 from zmq.eventloop.zmqstream import ZMQStream
+
+
+def _remove_socket(path: str, owner_pid: int) -> None:
+    """The kernel's exit removes its pipe's socket file (jupyter_client removes the channels' own);
+    a forked child that exits normally runs atexit too, and must leave the kernel's socket alone."""
+    if os.getpid() == owner_pid:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _private_pipe_address():
@@ -45,6 +56,7 @@ def _with_private_pipe(iopub_thread_class):
             pipe_in = self.socket.context.socket(zmq.PULL)
             pipe_in.linger = 0
             pipe_in.bind(self._pipe_address)
+            atexit.register(_remove_socket, self._pipe_address[len("ipc://"):], os.getpid())
             self._pipe_in = ZMQStream(pipe_in, self.io_loop)
             self._pipe_in.on_recv(self._handle_pipe_msg)
 

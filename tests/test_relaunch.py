@@ -1,0 +1,43 @@
+"""Relaunch: the form starts from the user's last choice; an instructor's link presets a profile
+and slice in the form (fragment) without starting anything. Real hub, real browser."""
+
+import re
+
+from playwright.sync_api import sync_playwright
+
+from conftest import HUB, stop_and_wait
+
+
+def checked_profile(html: str) -> str:
+    return re.search(r'name="profile" id="profile-([a-z0-9_-]+)" value="[^"]+"\s*checked', html).group(1)
+
+
+def test_the_form_starts_from_the_last_choice(alice, admin):
+    alice.spawn({"profile": "cpu", "walltime": "01:30:00"})
+    stop_and_wait(admin, "alice")
+    html = alice.web.get(f"{HUB}/hub/spawn").text
+    assert checked_profile(html) == "cpu", html
+    assert re.search(r'id="walltime-cpu" name="walltime.cpu"\s*value="01:30:00"', html), html
+    # Other profiles keep their own defaults.
+    assert re.search(r'id="walltime-gpu" name="walltime.gpu"\s*value="08:00:00"', html), html
+
+
+def test_a_lecture_link_presets_the_form_and_starts_nothing(alice):
+    from test_browser import ARGS, CHROMIUM
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context().new_page()
+        page.goto(f"{HUB}/hub/login")
+        page.fill("#username_input", "alice")
+        page.fill("#password_input", "alice-demo")
+        page.click("#login_submit")
+        page.wait_for_load_state()
+        page.goto(f"{HUB}/hub/spawn#profile=gpu&gpus=2&walltime=00:45:00")
+        page.wait_for_selector("#profile-gpu")
+        assert page.is_checked("#profile-gpu")
+        assert page.input_value("#gpus-gpu") == "2"
+        assert page.input_value("#walltime-gpu") == "00:45:00"
+        assert page.inner_text("#slice-gpu") == "2 GPUs, 16 CPU cores, 96 GB memory"
+        browser.close()
+    assert alice.model()["servers"] == {}, "a link only presets the form"
