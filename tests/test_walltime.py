@@ -87,15 +87,16 @@ def test_jupyterlab_warns_before_the_walltime_ends_and_extends_from_the_warning(
 
 EMPTY_NOTEBOOK = {"type": "notebook", "content": {
     "cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [], "execution_count": None}],
-    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}}
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5}}
 
 
 def test_at_the_walltimes_end_documents_are_saved_kernels_stop_and_the_next_page_says_so(alice):
-    """Slurm signals the session (--signal, save_ahead 120 s) before its 3-minute walltime ends: the
+    """Slurm signals the session (--signal, save_ahead 120 s) before its 4-minute walltime ends: the
     open JupyterLab saves what was typed and not saved, the kernels stop, the home page says so."""
     from test_browser import ARGS, CHROMIUM, SHOTS, log_in
 
-    alice.spawn({"profile": "cpu", "walltime": "00:03:00"})
+    alice.spawn({"profile": "cpu", "walltime": "00:04:00"})
     job_id = only_job("alice")["job_id"]
     assert alice.api("PUT", "/user/alice/api/contents/walltime-end.ipynb", json=EMPTY_NOTEBOOK).status_code in (200, 201)
     with sync_playwright() as playwright:
@@ -103,12 +104,12 @@ def test_at_the_walltimes_end_documents_are_saved_kernels_stop_and_the_next_page
         page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
         log_in(page)
         page.goto(f"{HUB}/user/alice/lab/tree/walltime-end.ipynb?reset")
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
         editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
-        editor.wait_for(timeout=90_000)
-        editor.click()
+        editor.click(timeout=90_000)  # once the notebook's loading spinner is gone
         page.keyboard.type("typed before the end ")
         warning = page.locator(".Toastify__toast", has_text="walltime ends in about")
-        for _ in range(170):  # keep typing (never saved by hand) until the session is told: ~1-2 min
+        for _ in range(200):  # keep typing (never saved by hand) until the session is told: ~1-2 min
             if warning.count():
                 break
             page.keyboard.type("x")
