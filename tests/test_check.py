@@ -41,7 +41,8 @@ def test_check_names_each_broken_part(portal, tmp_path):
 
 def test_check_names_the_container_runtime_and_each_image_as_a_user_sees_it(portal, tmp_path):
     result = check(CONFIG)
-    assert "[ok] container runtime apptainer: apptainer version 1.4.5 (apptainer)" in result.stdout, result.stdout
+    # (1.4.5 as pinned; install-apptainer.sh takes unstable's newer one, and says so, once 1.4.5 is gone there)
+    assert "[ok] container runtime apptainer: apptainer version 1." in result.stdout, result.stdout
     assert "[ok] container runtime charliecloud: " in result.stdout
     assert "[ok] image debian-python: apptainer, /var/lib/dsportal-demo/images/debian-python" in result.stdout
     assert "[WARN] image pytorch: missing: no image at /var/lib/dsportal-demo/images/pytorch-24.05.sif" in result.stdout
