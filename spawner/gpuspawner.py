@@ -21,8 +21,7 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
 from portal import defaults, sessionvars
-from portal.cluster.slurmclient import (Job, Slurm, SlurmError, SlurmUnavailable, queue_place, refusal_hint,
-                                        shared_client)
+from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
 from portal.settings import Profile, human_duration, parse_walltime
 from portal.templatesources import Spec
@@ -365,10 +364,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             "session wait; it was taken out of the queue. Try fewer GPUs, another profile, or later.",
             reason="queue-limit", status_code=503)
 
+    def session_log(self) -> str:
+        """The session job's log (the batch script's --output, session-%j.log): the user's file."""
+        return f"{self._expand(self.log_dir)}/session-{self.job_id}.log"
+
     async def _failure(self, job: Job | None, what: str) -> SpawnFailed:
         """A message a person understands: what happened, Slurm's reason, the job's last words."""
         job_id = self.job_id
-        log_path = f"{self._expand(self.log_dir)}/session-{job_id}.log"
+        log_path = self.session_log()
         # Job ids come round again after a Slurm reset: a log from before this submission is another job's.
         job = await self._final(job)
         tail = (await self.slurm.read_as_user(self.user.name, log_path, int(self.log_tail_lines),
@@ -548,7 +551,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """What JupyterLab saved as the walltime ended, from the session's log (portal.session.walltime)."""
         if job is None or job.state != "TIMEOUT":
             return ""
-        log_path = f"{self._expand(self.log_dir)}/session-{self.job_id}.log"
+        log_path = self.session_log()
         tail = await self.slurm.read_as_user(self.user.name, log_path, 60, not_before=self.submitted_wall or None)
         said = [line for line in tail.splitlines() if line.startswith(sessionvars.WALLTIME_SAVED)]
         if not said:
@@ -574,7 +577,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if job is None:
                 yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
             elif job.pending:
-                place, queued = queue_place(self.slurm.last_jobs, job)
+                place, queued = self.slurm.queue_place(job)
                 reason = f", place {place} of {queued} in its queue" if place else ""
                 reason += "" if job.reason in ("None", "") else f": waiting for {job.reason}"
                 estimate = ""

@@ -64,8 +64,7 @@ class PartitionSpawner(WrapSpawner):
         if profile is None:  # an unknown profile: start() refuses it at once
             self.start_timeout = self.boot_timeout
             return
-        queue = profile.get("queue_limit") or Profile.model_fields["queue_limit"].default
-        self.start_timeout = parse_walltime(queue) + self.boot_timeout
+        self.start_timeout = parse_walltime(profile["queue_limit"]) + self.boot_timeout  # model_dump()ed: always there
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:

@@ -83,6 +83,23 @@ def check_ldap(settings) -> Result:
     return Result("LDAP", True, f"bind to {where} works; {len(ldap.allowed_groups)} allowed group(s) found")
 
 
+# Asked as an ordinary account, in the user environment: what a session would find.
+IMAGE_PROBE = """import json, sys
+from types import SimpleNamespace
+from portal.cluster.images import image_status
+print(json.dumps([image_status(SimpleNamespace(**image)) for image in json.loads(sys.argv[1])]))"""
+USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"  # where sessions find their container runtime
+
+
+def _as_nobody(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """``argv`` as an ordinary account, in /, with none of root's environment; one that hangs fails."""
+    try:
+        return subprocess.run(["runuser", "-u", "nobody", "--", *argv], capture_output=True, text=True, cwd="/",
+                              env={"PATH": USER_PATH, "LANG": "C.UTF-8"}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"no answer in {timeout:.0f} s")
+
+
 def check_user_environment(settings) -> Result:
     prefix = settings.session.environment
     python = prefix / "bin" / "python"
@@ -92,27 +109,11 @@ def check_user_environment(settings) -> Result:
     # Users, not root, run it: prove an unprivileged account can import the session stack. Isolated
     # (-I), in /, with none of root's environment: a module planted in the admin's current folder
     # (/tmp, say) must not run, and root's variables are not the probe's business.
-    probe = subprocess.run(
-        ["runuser", "-u", "nobody", "--", str(python), "-I", "-c", f"import {USER_SIDE_MODULES}"],
-        capture_output=True, text=True, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-    )
+    probe = _as_nobody([str(python), "-I", "-c", f"import {USER_SIDE_MODULES}"])
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
         return Result("user environment", False, f"{prefix} is not usable by other accounts: {why}")
     return Result("user environment", True, f"{prefix} imports {USER_SIDE_MODULES} as an ordinary user")
-
-
-# Asked as an ordinary account, in the user environment: what a session would find.
-IMAGE_PROBE = """import json, sys
-from types import SimpleNamespace
-from portal.cluster.images import image_status
-print(json.dumps([image_status(SimpleNamespace(**image)) for image in json.loads(sys.argv[1])]))"""
-USER_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"  # where sessions find their container runtime
-
-
-def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", "nobody", "--", *argv], capture_output=True, text=True, cwd="/",
-                          env={"PATH": USER_PATH, "LANG": "C.UTF-8"}, timeout=60)
 
 
 def check_images(settings) -> list[Result]:
@@ -120,11 +121,8 @@ def check_images(settings) -> list[Result]:
     each image is there for one; an image that is not is a warning: its kernel says so."""
     results = []
     for name, command in sorted({(image.runtime, runtime_command(image)) for image in settings.images}):
-        try:
-            found = _as_nobody([command, "--version"])
-            ok, version = found.returncode == 0, (found.stdout or found.stderr).strip().splitlines()[:1]
-        except subprocess.TimeoutExpired:
-            ok, version = False, ["no answer in 60 s"]
+        found = _as_nobody([command, "--version"])
+        ok, version = found.returncode == 0, (found.stdout or found.stderr).strip().splitlines()[:1]
         detail = (f"{' '.join(version)} ({command})" if ok else
                   f"{command} does not run for users: {' '.join(version) or 'not found'}; make deps installs Apptainer")
         results.append(Result(f"container runtime {name}", ok, detail))

@@ -152,15 +152,18 @@ def _number(value) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def queue_place(jobs: dict[int, "Job"], job: "Job") -> tuple[int, int]:
-    """(place, of): where a pending job stands among its partition's pending jobs, in the order the
-    scheduler takes them (priority, then age); (0, 0) when it is not pending."""
-    if not job.pending:
-        return 0, 0
-    queue = sorted((j for j in jobs.values() if j.pending and j.partition == job.partition),
-                   key=lambda j: (-j.priority, j.submit_time, j.job_id))
-    ids = [j.job_id for j in queue]
-    return (ids.index(job.job_id) + 1 if job.job_id in ids else 0), len(ids)
+def queue_places(jobs: dict[int, "Job"]) -> dict[int, tuple[int, int]]:
+    """{job id: (place, of)}: where each pending job stands among its partition's pending jobs, in
+    the order the scheduler takes them (priority, then age)."""
+    queues: dict[str, list[Job]] = {}
+    for job in jobs.values():
+        if job.pending:
+            queues.setdefault(job.partition, []).append(job)
+    places = {}
+    for queue in queues.values():
+        queue.sort(key=lambda j: (-j.priority, j.submit_time, j.job_id))
+        places.update({job.job_id: (place, len(queue)) for place, job in enumerate(queue, 1)})
+    return places
 
 
 def profile_of(comment: str) -> str:
@@ -390,6 +393,7 @@ class Slurm:
         self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
+        self._places: tuple[dict, dict] = ({}, {})  # (the squeue snapshot, its queue_places)
 
     # -- running commands -------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -522,6 +526,14 @@ class Slurm:
     def last_jobs(self) -> dict[int, Job]:
         """The jobs of the last ``squeue`` snapshot (none before the first), without asking Slurm."""
         return self._squeue.value
+
+    def queue_place(self, job: Job) -> tuple[int, int]:
+        """(place, of) of a pending job in its partition's queue, from the last squeue snapshot; (0, 0)
+        when it is not pending there. Ranked once per snapshot, however many sessions wait."""
+        jobs = self._squeue.value
+        if self._places[0] is not jobs:
+            self._places = (jobs, queue_places(jobs))
+        return self._places[1].get(job.job_id, (0, 0))
 
     @property
     def squeue_calls(self) -> int:
