@@ -109,12 +109,27 @@ SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
 THEMES = "/user/alice/lab/api/settings/@jupyterlab/apputils-extension:themes"
 
 
-def log_in(page, user: str = "alice") -> None:
+def log_in(page, user: str = "alice", to_session: bool = True) -> None:
+    """Log in through the hub's form; ``to_session``: wait until it leads into the user's session."""
     page.goto(f"{HUB}/hub/login")
     page.fill("#username_input", user)
     page.fill("#password_input", f"{user}-demo")
     page.click("#login_submit")
-    page.wait_for_url(f"**/user/{user}/**", timeout=60_000)
+    if to_session:
+        page.wait_for_url(f"**/user/{user}/**", timeout=60_000)
+    else:
+        page.wait_for_load_state()
+
+
+def open_lab(playwright, path: str = "lab?reset", height: int = 900):
+    """Chromium, alice logged in, JupyterLab at /user/alice/<path> with dsportal's extension loaded
+    (?reset: the layout of earlier runs is not restored): (browser, page)."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+    page = browser.new_context(viewport={"width": 1400, "height": height}).new_page()
+    log_in(page)
+    page.goto(f"{HUB}/user/alice/{path}")
+    page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+    return browser, page
 
 
 def launch(panel, job_id_of, **fields) -> int:
@@ -149,11 +164,7 @@ def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
         return int(re.search(r"Submitted job (\d+)", text).group(1))
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-        log_in(page)
-        page.goto(f"{HUB}/user/alice/lab?reset")
-        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        browser, page = open_lab(playwright, height=1000)
 
         # The status bar: the session's slice (cpu profile: no GPU, 4 CPUs, 16 GB) and its walltime left.
         status = page.locator(".dsportal-SliceStatus")

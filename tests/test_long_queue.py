@@ -6,6 +6,7 @@ another user's job."""
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
@@ -13,19 +14,22 @@ from hubclient import active_jobs
 BOOT_SECONDS = 20  # the scratch hub's start_timeout: the time to come up once Slurm runs the job
 
 
-def hold_every_gpu(user: str = "bob") -> int:
-    """Another user's job holding all 8 GPUs of the demo's two nodes until cancelled."""
+@contextmanager
+def every_gpu_held(user: str = "bob"):
+    """Another user's job holding all 8 GPUs of the demo's two nodes; its job id. Cancelled at the end."""
     job = subprocess.run(
         ["runuser", "-u", user, "--", "sbatch", "--parsable", "--partition=gpu", "--nodes=2", "--gres=gpu:4",
          "--mem=1G", "--time=20", "--job-name=gpu-holder", "--output=/dev/null", "--chdir=/tmp", "--wrap=sleep 1200"],
         capture_output=True, text=True, check=True).stdout.strip()
     job_id = int(job.split(";")[0])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if any(j["job_id"] == job_id and j["job_state"] == "RUNNING" for j in active_jobs(user)):
-            return job_id
-        time.sleep(0.5)
-    raise AssertionError(f"{user}'s GPU holder {job_id} did not start")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(j["job_id"] == job_id and j["job_state"] == "RUNNING" for j in active_jobs(user)):
+            assert time.monotonic() < deadline, f"{user}'s GPU holder {job_id} did not start"
+            time.sleep(0.5)
+        yield job_id
+    finally:
+        subprocess.run(["scancel", str(job_id)], capture_output=True)
 
 
 def queue_limit(seconds: str):
@@ -37,8 +41,7 @@ def queue_limit(seconds: str):
 
 def test_a_queued_session_waits_past_the_hubs_start_timeout_as_one_job_and_starts(second_hub):
     base = second_hub(queue_limit("01:00:00"))
-    holder = hold_every_gpu()
-    try:
+    with every_gpu_held() as holder:
         alice = login(base, "alice")
         assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
         started = time.monotonic()
@@ -64,14 +67,11 @@ def test_a_queued_session_waits_past_the_hubs_start_timeout_as_one_job_and_start
         server = again.wait_ready(timeout=120)
         assert server["ready"]
         assert [j["job_id"] for j in active_jobs("alice")] == [job_id]
-    finally:
-        subprocess.run(["scancel", str(holder)], capture_output=True)
 
 
 def test_a_session_queued_past_its_profiles_limit_is_taken_out_in_words(second_hub):
     base = second_hub(queue_limit("00:00:30"))
-    holder = hold_every_gpu()
-    try:
+    with every_gpu_held():
         alice = login(base, "alice")
         assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
         final = alice.progress_events(timeout=180)[-1]["message"]
@@ -79,8 +79,6 @@ def test_a_session_queued_past_its_profiles_limit_is_taken_out_in_words(second_h
                 "Resources), the longest GPU partition lets a session wait; it was taken out of the queue.") in final, final
         assert wait_no_jobs("alice") == []  # not left queued behind her back
         assert alice.model()["servers"] == {}
-    finally:
-        subprocess.run(["scancel", str(holder)], capture_output=True)
 
 
 # The browser's Notification, recorded: headless Chromium shows none, the page's call is what counts.
@@ -97,10 +95,9 @@ def test_the_pending_page_shows_the_place_and_notifies_when_the_session_starts(a
     from playwright.sync_api import sync_playwright
 
     from conftest import HUB
-    from test_browser import ARGS, CHROMIUM, SHOTS
+    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
 
-    holder = hold_every_gpu()
-    try:
+    with every_gpu_held() as holder:
         assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
         notified = []
         with sync_playwright() as playwright:
@@ -109,11 +106,7 @@ def test_the_pending_page_shows_the_place_and_notifies_when_the_session_starts(a
             context.expose_function("dsportalNotified", lambda title, body: notified.append((title, body)))
             context.add_init_script(RECORD_NOTIFICATIONS)
             page = context.new_page()
-            page.goto(f"{HUB}/hub/login")
-            page.fill("#username_input", "alice")
-            page.fill("#password_input", "alice-demo")
-            page.click("#login_submit")
-            page.wait_for_load_state()
+            log_in(page, to_session=False)
             page.goto(f"{HUB}/hub/spawn-pending/alice")
             page.locator("#progress-message", has_text="place 1 of 1 in its queue").wait_for(timeout=60_000)
             assert page.locator("#dsportal-notify-state").inner_text() == "You will be notified."
@@ -124,5 +117,3 @@ def test_the_pending_page_shows_the_place_and_notifies_when_the_session_starts(a
             page.wait_for_url("**/user/alice/**", timeout=120_000)
             browser.close()
         assert notified == [("Your session is ready", "JupyterLab is opening.")]
-    finally:
-        subprocess.run(["scancel", str(holder)], capture_output=True)

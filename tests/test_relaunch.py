@@ -23,16 +23,12 @@ def test_the_form_starts_from_the_last_choice(alice, admin):
 
 
 def test_a_lecture_link_presets_the_form_and_starts_nothing(alice):
-    from test_browser import ARGS, CHROMIUM
+    from test_browser import ARGS, CHROMIUM, log_in
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = browser.new_context().new_page()
-        page.goto(f"{HUB}/hub/login")
-        page.fill("#username_input", "alice")
-        page.fill("#password_input", "alice-demo")
-        page.click("#login_submit")
-        page.wait_for_load_state()
+        log_in(page, to_session=False)
         page.goto(f"{HUB}/hub/spawn#profile=gpu&gpus=2&walltime=00:45:00")
         page.wait_for_selector("#profile-gpu")
         assert page.is_checked("#profile-gpu")

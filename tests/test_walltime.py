@@ -42,6 +42,12 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
     asked = bob.api("POST", "/hub/api/dsportal/extend", json={"minutes": 60})
     assert asked.status_code == 400 and asked.json()["message"] == "You have no running session to extend."
     assert scontrol(job_id)["TimeLimit"] == "12:00:00"
+    # Nor through her session's server: neither her extension nor a forged "saved" line in her log.
+    assert bob.api("POST", "/user/alice/dsportal/api/extend", json={"minutes": 60}).status_code == 403
+    forged = bob.api("POST", "/user/alice/dsportal/api/walltime/saved", json={"saved": ["bob-was-here.ipynb"]})
+    assert forged.status_code == 403
+    with open(f"/home/alice/.dsportal/logs/session-{job_id}.log") as log:
+        assert "bob-was-here" not in log.read()
 
 
 def test_the_partitions_own_limit_holds_though_the_hub_is_a_slurm_operator(second_hub):
@@ -63,16 +69,12 @@ def test_the_partitions_own_limit_holds_though_the_hub_is_a_slurm_operator(secon
 
 
 def test_jupyterlab_warns_before_the_walltime_ends_and_extends_from_the_warning(alice):
-    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
+    from test_browser import SHOTS, open_lab
 
     alice.spawn({"profile": "cpu", "walltime": "00:16:00"})  # 15 minutes left within a minute
     job_id = only_job("alice")["job_id"]
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-        log_in(page)
-        page.goto(f"{HUB}/user/alice/lab?reset")
-        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        browser, page = open_lab(playwright)
         warning = page.locator(".Toastify__toast", has_text="Your session's walltime ends in")
         warning.wait_for(timeout=150_000)
         assert warning.get_by_role("button", name="Save all").is_visible()
@@ -94,17 +96,13 @@ EMPTY_NOTEBOOK = {"type": "notebook", "content": {
 def test_at_the_walltimes_end_documents_are_saved_kernels_stop_and_the_next_page_says_so(alice):
     """Slurm signals the session (--signal, save_ahead 120 s) before its 4-minute walltime ends: the
     open JupyterLab saves what was typed and not saved, the kernels stop, the home page says so."""
-    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
+    from test_browser import SHOTS, open_lab
 
     alice.spawn({"profile": "cpu", "walltime": "00:04:00"})
     job_id = only_job("alice")["job_id"]
     assert alice.api("PUT", "/user/alice/api/contents/walltime-end.ipynb", json=EMPTY_NOTEBOOK).status_code in (200, 201)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-        log_in(page)
-        page.goto(f"{HUB}/user/alice/lab/tree/walltime-end.ipynb?reset")
-        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        browser, page = open_lab(playwright, "lab/tree/walltime-end.ipynb?reset")
         editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
         editor.click(timeout=90_000)  # once the notebook's loading spinner is gone
         page.keyboard.type("typed before the end ")
