@@ -202,6 +202,10 @@ class HubSettings(_Model):
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up once Slurm runs its "
                                "job (the wait in the queue is the profile's queue_limit).")
     http_timeout: int = Field(60, gt=0)
+    session_names_per_user: int = Field(
+        8, ge=0, le=100, description="How many named sessions (beside the default one) a user may keep, running or "
+        "not (JupyterHub's named_server_limit_per_user); how many may run at once is each profile's "
+        "sessions_per_user. 0: named sessions are off, one session per user.")
     proxy_command: list[str] = ["configurable-http-proxy"]
     external_proxy: bool = Field(
         False, description="configurable-http-proxy runs as its own service (config/systemd/dsportal-proxy.service) "
@@ -384,6 +388,10 @@ class Profile(_Model):
     queue_limit: str = Field(
         "08:00:00", description="How long (HH:MM:SS) a session may wait in Slurm's queue before the portal "
         "withdraws it and tells the user; then hub.start_timeout more to come up once it runs.")
+    sessions_per_user: int = Field(
+        1, ge=1, le=20, description="How many sessions of this profile one user may hold at once (JupyterHub's "
+        "named servers: each is a Slurm job with its own slice; pending ones count). A start past it is refused "
+        "in words, naming the sessions she has.")
 
     @field_validator("gpu_choices")
     @classmethod

@@ -102,30 +102,43 @@ def _still_fits(record: dict, names: list[str]) -> bool:
     return named == set(names) and cert.not_valid_after_utc - datetime.now(timezone.utc) > REUSE_MIN_VALIDITY
 
 
-def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: str) -> dict:
+def record_name(user: str, server: str = "") -> str:
+    """The hub's store record of a session's key and certificate: ``user-<user>`` for her default
+    session (as before named sessions), one per named session beside it. Each session has its own: a
+    pair made anew for one (a node added) must not change the one another session of hers presents,
+    which the hub's checks pin (portal/hub/routeowner.py). The hash keeps user and server names apart
+    (``bob`` + ``x`` never meets a user called ``bob-x``)."""
+    if not server:
+        return f"user-{user}"
+    digest = hashlib.sha256("\n".join((user, server)).encode()).hexdigest()
+    return f"session-{digest[:32]}"
+
+
+def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: str, server: str = "") -> dict:
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
     localhost and ``alt_names``, plus the user's own name), made here so that the hub can make it off its event loop. The
     user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
     costs 50-80 ms of the hub's CPU (the CA's RSA key loaded and checked, an RSA key made, the
     store rewritten), which every start waited for and a class of 30 paid 30 times over."""
     names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
+    name = record_name(user, server)
     with _STORE:
         store = Certipy(store_dir=store_dir)
         try:
-            record = store.store.get_record(f"user-{user}")
+            record = store.store.get_record(name)
         except CertNotFoundError:
             record = None
         if record is None or record.get("parent_ca") != "notebooks-ca" or not _still_fits(record, names):
-            record = store.create_signed_pair(f"user-{user}", "notebooks-ca", alt_names=names, overwrite=True)
+            record = store.create_signed_pair(name, "notebooks-ca", alt_names=names, overwrite=True)
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
 
 
-def issued_certificate(store_dir: str, user: str) -> bytes | None:
-    """The session certificate the hub last made for ``user`` (DER), the one her running session
-    presents; None if there is none."""
+def issued_certificate(store_dir: str, user: str, server: str = "") -> bytes | None:
+    """The session certificate the hub last made for ``user``'s session ``server`` (DER), the one that
+    session presents; None if there is none."""
     with _STORE:
         try:
-            record = Certipy(store_dir=store_dir).store.get_record(f"user-{user}")
+            record = Certipy(store_dir=store_dir).store.get_record(record_name(user, server))
         except CertNotFoundError:
             return None
     try:
@@ -157,11 +170,14 @@ def _local_client_pair(store: Certipy, user: str) -> tuple[Path, Path, Path]:
     return Path(ca), Path(record["files"]["key"]), Path(record["files"]["cert"])
 
 
-async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str) -> dict:
-    """Write the session's certificates into the user's folder; their paths there."""
+async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str, server: str = "") -> dict:
+    """Write the session's certificates into the user's folder (a named session's into a folder of its
+    own: a session waiting in the queue reads its files when it starts); their paths there."""
     local_ca, client_key, client_cert, notebooks_ca = await asyncio.to_thread(_local_client, store_dir, user)
     hub = hashlib.sha256(str(Path(store_dir).resolve()).encode()).hexdigest()[:8]  # each hub its own folder
     folder = Path(pwd.getpwnam(user).pw_dir) / FOLDER / hub
+    if server:
+        folder = folder / "sessions" / server
     files = {
         "session.key": Path(paths["keyfile"]).read_text(),
         "session.crt": Path(paths["certfile"]).read_text(),

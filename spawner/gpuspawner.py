@@ -176,12 +176,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         options = self.user_options or {}
         return slice_for(Profile.model_validate(self.profile), options.get("gpus"), options.get("walltime"))
 
+    @property
+    def job_name(self) -> str:
+        """``dsportal-<user>`` for her default session, ``dsportal-<user>:<name>`` for a named one (server
+        names are JupyterHub 6's safe slugs: lowercase letters, digits and single hyphens)."""
+        return f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
+
     def job_script(self, chosen: SessionSlice) -> str:
         env_prefix = self.python_prefix.rstrip("/")
         command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
             "session.sbatch.j2",
-            job_name=f"dsportal-{self.user.name}",
+            job_name=self.job_name,
+            server_name=self.name,
             partition=chosen.profile.partition,
             gpus=chosen.gpus,
             cpus=chosen.cpus,

@@ -168,8 +168,28 @@ class PartitionSpawner(WrapSpawner):
     async def options_from_form(self, formdata):
         options = options_from_form(formdata)
         # Refuse now: the form comes back with the message.
-        self.validated = (options, self.validated_slice(options), await self.mail_user_for(options))
+        chosen = self.validated_slice(options)
+        self.check_session_limit(chosen.profile)
+        self.validated = (options, chosen, await self.mail_user_for(options))
         return options
+
+    # ------------------------------------------------- several sessions per user
+    def sessions_on(self, profile: Profile) -> list:
+        """The user's other sessions on ``profile`` that hold a slice or wait for one (named servers)."""
+        return [spawner for spawner in self.user.all_spawners(include_default=True)
+                if spawner is not self and spawner.active and getattr(spawner, "child_profile", "") == profile.name]
+
+    def check_session_limit(self, profile: Profile) -> None:
+        """Refuse, in words, a session past the profile's sessions_per_user (nothing is submitted)."""
+        others = self.sessions_on(profile)
+        if len(others) < profile.sessions_per_user:
+            return
+        names = ", ".join(f"'{s.name or 'default'}'" for s in sorted(others, key=lambda s: s.name))
+        metrics.SPAWN_FAILURES.labels(profile.name, "session-limit").inc()
+        raise SpawnFailed(
+            f"You already have {len(others)} session{'s' if len(others) != 1 else ''} on {profile.display_name} "
+            f"({names}), the most it allows one user at once. Stop one of them on your home page, or choose "
+            "another profile.", reason="session-limit", status_code=409)
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
     async def create_certs(self):
@@ -180,11 +200,11 @@ class PartitionSpawner(WrapSpawner):
             # and checks the certificate against that name, as JupyterHub's own certificates name it.
             names.append(f"DNS:{self.user.domain}")
         return await asyncio.to_thread(certs.session_pair, self.internal_certs_location, self.user.name, names,
-                                       self.internal_trust_bundles["notebooks-ca"])
+                                       self.internal_trust_bundles["notebooks-ca"], self.name)
 
     async def move_certs(self, paths):
         return await certs.deliver(SlurmGPUSpawner.shared_client(self.config), self.user.name, paths,
-                                   self.internal_certs_location)
+                                   self.internal_certs_location, self.name)
 
     # ----------------------------------------------------------- the child
     def select_profile(self, name: str) -> None:
@@ -259,6 +279,9 @@ class PartitionSpawner(WrapSpawner):
                 self.orm_spawner.user_options = {}
                 session.commit()
             raise
+        # Counted after the last await: from here to select_profile nothing else runs on the hub's
+        # loop, so two starts at once cannot both take the last place.
+        self.check_session_limit(chosen.profile)
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != chosen.profile.name:
             self.child_spawner = None

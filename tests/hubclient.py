@@ -166,8 +166,16 @@ class HubUser:
         self._learn_server_origins(model)
         return model
 
-    def start_server(self, options: dict | None = None) -> requests.Response:
-        return self.api("POST", f"/hub/api/users/{self.name}/server", json=options or {})
+    def server_api(self, server: str = "", user: str | None = None) -> str:
+        """The hub's API path of one of a user's sessions: the default one, or a named one."""
+        return f"/hub/api/users/{user or self.name}/" + (f"servers/{server}" if server else "server")
+
+    def server_prefix(self, server: str = "") -> str:
+        """Where a session of mine serves: /user/NAME/ or, for a named one, /user/NAME/SERVER/."""
+        return f"/user/{self.name}" + (f"/{server}" if server else "")
+
+    def start_server(self, options: dict | None = None, server: str = "") -> requests.Response:
+        return self.api("POST", self.server_api(server), json=options or {})
 
     def progress_events(self, timeout: float = 120, until=lambda event: False) -> list[dict]:
         """The hub's progress stream for the spawn in flight, until ready, failed or ``until(event)``."""
@@ -185,36 +193,41 @@ class HubUser:
                     break
         return events
 
-    def wait_ready(self, timeout: float = 120) -> dict:
+    def wait_ready(self, timeout: float = 120, server: str = "") -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            server = self.model().get("servers", {}).get("")
-            if server and server.get("ready"):
-                return server
-            if not server:
-                raise AssertionError(f"{self.name}'s server is gone while starting: {self.model()}")
+            found = self.model().get("servers", {}).get(server)
+            if found and found.get("ready"):
+                return found
+            if not found:
+                raise AssertionError(f"{self.name}'s server {server!r} is gone while starting: {self.model()}")
             time.sleep(1)
-        raise AssertionError(f"{self.name}'s server not ready after {timeout} s")
+        raise AssertionError(f"{self.name}'s server {server!r} not ready after {timeout} s")
 
-    def spawn(self, options: dict | None = None, timeout: float = 120) -> dict:
-        response = self.start_server(options)
+    def spawn(self, options: dict | None = None, timeout: float = 120, server: str = "") -> dict:
+        response = self.start_server(options, server)
         assert response.status_code in (201, 202), response.text
-        return self.wait_ready(timeout)
+        return self.wait_ready(timeout, server)
 
-    def stop_server(self, user: str | None = None) -> None:
-        response = self.api("DELETE", f"/hub/api/users/{user or self.name}/server")
-        assert response.status_code in (202, 204, 400), response.text
+    def stop_server(self, user: str | None = None, server: str | None = None) -> None:
+        """Stop one session of the user (``server``: '' the default one, a name a named one), or with
+        ``server`` None all of them, named ones included, and wait until the hub has none running."""
+        names = [server] if server is not None else sorted(set(self.model(user).get("servers", {})) | {""})
+        for name in names:
+            response = self.api("DELETE", self.server_api(name, user))
+            assert response.status_code in (202, 204, 400, 404), response.text
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             model = self.model(user)
-            if not model.get("servers") and model.get("pending") is None:
+            running = set(model.get("servers", {}))
+            if not running & set(names) and (model.get("pending") is None or server not in (None, "")):
                 return
             time.sleep(0.5)
-        raise AssertionError("server did not stop")
+        raise AssertionError(f"server(s) {names} of {user or self.name} did not stop")
 
     # -- kernels ----------------------------------------------------------------------
-    def _channels(self, kernel_id: str, timeout: float):
-        url = self.url(f"/user/{self.name}/api/kernels/{kernel_id}/channels").replace("http", "ws", 1)
+    def _channels(self, kernel_id: str, timeout: float, server: str = ""):
+        url = self.url(f"{self.server_prefix(server)}/api/kernels/{kernel_id}/channels").replace("http", "ws", 1)
         return websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
 
     def _execute(self, ws, code: str, timeout: float) -> str:
@@ -241,14 +254,15 @@ class HubUser:
                 return "".join(output)
         raise AssertionError("kernel did not finish in time")
 
-    def run_code(self, code: str, kernel: str = "python3", timeout: float = 60, keep: bool = False) -> str:
-        """Start a kernel in my server through the proxy, run code, return its stdout
-        (``keep``: leave the kernel running, e.g. for what it started)."""
-        prefix = f"/user/{self.name}/api/kernels"
+    def run_code(self, code: str, kernel: str = "python3", timeout: float = 60, keep: bool = False,
+                 server: str = "") -> str:
+        """Start a kernel in my server (``server``: a named session) through the proxy, run code,
+        return its stdout (``keep``: leave the kernel running, e.g. for what it started)."""
+        prefix = f"{self.server_prefix(server)}/api/kernels"
         created = self.api("POST", prefix, json={"name": kernel})
         created.raise_for_status()
         kernel_id = created.json()["id"]
-        ws = self._channels(kernel_id, timeout)
+        ws = self._channels(kernel_id, timeout, server)
         try:
             return self._execute(ws, code, timeout)
         finally:

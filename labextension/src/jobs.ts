@@ -38,6 +38,9 @@ export interface Job {
   image: string | null;
   description: string;
   finished: boolean;
+  session: string;
+  session_job: number | null;
+  from_this_session: boolean;
 }
 
 type StreamEvent =
@@ -116,7 +119,7 @@ export class JobsPanel extends Widget {
     const table = element(
       'table',
       { class: 'dsportal-Jobs-table' },
-      element('thead', {}, element('tr', {}, ...['Job', 'Name', 'State', 'Nodes', 'Ranks', 'Image', ''].map(h => element('th', { text: h })))),
+      element('thead', {}, element('tr', {}, ...['Job', 'Name', 'State', 'Nodes', 'Ranks', 'Image', 'Session', ''].map(h => element('th', { text: h })))),
       this._rows
     );
     this.node.append(
@@ -218,6 +221,13 @@ export class JobsPanel extends Widget {
       }
       row.cells[2].className = `dsportal-state dsportal-state-${job.state.split(' ')[0]}`;
       row.cells[2].title = job.reason ? `${job.state} (${job.reason})` : job.state;
+      // Which of the user's sessions launched it (she may run several at once).
+      const launchedFrom = job.from_this_session
+        ? 'this one'
+        : job.session_job === null
+          ? '-'
+          : `${job.session || 'default'} (job ${job.session_job})`;
+      row.insertCell().textContent = launchedFrom;
       const actions = row.insertCell();
       const view = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-view', text: 'Log' });
       view.onclick = () => this.follow(job.job_id);

@@ -21,18 +21,10 @@ from .. import templating
 from . import metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
+from . import sessions
 from .extend import ExtendHandler
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
-
-
-def session_ended(user) -> str:
-    """Template variable: why the user's last session ended outside the portal (scancel, node
-    failure, walltime), until they start the next one."""
-    if user is None:
-        return ""
-    spawner = user.spawner
-    return "" if spawner.active else getattr(spawner, "session_ended", "")
 
 
 def _proxy_command(command: list[str]) -> list[str]:
@@ -123,9 +115,13 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.log_level = hub.log_level
     # Batch sessions outlive the hub: a hub restart must not cancel anybody's job.
     c.JupyterHub.cleanup_servers = False
-    c.JupyterHub.allow_named_servers = False
+    # Several sessions per user (a CPU one preparing data beside a GPU one training): JupyterHub's named
+    # servers, each its own Slurm job; each profile caps how many of its sessions run (PartitionSpawner).
+    c.JupyterHub.allow_named_servers = hub.session_names_per_user > 0
+    c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
-    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": session_ended}
+    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended,
+                                   "sessions": sessions.rows}
     c.JupyterHub.template_paths = [str(templating.folder() / "hub")]  # the stock pages, plus session_ended
 
     configure_ldap(c, settings)

@@ -46,8 +46,8 @@ def proxy_command(command: list[str]) -> list[str]:
     return [node, str(WRAPPER), str(script), *command[1:]]
 
 
-async def _issued_certificate(certs_location: str, user: str) -> bytes | None:
-    return await asyncio.to_thread(certs.issued_certificate, certs_location, user)
+async def _issued_certificate(certs_location: str, user: str, server: str = "") -> bytes | None:
+    return await asyncio.to_thread(certs.issued_certificate, certs_location, user, server)
 
 
 def check_sessions_by_their_certificate() -> None:

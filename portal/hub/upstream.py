@@ -103,7 +103,7 @@ def _pinning(make_ssl_context):
 
 def _waiting_for_the_certificate(wait_up, issued_certificate):
     async def wait_up_pinned(self, spawner):
-        expected = await issued_certificate(spawner.internal_certs_location, self.name)
+        expected = await issued_certificate(spawner.internal_certs_location, self.name, spawner.name)
         token = _EXPECTED_CERTIFICATE.set(expected or b"")  # none issued: nothing is accepted
         try:
             return await wait_up(self, spawner)
@@ -117,7 +117,7 @@ def _waiting_for_the_certificate(wait_up, issued_certificate):
 def pin_session_certificates(issued_certificate) -> None:
     """The hub's checks of a session (``User._wait_up``; ``jupyterhub.user.make_ssl_context`` is used
     for nothing else) accept only the certificate ``await issued_certificate(internal_certs_location,
-    user name)`` returns (DER; None: none is accepted). Idempotent."""
+    user name, server name)`` returns (DER; None: none is accepted). Idempotent."""
     if not getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False):
         jupyterhub.user.make_ssl_context = _pinning(jupyterhub.user.make_ssl_context)
     if not getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False):

@@ -80,6 +80,12 @@ def _rank_argv(plan: JobPlan, script: str, policy: LaunchPolicy, home: str) -> l
     return backend.argv(launch)
 
 
+def launching_session(environ=os.environ) -> tuple[str, int | None]:
+    """The session a job is launched from: its name (JupyterHub's server name, '' for the default
+    session) and its own Slurm job id (None outside a session job)."""
+    return environ.get("JUPYTERHUB_SERVER_NAME", ""), whole_number(environ.get("SLURM_JOB_ID", ""))
+
+
 def render_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, script: str, home: str) -> str:
     env = dict(plan.env)
     if plan.image is not None:
@@ -89,6 +95,7 @@ def render_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, script: str
         plan=plan, profile=plan.profile.model_dump(), job_dir=job_dir, env=env,
         argv=_rank_argv(plan, script, policy, home), workdir=home,
         torchrun=f"{policy.environment.rstrip('/')}/bin/torchrun",
+        session_job=launching_session()[1],
     )
 
 
@@ -132,10 +139,11 @@ def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> "Job
     text = render_script(plan, policy, str(job_dir), script, home)
     (job_dir / "job.sbatch").write_text(text)
     job_id = slurm().submit_file(str(job_dir / "job.sbatch"))
+    session, session_job = launching_session()
     info = JobInfo(job_id=job_id, name=plan.name, folder=str(job_dir), submitted=time.time(),
                    nodes=plan.nodes, ranks=plan.ranks, gpus_per_node=plan.gpus_per_node,
                    partition=plan.profile.partition, image=plan.image.name if plan.image else None,
-                   script=script, description=plan.describe())
+                   script=script, description=plan.describe(), session=session, session_job=session_job)
     (job_dir / "job.json").write_text(json.dumps(asdict(info), indent=1))
     link = root / str(job_id)
     if link.is_symlink() or link.exists():
@@ -158,6 +166,10 @@ class JobInfo:
     image: str | None
     script: str | None
     description: str = ""
+    # The session it was launched from (several per user: JupyterHub's named servers): its name ('' for
+    # the default one) and its Slurm job id; jobs from before sessions were recorded have neither.
+    session: str = ""
+    session_job: int | None = None
     state: str = "PENDING"
     reason: str = ""
     exit_code: str = ""
@@ -168,7 +180,8 @@ class JobInfo:
         return self.state in FINISHED or self.state == "UNKNOWN"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "finished": self.finished}
+        this = self.session_job is not None and self.session_job == launching_session()[1]
+        return {**asdict(self), "finished": self.finished, "from_this_session": this}
 
 
 def held_slice(environ=os.environ) -> dict:

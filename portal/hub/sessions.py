@@ -1,0 +1,72 @@
+"""A user's sessions as her hub pages show them: each one's slice, node, state and time left.
+
+With several sessions per user (JupyterHub's named servers: a CPU session preparing data beside a
+GPU session training), the home page lists them all, the default one first; each row says what
+the session holds and for how long, read from what the hub already knows (the spawner's slice and
+the job as the shared squeue snapshot last listed it): rendering a page asks Slurm nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..settings import human_duration
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    name: str  # JupyterHub's server name; '' for the default session
+    label: str
+    active: bool
+    ready: bool
+    url: str
+    profile: str = ""
+    held: str = ""  # "1 GPU, 8 CPUs, 48 GB, 08:00:00 on gpu"
+    state: str = "stopped"
+    node: str = ""
+    time_left: str = ""
+    ended: str = ""  # why its last job ended outside the portal, until its next start
+
+
+def _state(spawner, job) -> str:
+    if spawner.pending == "stop":
+        return "stopping"
+    if job is None:
+        return "running" if spawner.ready else "submitting"
+    if job.pending:
+        return f"queued (job {job.job_id})"
+    return f"{'running' if spawner.ready else 'starting'} (job {job.job_id})"
+
+
+def row(user, spawner) -> SessionRow:
+    common = {"name": spawner.name, "label": spawner.name or "default", "active": spawner.active,
+              "ready": spawner.ready, "url": user.server_url(spawner.name)}
+    if not spawner.active:
+        return SessionRow(**common, ended=getattr(spawner, "session_ended", "") or "")
+    child = getattr(spawner, "child_spawner", None)
+    chosen, job = getattr(child, "slice", None), getattr(child, "job", None)
+    node, left = "", ""
+    if job is not None and job.running:
+        node = job.batch_host
+        if job.start_time and job.time_limit:
+            left = human_duration(max(0, job.start_time + job.time_limit * 60 - time.time()))
+    return SessionRow(**common, profile=chosen.profile.display_name if chosen else "",
+                      held=chosen.describe() if chosen else "", state=_state(spawner, job), node=node, time_left=left)
+
+
+def rows(user) -> list[SessionRow]:
+    """Template variable ``sessions``: the user's sessions, the default first, then by name."""
+    if user is None:
+        return []
+    spawners = sorted(user.all_spawners(include_default=True), key=lambda s: (s.name != "", s.name))
+    return [row(user, spawner) for spawner in spawners]
+
+
+def ended(user) -> dict[str, str]:
+    """Template variable ``session_ended``: server name -> why its last session ended outside the
+    portal (scancel, node failure, walltime, idle reclaim), for the sessions not running now."""
+    if user is None:
+        return {}
+    return {s.name: s.session_ended for s in user.all_spawners(include_default=True)
+            if not s.active and getattr(s, "session_ended", "")}
