@@ -21,13 +21,11 @@ Loaded by the session's Jupyter server when it starts its first kernel manager
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import default
 
-from .ownkernels import refuse_to_start
 from .upstream import IpcSocketsNamedByPrefix
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -51,13 +49,7 @@ def socket_prefix(connection_file: str) -> str:
 
 
 class PrivateKernelManager(IpcSocketsNamedByPrefix, ServerKernelManager):
-    """jupyter_server's kernel manager, with its kernel's channels on private unix sockets. A kernel
-    that cannot start (its image is missing, the user's environment is broken: portal.session.ownkernels)
-    is refused with the reason, which JupyterLab shows, before anything is started."""
-
-    async def start_kernel(self, *args, **kwargs):
-        await asyncio.to_thread(refuse_to_start, self.kernel_spec)
-        return await super().start_kernel(*args, **kwargs)
+    """jupyter_server's kernel manager, with its kernel's channels on private unix sockets."""
 
     @default("transport")
     def _private_transport(self) -> str:

@@ -9,7 +9,7 @@ only that, after the portal's own (her names never hide "python3" or an image's 
 Nothing is discovered at session start: Jupyter lists kernelspecs when JupyterLab asks. Each of hers
 is checked then, cheaply (its program exists and may be run, the image it names is offered and
 built); one that fails is listed as "<name> (unavailable: <why>)" and starting it answers why
-(:func:`refusal`, raised by the kernel manager before anything starts), never a kernel that dies
+(:func:`refusal`, raised by the session's kernel provisioner before anything starts), never a kernel that dies
 without a word. A Python kernel also gets the session's private pipe for forked children's output
 (portal.session.kernelpipe, as image kernels do), since its environment has no dsportal.
 
@@ -20,6 +20,7 @@ bound in: a venv there is found at the same path).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import subprocess
 from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_data_dir, jupyter_runtime_dir
 from tornado import web
 
@@ -126,7 +128,7 @@ def _runtime_dir() -> str:
 
 
 def refusal(spec: KernelSpec | None) -> str:
-    """Why a kernel must not start, for a person, or '' (portal.session.kernelsockets asks before a start).
+    """Why a kernel must not start, for a person, or '' (CheckedProvisioner asks before each start).
 
     The listing's check, again (an environment may have gone since the launcher showed it), and for
     the user's own Python kernels whether her Python has ipykernel: one short Python start, worth it
@@ -159,3 +161,14 @@ def refuse_to_start(spec: KernelSpec | None) -> None:
     reason = refusal(spec)
     if reason:
         raise web.HTTPError(400, reason)
+
+
+class CheckedProvisioner(LocalProvisioner):
+    """Jupyter's local kernel provisioner (every kernel of a session: jupyter-config names it the
+    default), refusing with the reason a kernel that cannot start. Raised here, the refusal reaches
+    the kernels API as a 400 with the reason, which JupyterLab shows in its "Error Starting Kernel"
+    dialog."""
+
+    async def pre_launch(self, **kwargs):
+        await asyncio.to_thread(refuse_to_start, self.kernel_spec)
+        return await super().pre_launch(**kwargs)
