@@ -220,14 +220,13 @@ def _quota_cores(group: Cgroup) -> float | None:
 
 
 def slice_cores(quota_cores: float | None, affinity: int, slurm_cpus: int | None) -> tuple[float, str]:
-    """The cores the slice may use: the tightest of CPU bandwidth (quota), the cpuset it may run on
-    and Slurm's allocation (which holds even where the node does not confine cores)."""
-    choices = [(float(affinity), "cpuset")]
-    if slurm_cpus:
-        choices.append((float(slurm_cpus), "slurm"))
-    if quota_cores:
-        choices.append((quota_cores, "quota"))
-    return min(choices, key=lambda choice: choice[0])
+    """The cores the slice may use: Slurm's allocation where there is one (the cpuset equals it where
+    the node confines cores; where it does not, the cpuset is the whole node's), else the cores it may
+    run on; a tighter CPU quota wins over either."""
+    cores, source = (float(slurm_cpus), "slurm") if slurm_cpus else (float(affinity), "cpuset")
+    if quota_cores and quota_cores < cores:
+        return quota_cores, "quota"
+    return cores, source
 
 
 def _cpu_seconds(group: Cgroup) -> float | None:
