@@ -62,8 +62,11 @@ def program_problem(program: str) -> str:
 class OwnKernelSpecManager(KernelSpecManager):
     """Jupyter's kernelspec manager, plus the user's own kernels folder, each of its specs checked."""
 
-    def _kernel_dirs_default(self) -> list[str]:
-        return [*super()._kernel_dirs_default(), str(own_kernels_dir())]
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Last: a name in the portal's folders is found there first (jupyter_client takes the first).
+        if str(own_kernels_dir()) not in self.kernel_dirs:
+            self.kernel_dirs = [*self.kernel_dirs, str(own_kernels_dir())]
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         spec = super().get_kernel_spec(kernel_name)
