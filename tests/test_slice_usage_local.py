@@ -167,26 +167,29 @@ def server(tmp_path_factory):
     port, token = _free_port(), secrets.token_hex(16)
     env = {"PATH": f"{ENV}:/usr/bin:/bin", "HOME": account.pw_dir, "USER": ACCOUNT, "JUPYTER_RUNTIME_DIR": str(runtime),
            "LANG": "C.UTF-8", "SLURM_CPUS_ON_NODE": "4"}
-    process = subprocess.Popen(
-        [shutil.which("runuser"), "-u", ACCOUNT, "--", str(ENV / "jupyter-server"), "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={account.pw_dir}"],
-        env=env, cwd="/", stdout=open(log, "wb"), stderr=subprocess.STDOUT, preexec_fn=cgroup.enter)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()
-        try:
-            if requests.get(f"{url}/api/status", headers={"Authorization": f"token {token}"}, timeout=2).ok:
-                break
-        except requests.ConnectionError:
-            time.sleep(0.3)
-    else:
-        raise AssertionError("the server did not start:\n" + log.read_text())
-    yield Server(url, token, process, log)
-    process.terminate()
-    process.wait(timeout=30)
-    cgroup.remove()
-    shutil.rmtree(runtime, ignore_errors=True)
+    try:
+        process = subprocess.Popen(
+            [shutil.which("runuser"), "-u", ACCOUNT, "--", str(ENV / "jupyter-server"), "--no-browser", "--ip=127.0.0.1",
+             f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={account.pw_dir}"],
+            env=env, cwd="/", stdout=open(log, "wb"), stderr=subprocess.STDOUT, preexec_fn=cgroup.enter)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            try:
+                if requests.get(f"{url}/api/status", headers={"Authorization": f"token {token}"}, timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.3)
+        else:
+            raise AssertionError("the server did not start:\n" + log.read_text())
+        yield Server(url, token, process, log)
+    finally:
+        if "process" in locals():
+            process.terminate()
+            process.wait(timeout=30)
+        cgroup.remove()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_gauges_show_the_cgroups_limits_not_the_nodes(server):
