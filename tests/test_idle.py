@@ -17,7 +17,6 @@ from conftest import login
 from test_browser import ARGS, CHROMIUM, SHOTS
 from hubclient import active_jobs, squeue_jobs
 from portal.cluster.slurmclient import job_gpus
-from portal.session.activity import busy_gpus
 
 LIMIT = 30
 
@@ -114,9 +113,6 @@ def test_unused_gpu_session_is_stopped_and_busy_ones_are_kept(second_hub):
 
 
 def test_gpu_readings_count_only_the_jobs_own_gpus():
-    smi = "0, 0\n1, 37\n2, 90\n3, 3\n"
-    assert busy_gpus(smi, {1, 3}, threshold=5) == [1]  # GPU 2 is busy, but it is somebody else's
-    assert busy_gpus("1, 37\n3, 3\n", {0, 1}, threshold=5) == [1]  # a node that shows each job only its own
-    assert busy_gpus("", {0}, threshold=5) == []
+    # NVML readings and which are the job's: tests/test_sliceusage.py (the one measurement)
     assert job_gpus({"SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}) == {2, 3}
     assert job_gpus({}) == set()
