@@ -93,9 +93,15 @@ def test_a_kernel_killed_by_the_memory_limit_is_said_so(student):
                                timeout=30_000)
         shown = gauge.inner_text()
         assert shown.startswith("Mem ") and "CPU " in shown and "GPU" not in shown, shown
-        # The cell is sent, not waited for: the kernel dies under it (its channel then only says so).
-        ws = student._channels(kernel, 30)
-        student._ask(ws, "blocks = [bytearray(100 << 20) for _ in range(40)]")
+        gauge.click()  # the details
+        page.locator(".dsportal-UsagePanel").wait_for(timeout=10_000)
+        # Near the limit (about 95 % with the server), JupyterLab warns before anything is lost.
+        ws = student._channels(kernel, 60)
+        assert student._execute(ws, "blocks = [bytearray(100 << 20) for _ in range(18)]\nprint('held')", 60).strip() \
+            == "held"
+        page.locator(".Toastify__toast", has_text="of memory its slice holds").wait_for(timeout=30_000)
+        # Past it: the cell is sent, not waited for, the kernel dies under it (its channel then only says so).
+        student._ask(ws, "blocks += [bytearray(100 << 20) for _ in range(40)]")
         ws.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
