@@ -97,3 +97,14 @@ def test_a_hybrid_hosts_unified_tree_without_the_controller_is_passed_over(tmp_p
     (unified / "cgroup.controllers").write_text("cpu memory")
     group, top = cgroup_of("memory", {"": "/job"}, {"": ("/", str(unified))})
     assert (group.path, group.version, top) == (unified / "job", 2, Path(unified))
+
+
+def test_a_job_cgroup_without_memory_accounting_reads_the_sessions_processes(tmp_path):
+    """Slurm without ConstrainRAMSpace on cgroup v2 (the GPU machine's): the job's cgroup has no memory
+    files; the reading is what this process and its children hold, against the node's memory."""
+    job = tmp_path / "system.slice" / "node_slurmstepd.scope" / "job_2" / "step_batch" / "user" / "task_0"
+    job.mkdir(parents=True)
+    (job / "cgroup.procs").write_text("1\n")
+    memory = read_memory(Cgroup(job, 2), tmp_path)
+    assert memory.limit_from == "node" and memory.oom_kills == 0
+    assert 10 << 20 < memory.used_bytes < memory.limit_bytes  # this Python's own resident memory, at least

@@ -183,6 +183,10 @@ def read_memory(group: Cgroup | None, top: Path | None) -> Memory:
         total = _node_memory()
         return Memory(used_bytes=total - _node_available(), limit_bytes=total, limit_from="node", oom_kills=0, hits=0)
     group, limit = limiting_cgroup(group, top)
+    if group.read("memory.current" if group.version == 2 else "memory.usage_in_bytes") is None:
+        # The job's cgroup keeps no memory accounting (Slurm without ConstrainRAMSpace, on cgroup v2
+        # the memory controller not enabled there): what the session's own processes hold, against the node.
+        return Memory(_process_tree_rss(), _node_memory(), "node", 0, 0, str(group.path))
     stat = parse_flat_keyed(group.read("memory.stat"))
     if group.version == 2:
         usage = _number(group.read("memory.current")) or 0
@@ -391,6 +395,22 @@ def _process_tree_cpu_seconds() -> float | None:
         try:
             times = process.cpu_times()
             total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def _process_tree_rss() -> int:
+    """The resident memory of this server and its children (kernels, terminals)."""
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    me = psutil.Process()
+    total = 0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
         except psutil.Error:
             continue
     return total
