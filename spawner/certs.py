@@ -133,6 +133,17 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
 
 
+def forget_session(store_dir: str, user: str, server: str) -> None:
+    """Remove a deleted named session's key and certificate from the hub's store (none: nothing to do)."""
+    if not store_dir or not server:
+        return
+    with _STORE:
+        try:
+            Certipy(store_dir=store_dir).store.remove_files(record_name(user, server), delete_dir=True)
+        except CertNotFoundError:
+            pass
+
+
 def issued_certificate(store_dir: str, user: str, server: str = "") -> bytes | None:
     """The session certificate the hub last made for ``user``'s session ``server`` (DER), the one that
     session presents; None if there is none."""

@@ -165,6 +165,14 @@ class PartitionSpawner(WrapSpawner):
     def _child_class_default(self):
         return SlurmGPUSpawner  # never wrapspawner's LocalProcessSpawner default
 
+    def options_from_query(self, query_data):
+        """JupyterHub starts a session straight from a GET /hub/spawn?... link: a stranger's link could
+        start one in her name (a top-level GET carries no XSRF check). Sessions start from the form's
+        POST alone; JupyterHub then shows the form with this message. A lecture link presets the form
+        without starting anything (/hub/spawn#profile=...)."""
+        raise RequestRefused("A link cannot start a session: check the choices below and press Start. "
+                             "(A link may preset this form: /hub/spawn#profile=NAME&gpus=N&walltime=HH:MM:SS.)")
+
     async def options_from_form(self, formdata):
         options = options_from_form(formdata)
         # Refuse now: the form comes back with the message.
@@ -194,6 +202,7 @@ class PartitionSpawner(WrapSpawner):
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
     async def create_certs(self):
+        await self.judge()  # a request that will be refused gets no key (and leaves no record in the store)
         # The session's node is not known yet when its certificate is made: it names every node.
         names = await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
         if self.user.settings.get("subdomain_host"):
@@ -202,6 +211,13 @@ class PartitionSpawner(WrapSpawner):
             names.append(f"DNS:{self.user.domain}")
         return await asyncio.to_thread(certs.session_pair, self.internal_certs_location, self.user.name, names,
                                        self.internal_trust_bundles["notebooks-ca"], self.name)
+
+    def delete_forever(self):
+        """A named session deleted for good: its certificate's record and files leave the hub's store
+        (each named session has its own; the default session's stays, reused at its next start)."""
+        super().delete_forever()
+        if self.name:
+            certs.forget_session(self.internal_certs_location, self.user.name, self.name)
 
     async def move_certs(self, paths):
         return await certs.deliver(SlurmGPUSpawner.shared_client(self.config), self.user.name, paths,
@@ -261,11 +277,14 @@ class PartitionSpawner(WrapSpawner):
         super().clear_state()
         self.child_profile = ""
 
-    async def start(self):
-        # Validate before anything reaches Slurm: a refused request never constructs a child.
+    async def judge(self) -> tuple[SessionSlice, str]:
+        """The start's request checked (the form's, validated when it was sent, or the REST API's) and
+        the profile's session limit counted: (slice, mail address). Raises with the reason; nothing is
+        made for a request that is refused. JupyterHub makes a session's certificates before start():
+        create_certs asks first (no key made, no store record left for a refused request), start()
+        again (cheap: the options are those judged)."""
         try:
             form, chosen, mail_user = self.validated or (None, None, "")
-            self.validated = None
             if form is None or form != self.user_options:  # the REST API's options: not seen yet
                 chosen = self.validated_slice(self.user_options)
                 mail_user = await self.mail_user_for(self.user_options)
@@ -280,9 +299,16 @@ class PartitionSpawner(WrapSpawner):
                 self.orm_spawner.user_options = {}
                 session.commit()
             raise
-        # Counted after the last await: from here to select_profile nothing else runs on the hub's
-        # loop, so two starts at once cannot both take the last place.
         self.check_session_limit(chosen.profile)
+        self.validated = (self.user_options, chosen, mail_user)
+        return chosen, mail_user
+
+    async def start(self):
+        # Validate before anything reaches Slurm: a refused request never constructs a child.
+        chosen, mail_user = await self.judge()
+        self.validated = None
+        # The limit was counted after judge's last await: from there to select_profile nothing else
+        # runs on the hub's loop, so two starts at once cannot both take the last place.
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != chosen.profile.name:
             self.child_spawner = None

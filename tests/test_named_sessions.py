@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
 from conftest import HUB
 from hubclient import active_jobs
@@ -194,3 +195,32 @@ def test_in_the_browser_a_second_session_from_the_home_page(alice):
     assert "CPU partition: 4 CPUs, 16 GB, 02:00:00 on cpu" in text, text
     assert "GPU partition: 1 GPU, 8 CPUs, 48 GB, 08:00:00 on gpu" in text, text
     assert sorted(jobs_by_name("alice")) == ["dsportal-alice", f"dsportal-alice:{TRAIN}"]
+
+
+def test_refused_linked_and_deleted_sessions_leave_nothing_behind(alice):
+    """A refused named start makes no key in the hub's store; a link with options never starts a
+    session (a stranger could send it); deleting a named session removes its key and certificate."""
+    import yaml
+
+    from conftest import CONFIG
+    from spawner.certs import record_name
+
+    store = Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"]) / "internal-ssl"
+
+    def in_store(server: str) -> bool:
+        return record_name("alice", server) in json.loads((store / "certipy.json").read_text())
+
+    before = probe_job_id()
+    refused = alice.start_server({"profile": "gpu", "gpus": 3}, server="refused")
+    assert refused.status_code == 400, refused.text
+    assert not in_store("refused")
+    linked = alice.web.get(f"{HUB}/hub/spawn/alice/linked?profile=cpu")
+    assert "A link cannot start a session: check the choices below and press Start." in html.unescape(linked.text)
+    assert probe_job_id() == before + 1 and not active_jobs("alice"), "a refused or linked start reached Slurm"
+    alice.spawn({"profile": "cpu"}, server="gone")
+    assert in_store("gone") and (store / record_name("alice", "gone")).is_dir()
+    alice.stop_server(server="gone")
+    deleted = alice.api("DELETE", "/hub/api/users/alice/servers/gone", json={"remove": True})
+    assert deleted.status_code == 204, deleted.text
+    assert not in_store("gone") and not (store / record_name("alice", "gone")).exists()
+    assert "gone" not in alice.model()["servers"]

@@ -5,9 +5,9 @@ on the demo in test_gauges.py, and on a real GPU in docs/gpu-validation.md; thes
 
 from pathlib import Path
 
-from portal.session.sliceusage import (Cgroup, Gpu, busy_gpus, cgroup_of, job_gpu_uuids, limiting_cgroup, only_the_jobs,
-                                       parse_cpu_max, parse_flat_keyed, parse_mountinfo, parse_proc_cgroup, read_memory,
-                                       slice_cores)
+from portal.session.sliceusage import (Cgroup, Gpu, busy_gpus, cgroup_of, job_gpu_uuids, job_top, limiting_cgroup,
+                                       only_the_jobs, parse_cpu_max, parse_flat_keyed, parse_mountinfo, parse_proc_cgroup,
+                                       read_memory, slice_cores)
 
 V1 = """12:memory:/slurm/uid_1001/job_42/step_batch/task_0
 3:cpu,cpuacct:/slurm/uid_1001/job_42/step_batch/task_0
@@ -85,6 +85,8 @@ def test_only_the_jobs_gpus_and_the_busy_ones():
     # A node that lets each job open only its own devices: all NVML opens are the job's.
     assert [gpu.index for gpu in only_the_jobs(readings[1:2] + readings[3:], {0, 1}, set())] == [1, 3]
     assert [gpu.index for gpu in only_the_jobs(readings, set(), {"GPU-c"})] == [2]
+    # An unconfined node, the job's 2 GPUs named both ways (minor numbers and UUIDs): still only those 2.
+    assert [gpu.index for gpu in only_the_jobs(readings, {2, 3}, {"GPU-c", "GPU-d"})] == [2, 3]
     assert job_gpu_uuids({"CUDA_VISIBLE_DEVICES": "GPU-c,MIG-x"}) == {"GPU-c", "MIG-x"}
     assert busy_gpus([Gpu(index=0, error="NVML unavailable")], threshold=5) == []
 
@@ -108,3 +110,23 @@ def test_a_job_cgroup_without_memory_accounting_reads_the_sessions_processes(tmp
     memory = read_memory(Cgroup(job, 2), tmp_path)
     assert memory.limit_from == "node" and memory.oom_kills == 0
     assert 10 << 20 < memory.used_bytes < memory.limit_bytes  # this Python's own resident memory, at least
+
+
+def test_nothing_above_the_jobs_own_cgroup_is_taken_for_the_job(tmp_path):
+    """A site's limit on slurm/ (every job of the node) is not the job's, nor a neighbour's OOM kill."""
+    slurm = tmp_path / "slurm"
+    job = slurm / "uid_1001" / "job_42"
+    task = job / "step_batch" / "task_0"
+    neighbour = slurm / "uid_1002" / "job_43" / "step_batch" / "task_0"
+    for folder in (task, neighbour):
+        folder.mkdir(parents=True)
+    for folder in (slurm, slurm / "uid_1001", job, job / "step_batch", task):
+        (folder / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+        (folder / "memory.usage_in_bytes").write_text(str(1 << 30))
+    (slurm / "memory.limit_in_bytes").write_text(str(64 << 30))  # the node's jobs together
+    (neighbour / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    top = job_top(Cgroup(task, 1), tmp_path)
+    assert top == job
+    memory = read_memory(Cgroup(task, 1), top)
+    assert memory.limit_from == "node" and memory.oom_kills == 0
+    assert job_top(Cgroup(tmp_path / "user.slice", 1), tmp_path) == tmp_path  # outside a job: as before

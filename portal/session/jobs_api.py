@@ -132,7 +132,9 @@ class ExtendHandler(MessageAPIHandler):
     async def post(self):
         body = self.get_json_body()
         minutes = body.get("minutes") if isinstance(body, dict) else None
-        response = await hubapi.post("dsportal/extend", {"minutes": minutes})
+        # Its own name: after a hub restart the hub no longer knows which session a token belongs to.
+        server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        response = await hubapi.post("dsportal/extend", {"minutes": minutes, "server": server})
         if response.code == 599:
             raise web.HTTPError(503, f"The hub is not answering right now, please retry: {hubapi.message_of(response)}")
         if response.code != 200:

@@ -19,6 +19,7 @@ The gauges (gauges.py: dsportal/api/usage, JupyterLab's status bar), idle reclai
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -153,6 +154,18 @@ def _node_memory() -> int:
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def job_top(group: Cgroup, top: Path) -> Path:
+    """Slurm's cgroup of the job (``job_<id>``) on the way up from ``group``, where there is one: above
+    it the cgroups hold every job of the node (a site's limit on ``slurm/`` is not the job's, nor are
+    its neighbours' OOM kills). Else ``top``."""
+    for folder in (group.path, *group.path.parents):
+        if folder == top or not folder.is_relative_to(top):
+            break
+        if re.fullmatch(r"job_\d+", folder.name):
+            return folder
+    return top
 
 
 def limiting_cgroup(start: Cgroup, top: Path, limit=_memory_limit) -> tuple[Cgroup, int | None]:
@@ -311,7 +324,11 @@ class Nvml:
 
 
 def only_the_jobs(readings: list[Gpu], mine: set[int], uuids: set[str]) -> list[Gpu]:
-    if len(readings) > len(mine | uuids):
+    """The job's own GPUs among NVML's readings. A node that lets each job open only its own devices
+    shows no more than the job holds: all of them are the job's, whatever their numbers. Otherwise only
+    those Slurm names (minor number or UUID), counted by the GPUs the job holds, not by its names for
+    them (SLURM_JOB_GPUS and UUIDs in CUDA_VISIBLE_DEVICES name the same GPUs twice): never a neighbour's."""
+    if len(readings) > max(len(mine), len(uuids)):
         readings = [gpu for gpu in readings if gpu.index in mine or gpu.uuid in uuids]
     return sorted(readings, key=lambda gpu: gpu.index)
 
@@ -345,11 +362,11 @@ class SliceUsage:
         memory = cgroup_of("memory", proc_cgroup, mounts)
         cpu = cgroup_of("cpuacct", proc_cgroup, mounts) or cgroup_of("cpu", proc_cgroup, mounts)
         quota = cgroup_of("cpu", proc_cgroup, mounts)
-        self.memory_group, self.memory_top = memory if memory else (None, None)
+        self.memory_group, self.memory_top = (memory[0], job_top(*memory)) if memory else (None, None)
         self.cpu_group = cpu[0] if cpu and cpu[0].path != cpu[1] else None  # the root cgroup is the node's
         quota_cores = None
         if quota:
-            _, quota_cores = limiting_cgroup(quota[0], quota[1], _quota_cores)
+            _, quota_cores = limiting_cgroup(quota[0], job_top(*quota), _quota_cores)
         slurm_cpus = environ.get("SLURM_CPUS_ON_NODE") or environ.get("SLURM_CPUS_PER_TASK") or ""
         self.cores, self.cores_from = slice_cores(quota_cores, len(os.sched_getaffinity(0)),
                                                   int(slurm_cpus) if slurm_cpus.isdigit() else None)
