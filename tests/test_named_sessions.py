@@ -140,6 +140,15 @@ def test_extending_a_session_extends_that_session_only(alice):
     done = alice.api("POST", "/hub/api/dsportal/extend", json={"minutes": 30, "server": TRAIN})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "02:00:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
+    # After a hub restart too (the hub no longer knows which session a token belongs to): the session
+    # names itself.
+    from portal.cluster import demo
+
+    demo.stop_hub()
+    demo.ensure_hub()
+    done = alice.api("POST", f"/user/alice/{TRAIN}/dsportal/api/extend", json={"minutes": 30})
+    assert done.status_code == 200, done.text
+    assert scontrol(train_job)["TimeLimit"] == "02:30:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
     missing = alice.api("POST", "/hub/api/dsportal/extend", json={"minutes": 30, "server": "nowhere"})
     assert missing.status_code == 400 and missing.json()["message"] == (
         "You have no running session named 'nowhere' to extend.")
