@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -381,7 +382,7 @@ def department(args, workdir: Path) -> list[dict]:
     for label, people, queued in scenarios:
         with queued_jobs(queued, members) if queued else nullcontext(0) as held:
             run = {"label": label, "people": people, "queued": held}
-            for offset, kind in enumerate(KINDS):
+            for offset, kind in enumerate(args.kinds):
                 print(f"== {kind}: class of {len(students)}" + (f", {people} people clicking" if people else "")
                       + (f", {held} other jobs queued" if queued else ""), flush=True)
                 hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label=f"-{label}")
@@ -390,12 +391,16 @@ def department(args, workdir: Path) -> list[dict]:
                     if people:
                         load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
                         print(f"  {load.wait_logged_in()} of {people} people logged in and clicking", flush=True)
+                    profiler = profile(hub, args.py_spy, f"{kind}-{label}") if args.py_spy else None
                     result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
                                          hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
                                          steady=args.steady if label == "class" else 0)
                 finally:
                     if load:
                         load.stop()
+                    if profiler:
+                        profiler.send_signal(signal.SIGINT)  # py-spy writes its samples as it stops
+                        profiler.wait(timeout=60)
                     hub.close()
                 if load:
                     result["load"] = load.window(*result["window"])
@@ -405,6 +410,14 @@ def department(args, workdir: Path) -> list[dict]:
                     print(f"  {people} clicking     {clicks(result['load'])}", flush=True)
             runs.append(run)
     return runs
+
+
+def profile(hub: Hub, py_spy: str, name: str) -> subprocess.Popen:
+    """py-spy sampling the hub (its Python threads, idle ones left out) into the hub's folder, collapsed
+    stacks (flamegraph.pl or speedscope read them): the class start and whatever follows until stopped."""
+    return subprocess.Popen([py_spy, "record", "--pid", str(hub.process.pid), "--rate", "50", "--format", "raw",
+                             "--output", str(hub.data / f"py-spy-{name}.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def clicks(load: dict) -> str:
@@ -454,6 +467,10 @@ def main(argv=None) -> int:
                         "a student waits for her session before it counts as lost (seconds)")
     parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
                         "slurmctld's job queries are counted (first run)")
+    parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
+                        help="the department runs' hubs (dsportal,batchspawner); the summary needs both")
+    parser.add_argument("--py-spy", default="", help="py-spy's path: sample each department hub (raw stacks "
+                        "in its folder)")
     parser.add_argument("--only-department", action="store_true", help="skip the single spawns, stops, queued and "
                         "dead-job rounds: only the department runs")
     args = parser.parse_args(argv)
@@ -499,7 +516,11 @@ def main(argv=None) -> int:
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(hub logs and results.json in {workdir})")
-    in_department = department_summary(results["department"], args.students) if args.students else ""
+    both = set(args.kinds) == set(KINDS)
+    in_department = department_summary(results["department"], args.students) if args.students and both else ""
+    if args.students and not both:  # one kind: its figures alone (no comparison: not a summary)
+        in_department = "; ".join(f"{run['label']}: {describe(run[kind])}" for run in results["department"]
+                                  for kind in args.kinds)
     if args.only_department:
         print(f"bench: {in_department}")
         return 0
