@@ -2,8 +2,8 @@
 
 Each simulated person logs in as an account of its own (DSPORTAL_LOAD_USERS: [[name, password], ...]),
 then, every few seconds (DSPORTAL_LOAD_WAIT: "least,most"), opens the home page, asks the hub API who
-she is, or opens the spawn form (which reads the cluster's free resources and her e-mail address):
-what a browser tab of the portal does, without starting a session. Every request's time and outcome
+she is, or opens her token page: what a browser tab of the portal does, without starting a session
+(the same on both hubs: stock batchspawner's has no spawn form, its /hub/spawn starts a session). Every request's time and outcome
 goes to DSPORTAL_LOAD_RECORD (JSON, written as locust quits); each login adds a line to
 DSPORTAL_LOAD_LOGINS, so the bench knows when all are in.
 
@@ -115,5 +115,6 @@ class Person(HttpUser):
         self.open("/hub/api/user", headers={"X-XSRFToken": self.xsrf()})
 
     @task(1)
-    def spawn_form(self):
-        self.open("/hub/spawn")
+    def tokens(self):
+        # Not the spawn form: stock batchspawner's hub has none, and its /hub/spawn would start a session.
+        self.open("/hub/token")
