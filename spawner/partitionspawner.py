@@ -175,7 +175,8 @@ class PartitionSpawner(WrapSpawner):
 
     # ------------------------------------------------- several sessions per user
     def sessions_on(self, profile: Profile) -> list:
-        """The user's other sessions on ``profile`` that hold a slice or wait for one (named servers)."""
+        """The user's other sessions on ``profile`` that hold a slice or wait for one (named servers; a
+        stopped one is JupyterHub's database row, never active)."""
         return [spawner for spawner in self.user.all_spawners(include_default=True)
                 if spawner is not self and spawner.active and getattr(spawner, "child_profile", "") == profile.name]
 

@@ -161,3 +161,36 @@ def test_a_multi_node_job_belongs_to_the_session_that_launched_it(alice):
     elsewhere = {j["job_id"]: j for j in jobs_api(alice, "GET").json()["jobs"]}  # her default session
     assert elsewhere[job["job_id"]]["from_this_session"] is False
     assert elsewhere[job["job_id"]]["session"] == TRAIN
+
+
+def test_in_the_browser_a_second_session_from_the_home_page(alice):
+    """alice has a CPU session; on her home page she names a new one, picks the GPU profile on its
+    form, lands in its JupyterLab, and the home page lists both with their slices."""
+    from playwright.sync_api import sync_playwright
+
+    from test_browser import ARGS, CHROMIUM, SHOTS, log_in
+
+    alice.spawn({"profile": "cpu"})
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        log_in(page, to_session=False)
+        page.goto(f"{HUB}/hub/home")
+        page.fill("#dsportal-new-session-name", TRAIN)
+        page.click("#dsportal-new-session")
+        page.wait_for_url(f"**/hub/spawn/alice/{TRAIN}", timeout=30_000)
+        page.check("#profile-gpu")
+        page.select_option("#gpus-gpu", "1")
+        page.click("form input[type=submit], form button[type=submit]")
+        page.wait_for_url(f"**/user/alice/{TRAIN}/**", timeout=120_000)
+        page.wait_for_function("window.dsportalLab && window.dsportalLab.loaded", timeout=90_000)
+        page.goto(f"{HUB}/hub/home")
+        table = page.locator("#dsportal-sessions")
+        table.locator(f'tr[data-server-name="{TRAIN}"] .dsportal-slice', has_text="1 GPU").wait_for(timeout=10_000)
+        page.screenshot(path=str(SHOTS / "home-two-sessions.png"))
+        text = table.inner_text()
+        browser.close()
+    assert "CPU partition: 4 CPUs, 16 GB, 02:00:00 on cpu" in text, text
+    assert "GPU partition: 1 GPU, 8 CPUs, 48 GB, 08:00:00 on gpu" in text, text
+    assert sorted(jobs_by_name("alice")) == ["dsportal-alice", f"dsportal-alice:{TRAIN}"]

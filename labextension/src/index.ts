@@ -5,7 +5,9 @@
 // - "Open TensorBoard" on folders in the file browser, "TensorBoard (this folder)" in the launcher;
 // - opening a file under templates/ opens the user's own copy instead (made on first open, never
 //   overwritten), with a note when the template changed since, and an offer of a fresh copy;
-// - a warning before the hub stops a session nobody uses (idle limit), with "Keep my session".
+// - a warning before the hub stops a session nobody uses (idle limit), with "Keep my session";
+// - the slice's gauges (gauges.ts): use against its limits in the status bar, a panel with the
+//   details, a warning before the memory limit, and a message when that limit killed a kernel.
 import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 import { DocumentWidget } from '@jupyterlab/docregistry';
@@ -17,6 +19,7 @@ import { Widget } from '@lumino/widgets';
 import { api, duration, sessionUrl, state } from './api';
 import { JobsPanel } from './jobs';
 import { Slice, SLICE_CHANGED, SliceStatus } from './slice';
+import { OUT_OF_MEMORY, UsagePanel, UsageStatus, UsageWatch } from './gauges';
 
 import '../style/index.css';
 
@@ -42,7 +45,8 @@ const COMMANDS = {
   tensorboardHere: 'dsportal:open-tensorboard-here',
   freshCopy: 'dsportal:fresh-template-copy',
   keep: 'dsportal:keep-session',
-  extend: 'dsportal:extend-session'
+  extend: 'dsportal:extend-session',
+  usage: 'dsportal:open-usage'
 };
 
 type Notify = (message: string, type?: string, actions?: { label: string; commandId: string; args?: any; displayType?: string }[]) => Promise<string>;
@@ -362,4 +366,38 @@ const slice: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [main, slice];
+const gauges: JupyterFrontEndPlugin<void> = {
+  id: 'dsportal-lab:gauges',
+  description: "The session's use against its slice's limits: status bar, panel, memory warning, kernels the limit killed",
+  autoStart: true,
+  optional: [IStatusBar, ICommandPalette],
+  activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null, palette: ICommandPalette | null) => {
+    const notify = notifier(app);
+    // With a button, a notification stays until dismissed: these must not pass unseen.
+    const watch = new UsageWatch((message, type) => notify(message, type, [{ label: 'Show my slice', commandId: COMMANDS.usage }]));
+    let panel: UsagePanel | null = null;
+    app.commands.addCommand(COMMANDS.usage, {
+      label: 'My slice: memory, CPU and GPUs in use',
+      execute: () => {
+        if (!panel || panel.isDisposed) {
+          panel = new UsagePanel(watch);
+          app.shell.add(panel, 'right', { rank: 900 });
+        }
+        app.shell.activateById(panel.id);
+      }
+    });
+    palette?.addItem({ command: COMMANDS.usage, category: 'dsportal' });
+    // The server says at once when the memory limit killed a kernel (portal/session/gauges.py).
+    app.serviceManager.events.stream.connect((_sender: unknown, event: { schema_id: string; [key: string]: any }) => {
+      if (event.schema_id === OUT_OF_MEMORY) {
+        watch.outOfMemory(String(event.kernel_id), null, String(event.message));
+      }
+    });
+    if (statusBar) {
+      const item = new UsageStatus(watch, () => void app.commands.execute(COMMANDS.usage));
+      statusBar.registerStatusItem('dsportal-lab:gauges', { item, align: 'left', rank: 60 });
+    }
+  }
+};
+
+export default [main, slice, gauges];

@@ -39,11 +39,19 @@ def _state(spawner, job) -> str:
     return f"{'running' if spawner.ready else 'starting'} (job {job.job_id})"
 
 
+def _ended(spawner) -> str:
+    """Why its last job ended outside the portal. A session not running may be JupyterHub's database
+    row (``User.all_spawners`` gives those for stopped named servers): then it is read from its state."""
+    if hasattr(spawner, "session_ended"):
+        return spawner.session_ended or ""
+    return str((spawner.state or {}).get("session_ended") or "")
+
+
 def row(user, spawner) -> SessionRow:
     common = {"name": spawner.name, "label": spawner.name or "default", "active": spawner.active,
               "ready": spawner.ready, "url": user.server_url(spawner.name)}
     if not spawner.active:
-        return SessionRow(**common, ended=getattr(spawner, "session_ended", "") or "")
+        return SessionRow(**common, ended=_ended(spawner))
     child = getattr(spawner, "child_spawner", None)
     chosen, job = getattr(child, "slice", None), getattr(child, "job", None)
     node, left = "", ""
@@ -68,5 +76,4 @@ def ended(user) -> dict[str, str]:
     portal (scancel, node failure, walltime, idle reclaim), for the sessions not running now."""
     if user is None:
         return {}
-    return {s.name: s.session_ended for s in user.all_spawners(include_default=True)
-            if not s.active and getattr(s, "session_ended", "")}
+    return {s.name: _ended(s) for s in user.all_spawners(include_default=True) if not s.active and _ended(s)}

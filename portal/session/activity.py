@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 from datetime import datetime, timezone
 
 from jupyter_server.base.handlers import APIHandler
@@ -23,38 +21,14 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 
 from .. import defaults, sessionvars
-from ..cluster.slurmclient import job_gpus
-from . import upstream
+from . import sliceusage, upstream
 
 KEY = "dsportal_last_activity"
-NVIDIA_SMI_QUERY = ["--query-gpu=minor_number,utilization.gpu", "--format=csv,noheader,nounits"]
 
 
-def busy_gpus(smi_output: str, mine: set[int], threshold: int) -> list[int]:
-    """GPUs of this job at or above `threshold` % utilisation, from nvidia-smi's CSV.
-
-    Where the node confines each job to its own devices, nvidia-smi lists only those: then all
-    of them are the job's, whatever their numbers.
-    """
-    readings = {}
-    for line in smi_output.splitlines():
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
-            readings[int(fields[0])] = int(fields[1])
-    if len(readings) > len(mine):
-        readings = {minor: used for minor, used in readings.items() if minor in mine}
-    return sorted(minor for minor, used in readings.items() if used >= threshold)
-
-
-def read_gpus(mine: set[int], threshold: int) -> list[int]:
-    smi = shutil.which("nvidia-smi")
-    if not smi or not mine:
-        return []
-    try:
-        output = subprocess.run([smi, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return busy_gpus(output, mine, threshold)
+def read_gpus(usage: sliceusage.SliceUsage, threshold: int) -> list[int]:
+    """The job's GPUs at or above ``threshold`` % utilisation, read as the gauges read them (NVML)."""
+    return sliceusage.busy_gpus(usage.read_gpus(), threshold)
 
 
 def busy_kernels(kernel_manager) -> list[str]:
@@ -79,11 +53,12 @@ def setup(server_app) -> None:
     interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
     threshold = int(os.environ.get(sessionvars.GPU_BUSY_PERCENT) or defaults.GPU_BUSY_PERCENT)
     settings = server_app.web_app.settings
-    mine = job_gpus()
+    usage = sliceusage.shared()
+    mine = usage.gpus
 
     async def look() -> None:
         kernels = busy_kernels(settings["kernel_manager"])
-        gpus = await asyncio.to_thread(read_gpus, mine, threshold) if mine else []
+        gpus = await asyncio.to_thread(read_gpus, usage, threshold) if mine or usage.gpu_uuids else []
         if kernels or gpus:
             settings[KEY] = datetime.now(timezone.utc)
             server_app.log.debug("dsportal: in use (busy kernels %s, busy GPUs %s)", kernels, gpus)

@@ -4,6 +4,7 @@ Loaded by the session's Jupyter server (jupyter-config/dsportal-jobs.json). Each
 its handlers in its own module; this puts them under the session's base URL:
   dsportal/api/jobs, jobs/<id>, jobs/<id>/stream, policy, slice   the job launcher (jobs_api.py)
   dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
+  dsportal/api/usage                                              use against the slice's limits (gauges.py)
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
   dsportal/tensorboard/...                                        TensorBoard (tensorboards.py)
   dsportal/api/walltime/saved                                     what JupyterLab saved as the walltime ended (walltime.py)
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
 
-from . import activity, jobs_api, nbtemplates, portguard, portreport, tensorboards, walltime
+from . import activity, gauges, jobs_api, nbtemplates, portguard, portreport, tensorboards, walltime
 
 
 def _load_jupyter_server_extension(server_app):
@@ -34,6 +35,7 @@ def _load_jupyter_server_extension(server_app):
     routes += tensorboards.setup(server_app)
     routes += nbtemplates.setup(server_app)
     routes += walltime.setup(server_app)
+    routes += gauges.setup(server_app)
     web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
     portguard.install(web_app, base, server_app.log)
     server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))

@@ -54,25 +54,41 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
             "argv": [sys.executable, "-c", f"import sys; sys.exit({reason!r})", "{connection_file}"],
             "metadata": {"dsportal": {"image": image.name, "status": status, "reason": reason}},
         }
+    argv, env = container_command(image, mounts, home, runtime_dir, cuda,
+                                  [image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                   f"--config={kernel_pipe_config(runtime_dir)}"])
+    return {
+        "display_name": image.display_name,
+        "language": "python",
+        "argv": argv,
+        "env": env,
+        "metadata": {"dsportal": {"image": image.name, "status": status, "runtime": image.runtime}},
+    }
+
+
+def container_command(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None,
+                      command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run ``command`` as a kernel inside ``image``: the session's
+    image kernels and a user's own kernel that names an image (portal.session.ownkernels)."""
     backend = runtime(image.runtime, image.runtime_binary)
     binds = [Bind(home, home), Bind(runtime_dir, runtime_dir)]
     binds += [Bind(str(m.source), m.target, m.read_only) for m in mounts]
-    launch = Launch(image=str(image.path), binds=binds, gpus=bool(cuda),
-                    command=[image.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                             f"--config={kernel_pipe_config(runtime_dir)}"])
+    launch = Launch(image=str(image.path), binds=binds, gpus=bool(cuda), command=command)
     # What the kernel is told (Apptainer's --containall passes nothing else): its GPUs, its job, the
     # session's runtime folder (where its sockets are).
     env = {"CUDA_VISIBLE_DEVICES": cuda} if cuda is not None else {}
     env["JUPYTER_RUNTIME_DIR"] = runtime_dir
     if os.environ.get("SLURM_JOB_ID"):
         env["SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
-    return {
-        "display_name": image.display_name,
-        "language": "python",
-        "argv": backend.argv(launch),
-        "env": backend.environment(env),
-        "metadata": {"dsportal": {"image": image.name, "status": status, "runtime": image.runtime}},
-    }
+    return backend.argv(launch), backend.environment(env)
+
+
+def ensure_kernel_pipe_config(runtime_dir: str) -> str:
+    """The kernel pipe's config file in the runtime folder (copied once), for kernels of other Pythons."""
+    path = kernel_pipe_config(runtime_dir)
+    if not os.path.exists(path):
+        shutil.copyfile(KERNEL_PIPE_SOURCE, path)
+    return path
 
 
 def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], home: str, runtime_dir: str,
@@ -89,12 +105,22 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
     return written
 
 
+CATALOG_FILE = "catalog.json"  # in the session's folder: the images a user's own kernel may name
+
+
+def read_catalog(catalog: dict) -> tuple[list, list]:
+    """A catalog as the hub writes it: {"images": [...], "data_mounts": [...]}, its validated settings
+    (Image and DataMount, every field), read here as they come: a session start does not import
+    pydantic and the settings models for them (40 ms of every start)."""
+    return ([SimpleNamespace(**image) for image in catalog.get("images", [])],
+            [SimpleNamespace(**mount) for mount in catalog.get("data_mounts", [])])
+
+
 def write_catalog(dest: Path, catalog: dict, home: str, runtime_dir: str, cuda: str | None) -> list[str]:
-    """The kernelspecs of a catalog as the hub writes it: {"images": [...], "data_mounts": [...]}, its
-    validated settings (Image and DataMount, every field), read here as they come: a session start
-    does not import pydantic and the settings models for them (40 ms of every start)."""
-    images = [SimpleNamespace(**image) for image in catalog.get("images", [])]
-    mounts = [SimpleNamespace(**mount) for mount in catalog.get("data_mounts", [])]
+    """The kernelspecs of a catalog; the catalog itself is kept beside them for own kernels."""
+    images, mounts = read_catalog(catalog)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / CATALOG_FILE).write_text(json.dumps(catalog))
     return write_kernelspecs(dest, images, mounts, home, runtime_dir, cuda)
 
 
