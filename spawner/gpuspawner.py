@@ -2,7 +2,7 @@
 
 Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
 which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurmclient`: argv
-lists instead of shell strings, one shared ``squeue --json`` for all sessions, and a start
+lists instead of shell strings, one shared ``squeue`` for all sessions, and a start
 that fails fast with the job's own error text when the job dies before its server answers.
 """
 
