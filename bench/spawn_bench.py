@@ -64,7 +64,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from class_start import class_start, describe  # noqa: E402
+from class_start import class_start, describe, jobs_of  # noqa: E402
 from department import HubLoad, queued_jobs  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
@@ -402,6 +402,7 @@ def department(args, workdir: Path) -> list[dict]:
                         profiler.send_signal(signal.SIGINT)  # py-spy writes its samples as it stops
                         profiler.wait(timeout=60)
                     hub.close()
+                leftover_jobs(students)
                 if load:
                     result["load"] = load.window(*result["window"])
                 run[kind] = result
@@ -410,6 +411,17 @@ def department(args, workdir: Path) -> list[dict]:
                     print(f"  {people} clicking     {clicks(result['load'])}", flush=True)
             runs.append(run)
     return runs
+
+
+def leftover_jobs(users: list[str], timeout: float = 60) -> None:
+    """Cancel what a run left of ``users``' jobs (a session its hub lost), so the next run starts on free nodes."""
+    if not jobs_of(users):
+        return
+    for user in users:  # scancel -u takes one user name
+        subprocess.run(["scancel", "-u", user], capture_output=True)
+    deadline = time.monotonic() + timeout
+    while jobs_of(users) and time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def profile(hub: Hub, py_spy: str, name: str) -> subprocess.Popen:
