@@ -230,8 +230,8 @@ class HubUser:
         url = self.url(f"{self.server_prefix(server)}/api/kernels/{kernel_id}/channels").replace("http", "ws", 1)
         return websocket.create_connection(url, header=[f"Authorization: token {self.token}"], timeout=timeout)
 
-    def _execute(self, ws, code: str, timeout: float) -> str:
-        """Run one cell on an open kernel channel; its stdout, or AssertionError with the traceback."""
+    def _ask(self, ws, code: str) -> str:
+        """Send one cell to an open kernel channel without waiting for it; its message id."""
         msg_id = uuid.uuid4().hex
         ws.send(json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
@@ -239,6 +239,11 @@ class HubUser:
             "parent_header": {}, "metadata": {}, "channel": "shell",
             "content": {"code": code, "silent": False, "store_history": False},
         }))
+        return msg_id
+
+    def _execute(self, ws, code: str, timeout: float) -> str:
+        """Run one cell on an open kernel channel; its stdout, or AssertionError with the traceback."""
+        msg_id = self._ask(ws, code)
         output = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

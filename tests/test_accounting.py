@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -73,7 +74,9 @@ def sacct_totals(user: str, account: str, profile: str) -> dict:
     totals = {"sessions": 0, "session_gpu_h": 0.0}
     for line in out.splitlines():
         record = dict(zip(fields, line.split("|")))
-        if (record["Account"], record["Comment"]) != (account, f"dsportal-profile={profile}") or \
+        # A named session's comment adds ",dsportal-session=<name>" after its profile.
+        named = re.match(r"dsportal-profile=([^,]+)", record["Comment"])
+        if (record["Account"], named and named.group(1)) != (account, profile) or \
                 not record["JobName"].startswith("dsportal-"):
             continue
         gpus = next((int(part.split("=")[1]) for part in record["AllocTRES"].split(",") if part.startswith("gres/gpu=")), 0)

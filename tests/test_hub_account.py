@@ -38,7 +38,9 @@ def test_the_hub_and_its_proxy_run_as_the_hub_account_and_keep_their_secrets(por
     assert pwd.getpwnam(ACCOUNT).pw_uid < 1000  # a system account: no login, the node firewall's "system" class
     account = pwd.getpwnam(ACCOUNT).pw_uid
     assert DATA_DIR.stat().st_uid == account and DATA_DIR.stat().st_mode & 0o077 == 0
-    for secret in ("cookie_secret", "jupyterhub.sqlite", "internal-ssl/notebooks-ca/notebooks-ca.key",
+    # The hub's database: a server's (its password file) or, without hub.db_url, SQLite's file.
+    database = Path(SETTINGS["hub"]["db_password_file"]).name if SETTINGS["hub"].get("db_url") else "jupyterhub.sqlite"
+    for secret in ("cookie_secret", database, "internal-ssl/notebooks-ca/notebooks-ca.key",
                    "internal-ssl/hub-ca/hub-ca.key"):
         assert (DATA_DIR / secret).stat().st_uid == account, secret
     assert (DATA_DIR / "cookie_secret").stat().st_mode & 0o077 == 0

@@ -17,8 +17,16 @@ shutil.rmtree('{HOME}/own-envs', ignore_errors=True)
 for name in ('mine', 'image', 'gone', 'bare', 'elsewhere'):
     shutil.rmtree('{KERNELS}/' + name, ignore_errors=True)
 run = lambda *a: subprocess.run(a, check=True, capture_output=True, text=True)
-run('/usr/bin/python3', '-m', 'venv', '{HOME}/own-envs/mine')
-run('{HOME}/own-envs/mine/bin/pip', 'install', '--quiet', '--retries', '0', '--timeout', '5', 'ipykernel')  # nodes reach only the machine's package mirror
+run('/usr/bin/python3', '-m', 'venv', '--system-site-packages', '{HOME}/own-envs/mine')
+# No package index reaches the nodes: her venv takes ipykernel from the session's environment (a .pth
+# file, as a venv on an offline cluster takes a site's shared packages); in the image, from the image's
+# own Python (--system-site-packages), where that folder is not.
+import ipykernel
+site = os.path.dirname(os.path.dirname(ipykernel.__file__))
+mine_site = subprocess.run(['{HOME}/own-envs/mine/bin/python', '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+                           check=True, capture_output=True, text=True).stdout.strip()
+with open(os.path.join(mine_site, 'session-packages.pth'), 'w') as f:
+    f.write(site + '\\n')
 run('{HOME}/own-envs/mine/bin/python', '-m', 'ipykernel', 'install', '--user', '--name', 'mine',
     '--display-name', "Alice's venv")
 run('/usr/bin/python3', '-m', 'venv', '--without-pip', '{HOME}/own-envs/bare')

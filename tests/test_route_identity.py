@@ -20,6 +20,7 @@ import ssl
 import threading
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import jupyterhub.user
@@ -190,16 +191,16 @@ class _Listener:
 
 
 class _Stand:
-    """What User._wait_up uses of a user and their spawner."""
+    """What User._wait_up uses of a user (this) and of her spawner (``spawner``: server ``server``)."""
 
-    def __init__(self, name: str, store: str, hub_pair: dict, port: int):
+    def __init__(self, name: str, store: str, hub_pair: dict, port: int, server: str = ""):
         self.name = name
         self.log = logging.getLogger("dsportal.tests")
         self.settings = {"internal_ssl_key": hub_pair["keyfile"], "internal_ssl_cert": hub_pair["certfile"],
                          "internal_ssl_ca": hub_pair["cafile"]}
-        self.internal_certs_location = store
-        self.http_timeout = 3
-        self.server = Server(proto="https", ip="127.0.0.1", port=port, base_url=f"/user/{name}/")
+        prefix = f"/user/{name}/" + (f"{server}/" if server else "")
+        self.spawner = SimpleNamespace(name=server, internal_certs_location=store, http_timeout=3,
+                                       server=Server(proto="https", ip="127.0.0.1", port=port, base_url=prefix))
         self.stopped = False
 
     async def stop(self, _server_name):
@@ -213,6 +214,7 @@ def sessions_store(tmp_path):
     store.create_ca("notebooks-ca")
     hub = store.create_signed_pair("hub", "notebooks-ca", alt_names=["DNS:localhost"])["files"]
     pairs = {user: session_pair(str(tmp_path), user, [], hub["ca"]) for user in ("alice", "bob")}
+    pairs["bob/train"] = session_pair(str(tmp_path), "bob", [], hub["ca"], "train")  # a named session of his
     return str(tmp_path), {"keyfile": hub["key"], "certfile": hub["cert"], "cafile": hub["ca"]}, pairs
 
 
@@ -222,20 +224,26 @@ def test_the_hub_takes_only_the_users_own_session_for_up(sessions_store):
     alice_listens = _Listener(pairs["alice"]["certfile"], pairs["alice"]["keyfile"])
     bob_listens = _Listener(pairs["bob"]["certfile"], pairs["bob"]["keyfile"])
 
-    async def wait_up(user, port):
-        stand = _Stand(user, store, hub_pair, port)
+    train_listens = _Listener(pairs["bob/train"]["certfile"], pairs["bob/train"]["keyfile"])
+
+    async def wait_up(user, port, server=""):
+        stand = _Stand(user, store, hub_pair, port, server)
         try:
-            await jupyterhub.user.User._wait_up(stand, stand)
+            await jupyterhub.user.User._wait_up(stand, stand.spawner)
             return "up"
         except TimeoutError:
             return "stopped" if stand.stopped else "timeout"
 
-    async def both():
-        return await wait_up("bob", bob_listens.port), await wait_up("bob", alice_listens.port)
+    async def all_of_them():
+        return (await wait_up("bob", bob_listens.port), await wait_up("bob", alice_listens.port),
+                await wait_up("bob", train_listens.port, "train"), await wait_up("bob", bob_listens.port, "train"))
 
     # bob's session at his address: up. alice's server at bob's address: never up, and the hub's
-    # request never reaches her (the handshake fails first); the hub stops bob's server.
-    at_his, at_hers = asyncio.run(both())
+    # request never reaches her (the handshake fails first); the hub stops bob's server. Each of his
+    # sessions is pinned to its own certificate: his named session is up at its own server only.
+    at_his, at_hers, train_at_train, train_at_default = asyncio.run(all_of_them())
     assert at_his == "up" and b"GET /user/bob/api" in bob_listens.requests[0]
     assert at_hers == "stopped"
     assert not any(alice_listens.requests), alice_listens.requests
+    assert train_at_train == "up" and b"GET /user/bob/train/api" in train_listens.requests[0]
+    assert train_at_default == "stopped" and len(bob_listens.requests) == 1

@@ -61,6 +61,11 @@ def test_v1_memory_counts_the_oom_killer_and_leaves_page_cache_out(tmp_path):
         (folder / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
     memory = read_memory(Cgroup(job, 1), tmp_path)
     assert (memory.limit_bytes, memory.used_bytes, memory.oom_kills, memory.hits) == (4 << 30, 2 << 30, 2, 12)
+    # v1 counts a kill where the killed process lives, below the limit (Slurm: job_N/step_batch/task_0).
+    task = job / "step_batch" / "task_0"
+    task.mkdir(parents=True)
+    (task / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert read_memory(Cgroup(job, 1), tmp_path).oom_kills == 3
 
 
 def test_the_slices_cores():

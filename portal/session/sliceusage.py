@@ -167,6 +167,17 @@ def limiting_cgroup(start: Cgroup, top: Path, limit=_memory_limit) -> tuple[Cgro
     return best, best_limit
 
 
+def _v1_oom_kills_below(group: Cgroup) -> int:
+    """cgroup v1 counts an OOM kill in the memory cgroup of the process killed, not in the one whose
+    limit was reached (Slurm: the kill shows in job_N/step_batch/task_0, the limit is on job_N): the
+    count of ``group`` and every cgroup below it. (v2's memory.events already counts its descendants.)"""
+    total = 0
+    for folder, _, files in os.walk(group.path):
+        if "memory.oom_control" in files:
+            total += parse_flat_keyed(Cgroup(Path(folder), 1).read("memory.oom_control")).get("oom_kill", 0)
+    return total
+
+
 def read_memory(group: Cgroup | None, top: Path | None) -> Memory:
     if group is None or top is None:
         total = _node_memory()
@@ -181,7 +192,7 @@ def read_memory(group: Cgroup | None, top: Path | None) -> Memory:
     else:
         usage = _number(group.read("memory.usage_in_bytes")) or 0
         inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
-        oom_kills = parse_flat_keyed(group.read("memory.oom_control")).get("oom_kill", 0)
+        oom_kills = _v1_oom_kills_below(group)
         hits = _number(group.read("memory.failcnt")) or 0
     used = max(0, usage - inactive)
     if limit is None:
