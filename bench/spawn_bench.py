@@ -378,6 +378,7 @@ def department(args, workdir: Path) -> list[dict]:
         scenarios.append(("clicking", args.load_users, 0))
         if args.queued:
             scenarios.append(("queued", args.load_users, args.queued))
+    scenarios = [s for s in scenarios if s[0] in args.runs]
     runs = []
     for label, people, queued in scenarios:
         with queued_jobs(queued, members) if queued else nullcontext(0) as held:
@@ -479,6 +480,9 @@ def main(argv=None) -> int:
                         "a student waits for her session before it counts as lost (seconds)")
     parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
                         "slurmctld's job queries are counted (first run)")
+    parser.add_argument("--runs", default="class,clicking,queued", type=lambda s: s.split(","),
+                        help="which department runs (class: the class alone; clicking: with --load-users; queued: "
+                        "with --queued jobs as well)")
     parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
                         help="the department runs' hubs (dsportal,batchspawner); the summary needs both")
     parser.add_argument("--py-spy", default="", help="py-spy's path: sample each department hub (raw stacks "
