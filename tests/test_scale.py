@@ -22,7 +22,7 @@ def squeue_line(**fields) -> str:
     """One job as the hub's squeue prints it (SQUEUE_FORMAT2: every field followed by the separator)."""
     values = {"JobID": "1", "UserName": "alice", "State": "PENDING", "Reason": "Resources", "Partition": "cpu",
               "PriorityLong": "100", "SubmitTime": "1764150000", "StartTime": "N/A", "TimeLimit": "2:00:00",
-              "BatchHost": "n/a", "NodeList": "", "exit_code": "0:0", "tres-per-node": "N/A",
+              "BatchHost": "n/a", "NodeList": "", "exit_code": "0", "tres-per-node": "N/A",
               "Name": "dsportal-alice", "Comment": "dsportal-profile=class", **fields}
     return "".join(values[name] + SEPARATOR for name in SQUEUE_FIELDS) + "\n"
 
@@ -34,6 +34,7 @@ def test_the_hubs_squeue_reads_sessions_whole_and_other_jobs_only_for_their_plac
            + squeue_line(JobID="8", UserName="mallory", Name=stranger, Comment="a\nb", PriorityLong="200")
            + squeue_line(JobID="9", UserName="bob", Name="dsportal-bob:prep", State="RUNNING", Reason="None",
                          StartTime="1764150100", BatchHost="node2", NodeList="node2", TimeLimit="1-00:00:00",
+                         exit_code="36608",  # squeue prints the wait status: exit code 143
                          **{"tres-per-node": "gres:gpu:2", "Partition": "gpu"})
            + squeue_line(JobID="10", UserName="member01", Name="held", Reason="JobHeldUser", PriorityLong="0"))
     sessions, others = parse_squeue(out, SEPARATOR)
@@ -41,8 +42,8 @@ def test_the_hubs_squeue_reads_sessions_whole_and_other_jobs_only_for_their_plac
     alice, bob = sessions[7], sessions[9]
     assert (alice.user, alice.state, alice.pending, alice.batch_host, alice.profile) == ("alice", "PENDING", True, "",
                                                                                          "class")
-    assert (bob.running, bob.batch_host, bob.gpus, bob.time_limit, bob.start_time) == (True, "node2", 2, 1440,
-                                                                                      1764150100)
+    assert (bob.running, bob.batch_host, bob.gpus, bob.time_limit, bob.start_time, bob.exit_code) == (
+        True, "node2", 2, 1440, 1764150100, 143)
     # mallory's job, named to look like a line of alice's session, stays one job of hers, not a session.
     assert [o[0] for o in others] == [8, 10]
     # alice's session waits behind mallory's job of higher priority, ahead of the held one.

@@ -329,7 +329,7 @@ def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[
             reason=reason if reason not in _NOT_SET else "None", partition=partition,
             batch_host=batch_host if batch_host not in _NOT_SET else "",
             nodes=nodes if nodes not in _NOT_SET else "",
-            exit_code=int(code) if code.isascii() and code.isdigit() else 0,
+            exit_code=_exit_status(int(code)) if code.isascii() and code.isdigit() else 0,  # the wait status
             start_time=_epoch(started), submit_time=_epoch(submitted),
             gpus=_gpu_count(tres.replace("gres:", "") if tres not in _NOT_SET else ""),
             profile=profile_of(comment if comment not in _NOT_SET else ""), priority=_number_text(priority),
