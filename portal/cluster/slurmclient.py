@@ -635,8 +635,8 @@ class Slurm:
         return self._sinfo.calls
 
     async def _fetch_jobs(self) -> dict[int, Job]:
-        # squeue --json (Slurm 22.05) filters nothing and prints ~100 fields of every job: with 5,000
-        # other jobs queued it took seconds of CPU, squeue's and the hub's, at each poll (bench/, issue 33).
+        # squeue --json (Slurm 22.05) filters nothing and prints ~100 fields of every job the controller
+        # knows, which the hub parsed at each poll: its cost grew with the whole cluster's queue (issue 33).
         separator = f"\x1f{secrets.token_hex(8)}\x1f"
         out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all"],
                              env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})
