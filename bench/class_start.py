@@ -1,10 +1,16 @@
 """A class starts at once: N students log in and start a session at the same moment (9:00, the first
 lecture), each runs one cell, then all stop. Used by spawn_bench.py on each hub.
 
-Reported: logins, last and median ready (from the moment all asked), sessions lost, the first cell's
-answer, a bystander's (an admin's) hub API latency while it happens, slurmctld's RPCs by type
-(sdiag) and the time until every job of the class is gone. The students' 30 clients stand in for
-browsers on machines of their own: they run niced, and the bystander calls from its own process.
+Each student waits as her browser does, on the hub's progress stream of her start.
+
+Reported: logins, last and median ready (from the moment all asked), sessions lost, starts the hub
+refused past its concurrent_spawn_limit (429: the student waits as told, Retry-After, and asks again;
+lost only if never ready), the first cell's answer, a bystander's (an admin's) hub API latency while
+it happens, slurmctld's RPCs by type (sdiag) and its job queries per minute, while the class starts
+and while it runs (``steady`` seconds with every session up), the hub's CPU seconds (its own and its
+commands') and the peak memory of the hub and its proxy (bench/department.py), and the time until
+every job of the class is gone. The students' clients stand in for browsers on machines of their
+own: they run niced, and the bystander calls from its own process.
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ from contextlib import contextmanager
 import requests
 
 import hubclient
-from hubclient import HubUser, active_jobs
+from hubclient import HubUser
+from hubprocess import HubResources
+
+
+JOB_QUERIES = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_USER_INFO")
+MOST_RETRIES = 10  # a student told to retry (429) asks again at most this often
+
+
+def job_queries_in(rpcs: dict[str, int]) -> int:
+    """slurmctld's job-information RPCs (squeue, scontrol show job, ...) among ``rpcs``."""
+    return sum(rpcs.get(name, 0) for name in JOB_QUERIES)
 
 
 def rpc_counts() -> dict[str, int]:
@@ -83,66 +99,107 @@ def deprioritized(nice: int = 10):
         os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
-def class_start(login, students: list[str], options: dict, admin: HubUser, timeout: float) -> dict:
-    """``login(name)`` -> a logged-in HubUser of the hub under test."""
+def class_start(login, students: list[str], options: dict, admin: HubUser, timeout: float,
+                hub_pid: int | None = None, steady: float = 0, on_start=None) -> dict:
+    """``login(name)`` -> a logged-in HubUser of the hub under test; ``hub_pid``: its process, for its
+    CPU and memory; ``on_start()``: called (time.time()) as the students press Start."""
     started = time.monotonic()
-    with ThreadPoolExecutor(len(students)) as pool:
+    with ThreadPoolExecutor(min(len(students), 32)) as pool:  # as fast as the hub's logins go
         users = list(pool.map(login, students))
     logins = time.monotonic() - started
 
+    resources = HubResources(hub_pid) if hub_pid else None
     bystander = Bystander(admin)
     before = rpc_counts()
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
+    refused: list[str] = []  # 429s: the message of each
 
     def one(user: HubUser) -> tuple[float | None, float | None]:
         """(ready, first cell answered), seconds from the start; None for what did not happen."""
         try:
-            response = user.start_server(options)
+            for _ in range(MOST_RETRIES):
+                response = user.start_server(options)
+                if response.status_code != 429:
+                    break
+                refused.append(response.json().get("message", ""))
+                time.sleep(min(float(response.headers.get("Retry-After", 30)), 120))  # as the message says
             if response.status_code not in (201, 202):
                 return None, None
-            user.wait_ready(timeout)
+            # As her browser's pending page does: the hub's progress stream, one request that the hub
+            # writes to until the session is ready. (Asking for her model every second, as before, was
+            # 100 API requests a second for a class of 100: the largest share of the hub's CPU.)
+            events = user.progress_events(timeout=max(1.0, timeout - (time.monotonic() - start)))
+            if not (events and events[-1].get("ready")):  # failed, or the stream ended: what the hub says now
+                user.wait_ready(max(1.0, timeout - (time.monotonic() - start)))
         except Exception:  # noqa: BLE001 - a lost session is counted, not raised
             return None, None
         ready = time.monotonic() - start
         try:
-            user.run_code("print(6 * 7)", timeout=timeout)
+            user.run_code("print(6 * 7)", timeout=60)
         except Exception:  # noqa: BLE001
             return ready, None
         return ready, time.monotonic() - start
 
+    if on_start:
+        on_start(start_wall)
     with deprioritized(), ThreadPoolExecutor(len(users)) as pool:
         results = list(pool.map(one, users))
+    ended, ended_wall = time.monotonic(), time.time()
     bystander.stop()
     rpcs = rpc_counts()
+    used = resources.stop() if resources else {}
     ready = [r for r, _ in results if r is not None]
     cells = [c for _, c in results if c is not None]
+    running_queries = None
+    if steady and ready:  # every session up, nobody starting: the hub's checks that they still run
+        at_rest = rpc_counts()
+        time.sleep(steady)
+        running_queries = job_queries_in(rpc_counts()) - job_queries_in(at_rest)
 
     stopping = time.monotonic()
-    with ThreadPoolExecutor(len(users)) as pool:
-        pool.map(lambda u: u.api("DELETE", f"/hub/api/users/{u.name}/server"), users)
-    deadline = time.monotonic() + 120
-    while any(active_jobs(name) for name in students) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    with ThreadPoolExecutor(min(len(users), 32)) as pool:
+        list(pool.map(lambda u: u.api("DELETE", f"/hub/api/users/{u.name}/server"), users))
+    deadline = time.monotonic() + 180
+    while jobs_of(students) and time.monotonic() < deadline:
+        time.sleep(1)
+    delta = {k: rpcs[k] - before.get(k, 0) for k in rpcs if rpcs[k] - before.get(k, 0) > 0}
     return {
         "students": len(students), "logins": logins,
         "last_ready": max(ready) if ready else float("nan"),
         "median_ready": statistics.median(ready) if ready else float("nan"),
         "lost": len(students) - len(ready), "first_cell_last": max(cells) if cells else float("nan"),
-        "cells_failed": len(ready) - len(cells),
+        "cells_failed": len(ready) - len(cells), "told_to_retry": len(refused),
+        "retry_message": refused[0] if refused else "",
         "api_p50": percentile(bystander.latencies, 0.5), "api_p99": percentile(bystander.latencies, 0.99),
-        "rpcs": {k: rpcs[k] - before.get(k, 0) for k in rpcs if rpcs[k] - before.get(k, 0) > 0},
+        "rpcs": delta,
+        "job_queries_per_min_starting": job_queries_in(delta) * 60 / (ended - start),
+        "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
+        "window": (start_wall, ended_wall), **used,
         "all_gone": time.monotonic() - stopping,
     }
+
+
+def jobs_of(users: list[str]) -> int:
+    """How many jobs of ``users`` Slurm still lists (pending, running or ending): one squeue for all."""
+    out = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,CF", "-u", ",".join(users), "-o", "%A"],
+                         capture_output=True, text=True).stdout
+    return len(out.split())
 
 
 def describe(result: dict) -> str:
     top = ", ".join(f"{k.removeprefix('REQUEST_')} {v}" for k, v in
                     sorted(result["rpcs"].items(), key=lambda item: -item[1])[:5])
+    running = result.get("job_queries_per_min_running")
+    resources = (f"; hub CPU {result['hub_cpu']:.1f} s + {result['hub_commands_cpu']:.1f} s in its commands, "
+                 f"peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
+                 if "hub_cpu" in result else "")
     return (f"{result['students']} students: logins {result['logins']:.1f} s; last ready {result['last_ready']:.1f} s, "
-            f"median {result['median_ready']:.1f} s, {result['lost']} lost; last first cell {result['first_cell_last']:.1f} s "
-            f"({result['cells_failed']} failed); "
-            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms; "
-            f"slurmctld RPCs {top}; all jobs gone {result['all_gone']:.1f} s after the stop")
+            f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "
+            f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed); "
+            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms{resources}; "
+            f"slurmctld job queries {result['job_queries_per_min_starting']:.0f}/min while starting"
+            + (f", {running:.0f}/min while all run" if running is not None else "")
+            + f"; RPCs {top}; all jobs gone {result['all_gone']:.1f} s after the stop")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["bystander"]:

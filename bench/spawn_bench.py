@@ -15,9 +15,15 @@ Measured, per hub:
   queued      the same while a job holds every GPU for --hold s: the job queries made while
               the sessions wait (each stock spawner polls squeue every 0.5 s; dsportal's hub
               shares one squeue per poll_interval among all sessions)
-  class start --students (30) log in and start a one-core session at once, each runs a cell, all stop
-              (bench/class_start.py): last and median ready, lost, first cell, a bystander's hub API
-              latency, slurmctld RPCs by type, time until every job is gone
+  department  a hub for a whole department (issue 33), on a fresh hub of each kind per run, in turn:
+              class start: --students (100) log in and start a one-core session at once, each runs a
+                cell, all stop (bench/class_start.py): last and median ready, lost, told to retry (429),
+                first cell, a bystander's hub API latency, the hub's CPU seconds and the peak memory of
+                hub and proxy, slurmctld RPCs by type and job queries per minute (while starting, and
+                for --steady s while all run), time until every job is gone;
+              the same while --load-users (300) other people of the department are logged in and
+                click through the hub (locust, bench/department.py): their requests' p50/p99, failures;
+              the same again with --queued (5,000) other users' jobs held in Slurm's queue
   dead job    the session job runs, then its server crashes before answering (a broken user
               environment): time until the hub reports the failure (capped by --start-timeout)
   CPU         a session's start in CPU seconds (its job's processes, read when the hub sees it
@@ -30,6 +36,7 @@ Measured, per hub:
 
 Usage (as root, with `make demo` up; `make bench` does both):
   python bench/spawn_bench.py [--rounds 5] [--users alice,bob,carol,dave] [--start-timeout 90]
+                              [--students 100] [--load-users 300] [--queued 5000] [--only-department]
 
 The last line is the one-line summary.
 """
@@ -40,6 +47,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +55,7 @@ import tempfile
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -55,7 +64,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from class_start import class_start, describe  # noqa: E402
+from class_start import class_start, describe, jobs_of  # noqa: E402
+from department import HubLoad, queued_jobs  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
 from portal.cluster.demo.base import directory  # noqa: E402
@@ -156,10 +166,10 @@ def broken_environment(workdir: Path) -> Path:
 
 class Hub:
     def __init__(self, kind: str, index: int, workdir: Path, start_timeout: int, broken: bool = False,
-                 for_class: bool = False):
+                 for_class: bool = False, label: str = ""):
         self.kind, self.base = kind, f"http://127.0.0.1:{8100 + 10 * index}"
         ports = (8100 + 10 * index, 8101 + 10 * index, 8102 + 10 * index)
-        self.data = workdir / f"{kind}{'-broken' if broken else '-class' if for_class else ''}"
+        self.data = workdir / f"{kind}{'-broken' if broken else '-class' if for_class else ''}{label}"
         command = hub_config(kind, ports, self.data, start_timeout, broken, for_class)
         self.log = open(self.data / "hub.log", "wb")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.data)
@@ -329,15 +339,6 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
     finally:
         hub.close()
 
-    if args.students:  # a class of one-core sessions, on a hub of its own (stock: its slice is in its config)
-        hub = Hub(kind, index + 1, workdir, args.start_timeout, for_class=True)
-        try:
-            students = [u["name"] for u in directory()["users"] if u.get("student")][:args.students]
-            result["class"] = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
-                                          hub.user("dave"), args.start_timeout)
-        finally:
-            hub.close()
-
     hub = Hub(kind, index + 2, workdir, args.start_timeout, broken=True)
     try:
         alice = hub.user("alice")
@@ -356,6 +357,111 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
     return result
 
 
+KINDS = ("dsportal", "batchspawner")
+
+
+def course(name: str) -> list[str]:
+    return [u["name"] for u in directory()["users"] if u.get("course") == name]
+
+
+def department(args, workdir: Path) -> list[dict]:
+    """The class of --students at once, alone, with --load-users clicking, and with --queued jobs
+    held in the queue as well: each on a fresh hub of each kind (stock: the class slice in its config),
+    one kind after the other under the same load and queue."""
+    students = course("class101")[:args.students]
+    members = course("dept")[:args.load_users]
+    if len(students) < args.students or len(members) < args.load_users:
+        raise SystemExit(f"the demo has {len(students)} students and {len(members)} other members: "
+                         "config/demo/users.yaml declares them (make demo makes them)")
+    scenarios = [("class", 0, 0)]
+    if args.load_users:
+        scenarios.append(("clicking", args.load_users, 0))
+        if args.queued:
+            scenarios.append(("queued", args.load_users, args.queued))
+    scenarios = [s for s in scenarios if s[0] in args.runs]
+    runs = []
+    for label, people, queued in scenarios:
+        with queued_jobs(queued, members) if queued else nullcontext(0) as held:
+            run = {"label": label, "people": people, "queued": held}
+            for offset, kind in enumerate(args.kinds):
+                print(f"== {kind}: class of {len(students)}" + (f", {people} people clicking" if people else "")
+                      + (f", {held} other jobs queued" if queued else ""), flush=True)
+                hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label=f"-{label}")
+                load = None
+                try:
+                    if people:
+                        load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
+                        print(f"  {load.wait_logged_in()} of {people} people logged in and clicking", flush=True)
+                    profiler = profile(hub, args.py_spy, f"{kind}-{label}") if args.py_spy else None
+                    result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
+                                         hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
+                                         steady=args.steady if label == "class" else 0)
+                finally:
+                    if load:
+                        load.stop()
+                    if profiler:
+                        profiler.send_signal(signal.SIGINT)  # py-spy writes its samples as it stops
+                        profiler.wait(timeout=60)
+                    hub.close()
+                leftover_jobs(students)
+                if load:
+                    result["load"] = load.window(*result["window"])
+                run[kind] = result
+                print(f"  class start      {describe(result)}", flush=True)
+                if load:
+                    print(f"  {people} clicking     {clicks(result['load'])}", flush=True)
+            runs.append(run)
+    return runs
+
+
+def leftover_jobs(users: list[str], timeout: float = 60) -> None:
+    """Cancel what a run left of ``users``' jobs (a session its hub lost), so the next run starts on free nodes."""
+    if not jobs_of(users):
+        return
+    for user in users:  # scancel -u takes one user name
+        subprocess.run(["scancel", "-u", user], capture_output=True)
+    deadline = time.monotonic() + timeout
+    while jobs_of(users) and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def profile(hub: Hub, py_spy: str, name: str) -> subprocess.Popen:
+    """py-spy sampling the hub (its Python threads, idle ones left out) into the hub's folder, collapsed
+    stacks (flamegraph.pl or speedscope read them): the class start and whatever follows until stopped."""
+    return subprocess.Popen([py_spy, "record", "--pid", str(hub.process.pid), "--rate", "50", "--format", "raw",
+                             "--output", str(hub.data / f"py-spy-{name}.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def clicks(load: dict) -> str:
+    return (f"{load['requests']} requests while the class started ({load['per_second']:.0f}/s), "
+            f"p50 {load['p50']:.2f} s, p99 {load['p99']:.2f} s, {load['failures']} failed "
+            f"({load['logged_in']} of {load['people']} logged in)")
+
+
+def department_summary(runs: list[dict], students: int) -> str:
+    """The summary line's department part: ours vs stock, run by run."""
+    parts = []
+    for run in runs:
+        ours, stock = run["dsportal"], run["batchspawner"]
+        title = {"class": f"class of {students}", "clicking": f"+ {run['people']} clicking",
+                 "queued": f"+ {run['queued']} queued"}[run["label"]]
+        text = (f"{title}: last ready {ours['last_ready']:.1f} vs {stock['last_ready']:.1f} s, lost {ours['lost']} vs "
+                f"{stock['lost']}, hub API p99 {ours['api_p99']:.2f} vs {stock['api_p99']:.2f} s, hub CPU "
+                f"{ours['hub_cpu']:.0f} vs {stock['hub_cpu']:.0f} s, hub+proxy "
+                f"{ours['hub_rss_mb'] + ours['proxy_rss_mb']:.0f} vs {stock['hub_rss_mb'] + stock['proxy_rss_mb']:.0f} MB, "
+                f"job queries {ours['job_queries_per_min_starting']:.0f} vs {stock['job_queries_per_min_starting']:.0f}/min")
+        if ours.get("job_queries_per_min_running") is not None and stock.get("job_queries_per_min_running") is not None:
+            text += (f" ({ours['job_queries_per_min_running']:.0f} vs {stock['job_queries_per_min_running']:.0f}/min "
+                     "while all run)")
+        if "load" in ours:
+            text += f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s"
+            failed = ours["load"]["failures"] + stock["load"]["failures"]
+            text += f" ({ours['load']['failures']} vs {stock['load']['failures']} failed)" if failed else ""
+        parts.append(text)
+    return " | ".join(parts)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # Slurm allocates batch jobs on its scheduler's once-a-second pass: one spawn varies by up to 1 s
@@ -364,7 +470,25 @@ def main(argv=None) -> int:
     parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
     parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
     parser.add_argument("--hold", type=int, default=20, help="seconds the GPUs are taken in the queued round")
-    parser.add_argument("--students", type=int, default=30, help="class start: students starting at once (0: skip)")
+    parser.add_argument("--students", type=int, default=100, help="class start: students starting at once (0: skip "
+                        "the department runs)")
+    parser.add_argument("--load-users", type=int, default=300, help="people clicking through the hub while the "
+                        "class starts, in a second run (0: skip it and the next)")
+    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue in a third "
+                        "run (0: skip it)")
+    parser.add_argument("--class-timeout", type=int, default=300, help="both class hubs' start_timeout, and how long "
+                        "a student waits for her session before it counts as lost (seconds)")
+    parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
+                        "slurmctld's job queries are counted (first run)")
+    parser.add_argument("--runs", default="class,clicking,queued", type=lambda s: s.split(","),
+                        help="which department runs (class: the class alone; clicking: with --load-users; queued: "
+                        "with --queued jobs as well)")
+    parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
+                        help="the department runs' hubs (dsportal,batchspawner); the summary needs both")
+    parser.add_argument("--py-spy", default="", help="py-spy's path: sample each department hub (raw stacks "
+                        "in its folder)")
+    parser.add_argument("--only-department", action="store_true", help="skip the single spawns, stops, queued and "
+                        "dead-job rounds: only the department runs")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
@@ -376,7 +500,7 @@ def main(argv=None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-", dir="/var/tmp"))
     results = {}
     try:
-        for index, kind in enumerate(("dsportal", "batchspawner")):
+        for index, kind in enumerate(() if args.only_department else KINDS):
             print(f"== {kind}", flush=True)
             results[kind] = measure(kind, 3 * index, workdir, args)
             r = results[kind]
@@ -399,8 +523,8 @@ def main(argv=None) -> int:
                   f"holding every GPU; {r['queued_queries']} slurmctld job queries")
             print(f"  dead job         {r['dead_job']:6.2f} s until the user is told: {r['dead_job_message']!r}",
                   flush=True)
-            if "class" in r:
-                print(f"  class start      {describe(r['class'])}", flush=True)
+        if args.students:
+            results["department"] = department(args, workdir)
     finally:
         students = [u["name"] for u in directory()["users"] if u.get("student")]
         for user in args.users + students:  # nothing of the benchmark stays on the cluster
@@ -408,6 +532,14 @@ def main(argv=None) -> int:
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(hub logs and results.json in {workdir})")
+    both = set(args.kinds) == set(KINDS)
+    in_department = department_summary(results["department"], args.students) if args.students and both else ""
+    if args.students and not both:  # one kind: its figures alone (no comparison: not a summary)
+        in_department = "; ".join(f"{run['label']}: {describe(run[kind])}" for run in results["department"]
+                                  for kind in args.kinds)
+    if args.only_department:
+        print(f"bench: {in_department}")
+        return 0
     ours, stock = results["dsportal"], results["batchspawner"]
     def queued(r):  # median time in Slurm's queue over the spawn rounds
         known = [q for q in r["queued_in_slurm"] if q is not None]
@@ -424,11 +556,7 @@ def main(argv=None) -> int:
           f"{ours['concurrent_queries']} vs {stock['concurrent_queries']} slurmctld job queries | queued "
           f"{ours['queued_queries']} vs {stock['queued_queries']} job queries | "
           f"dead job reported in {ours['dead_job']:.1f} vs {stock['dead_job']:.1f} s "
-          f"(start_timeout {args.start_timeout} s)" + (
-              f" | class of {args.students}: last ready {ours['class']['last_ready']:.1f} vs "
-              f"{stock['class']['last_ready']:.1f} s, lost {ours['class']['lost']} vs {stock['class']['lost']}, "
-              f"hub API p99 {ours['class']['api_p99']:.2f} vs {stock['class']['api_p99']:.2f} s"
-              if args.students else ""))
+          f"(start_timeout {args.start_timeout} s)" + (f" | {in_department}" if in_department else ""))
     return 0
 
 

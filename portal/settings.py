@@ -206,6 +206,15 @@ class HubSettings(_Model):
         8, ge=0, le=100, description="How many named sessions (beside the default one) a user may keep, running or "
         "not (JupyterHub's named_server_limit_per_user); how many may run at once is each profile's "
         "sessions_per_user. 0: named sessions are off, one session per user.")
+    concurrent_spawn_limit: int = Field(
+        100, ge=0, description="How many sessions the hub starts at once (JupyterHub's concurrent_spawn_limit). A "
+        "session counts from the moment it is asked for until it is ready, its time in Slurm's queue included, "
+        "so a class waiting for cores counts too. A start beyond it is refused with HTTP 429 and a message that "
+        "says how many are starting and when to try again; nothing is submitted for it. 0: no limit.")
+    spawn_retry_seconds: tuple[int, int] = Field(
+        (30, 60), description="The range of seconds a start refused by concurrent_spawn_limit is told to wait "
+        "before trying again (a random one from it, rounded in the message; Retry-After), so a refused class "
+        "does not come back all at the same second.")
     proxy_command: list[str] = ["configurable-http-proxy"]
     external_proxy: bool = Field(
         False, description="configurable-http-proxy runs as its own service (config/systemd/dsportal-proxy.service) "
@@ -224,6 +233,13 @@ class HubSettings(_Model):
     db_password_file: Path | None = Field(
         None, description="The server database's password, alone in a file of the hub's account, mode 0600; "
         "given to the database driver when the hub connects, never put in the URL or the environment.")
+
+    @field_validator("spawn_retry_seconds")
+    @classmethod
+    def _retry(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError(f"must be [least, most] seconds, 1 <= least <= most, not {list(value)}")
+        return value
 
     @field_validator("db_url")
     @classmethod

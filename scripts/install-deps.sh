@@ -64,6 +64,16 @@ fi
 bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
+# make bench's load generator (locust: 300 people clicking through the hub while a class starts), in an
+# environment of its own: its gevent and Flask stay out of the hub's and the sessions' environment.
+BENCH_ENV=$PREFIX/bench-env
+LOCUST=locust==2.47.0
+if [ "$(cat "$BENCH_ENV/.dsportal-locust" 2>/dev/null)" != "$LOCUST" ]; then
+  say "$LOCUST for make bench ($BENCH_ENV)"
+  [ -x "$BENCH_ENV/bin/python" ] || /usr/bin/python3 -m venv "$BENCH_ENV"
+  "$BENCH_ENV/bin/pip" install -q --disable-pip-version-check "$LOCUST"
+  echo "$LOCUST" > "$BENCH_ENV/.dsportal-locust"
+fi
 # The JupyterLab extension, built from its TypeScript sources by JupyterLab's builder (cached).
 bash scripts/build-labextension.sh "$ENV"
 chmod -R a+rX "$ENV" "$PREFIX/chp"

@@ -34,13 +34,37 @@ from pathlib import Path
 from certipy import Certipy, CertNotFoundError
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from portal.cluster.slurmclient import Slurm, SlurmError
 
 FOLDER = ".dsportal/certs"
-# Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time.
+# Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time. The
+# keys are made before, outside it (see _Store).
 _STORE = threading.Lock()
+KEY_BITS = 2048  # Certipy's own default for its RSA keys
+
+
+def _new_key():
+    """An RSA key as Certipy makes them: ~0.1 s of CPU, which OpenSSL spends without Python's lock."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
+
+
+class _Store(Certipy):
+    """Certipy, signing with keys made beforehand: made under the store's lock, the keys of a class of
+    100 starting at once (3 each on a hub that never served them: a CA, a client and a session key)
+    took turns on one core for ~30 s; made before it, they use every core, and the lock is held only
+    to sign and rewrite the store."""
+
+    def __init__(self, keys=(), **kwargs):
+        super().__init__(**kwargs)
+        self._keys = list(keys)
+
+    def create_key_pair(self, cert_type, bits):
+        if self._keys and bits == KEY_BITS:
+            return self._keys.pop()
+        return super().create_key_pair(cert_type, bits)
 
 
 def _alt_name(name: str) -> str:
@@ -122,14 +146,20 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     store rewritten), which every start waited for and a class of 30 paid 30 times over."""
     names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
     name = record_name(user, server)
-    with _STORE:
-        store = Certipy(store_dir=store_dir)
-        try:
-            record = store.store.get_record(name)
-        except CertNotFoundError:
-            record = None
-        if record is None or record.get("parent_ca") != "notebooks-ca" or not _still_fits(record, names):
-            record = store.create_signed_pair(name, "notebooks-ca", alt_names=names, overwrite=True)
+    key = None
+    while True:
+        with _STORE:
+            store = _Store([key] if key else [], store_dir=store_dir)
+            try:
+                record = store.store.get_record(name)
+            except CertNotFoundError:
+                record = None
+            if record is not None and record.get("parent_ca") == "notebooks-ca" and _still_fits(record, names):
+                break
+            if key is not None:
+                record = store.create_signed_pair(name, "notebooks-ca", alt_names=names, overwrite=True)
+                break
+        key = _new_key()  # outside the lock: then looked at again, and signed
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
 
 
@@ -161,10 +191,26 @@ def issued_certificate(store_dir: str, user: str, server: str = "") -> bytes | N
 def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
     """(CA cert, client key, client cert) of the user's own CA, made once in the hub's store, and
     the CA of all sessions' certificates."""
-    with _STORE:
-        store = Certipy(store_dir=store_dir)
-        ca, key, cert = _local_client_pair(store, user)
-        return ca, key, cert, Path(store.store.get_record("notebooks-ca")["files"]["cert"])
+    keys: list = []
+    while True:
+        with _STORE:
+            store = _Store(keys, store_dir=store_dir)
+            missing = _local_client_missing(store, user)
+            if len(keys) >= missing:
+                ca, key, cert = _local_client_pair(store, user)
+                return ca, key, cert, Path(store.store.get_record("notebooks-ca")["files"]["cert"])
+        keys += [_new_key() for _ in range(missing - len(keys))]  # outside the lock
+
+
+def _local_client_missing(store: Certipy, user: str) -> int:
+    """How many keys the user's own CA and client pair still need (0 once made)."""
+    missing = 0
+    for name in (f"user-{user}-local-ca", f"user-{user}-local-client"):
+        try:
+            store.store.get_record(name)
+        except CertNotFoundError:
+            missing += 1
+    return missing
 
 
 def _local_client_pair(store: Certipy, user: str) -> tuple[Path, Path, Path]:

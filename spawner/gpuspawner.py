@@ -2,7 +2,7 @@
 
 Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
 which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurmclient`: argv
-lists instead of shell strings, one shared ``squeue --json`` for all sessions, and a start
+lists instead of shell strings, one shared ``squeue`` for all sessions, and a start
 that fails fast with the job's own error text when the job dies before its server answers.
 """
 
@@ -346,9 +346,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
             return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
+        arrived = time.monotonic()
         job = await self.slurm.job(int(self.job_id))
-        if job is None or not job.running:  # the job may have started since the shared snapshot was taken
-            job = await self.slurm.job(int(self.job_id), max_age=0)
+        if job is None or not job.running:
+            # The job may have started since the shared snapshot was taken: one taken after the report
+            # arrived says. Reports arriving together (a class starting) share it: each used to run a
+            # squeue of its own, one after the other.
+            job = await self.slurm.job(int(self.job_id), fresh_after=arrived)
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
         self.job = job  # the route goes to the batch host this answer names

@@ -97,7 +97,9 @@ def _account() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(ACCOUNT)
     except KeyError:
-        subprocess.run(["useradd", "-m", "-s", "/bin/bash", ACCOUNT], check=True)
+        # A uid above the demo's (courses count up from 5201: useradd's next free one was student31's).
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-K", "UID_MIN=20000", "-K", "GID_MIN=20000", ACCOUNT],
+                       check=True)
         return pwd.getpwnam(ACCOUNT)
 
 

@@ -43,9 +43,10 @@ def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
 HUB_APPLIES = """
 import json
 from traitlets.config import Config
-from portal.hub import origins, portreport, routeowner, upstream
+from portal.hub import origins, portreport, routeowner, spawnlimit, upstream
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
+spawnlimit.explain_refused_starts()
 portreport.install_port_handler()
 upstream.reuse_tls_contexts_for_session_checks()
 routeowner.check_sessions_by_their_certificate()

@@ -4,9 +4,11 @@ Commands run with an argv list (never a shell), and fail with one set of errors:
 (Slurm's own words) and SlurmUnavailable (slurmctld did not answer). Two clients share them:
 
 - :class:`Slurm`, asynchronous, for the hub: it runs commands as a user (runuser/sudo), and job
-  state comes from ``squeue --json``, which in Slurm 22.05 lists every job the controller still
-  remembers (finished ones included, for MinJobAge), so a single call serves every session of the
-  hub: callers share one cached snapshot (:func:`shared_client`) instead of each running its own;
+  state comes from one ``squeue`` of every job the controller still remembers (finished ones
+  included, for MinJobAge), so a single call serves every session of the hub: callers share one
+  cached snapshot (:func:`shared_client`) instead of each running its own. Only the portal's
+  sessions are read in full (:func:`parse_squeue`); a department's thousands of other jobs cost a
+  line each;
 - :class:`SlurmCommands`, blocking, for code that runs Slurm as its own user and has no event loop
   of its own to spare: a session's job launcher (in kernels and threads) and the admin's commands.
 """
@@ -20,6 +22,7 @@ import logging
 import os
 import pwd
 import re
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass
@@ -93,7 +96,6 @@ class Job:
     partition: str
     batch_host: str
     nodes: str
-    stdout: str
     exit_code: int
     start_time: int
     submit_time: int
@@ -131,7 +133,6 @@ class Job:
             partition=item.get("partition") or "",
             batch_host=item.get("batch_host") or "",
             nodes=item.get("nodes") or "",
-            stdout=item.get("standard_output") or "",
             exit_code=_exit_status(item.get("exit_code")),
             start_time=int(item.get("start_time") or 0),
             submit_time=int(item.get("submit_time") or 0),
@@ -152,17 +153,21 @@ def _number(value) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def queue_places(jobs: dict[int, "Job"]) -> dict[int, tuple[int, int]]:
-    """{job id: (place, of)}: where each pending job stands among its partition's pending jobs, in
-    the order the scheduler takes them (priority, then age)."""
-    queues: dict[str, list[Job]] = {}
+def queue_places(jobs: dict[int, "Job"], others: Iterable[tuple[int, str, int, int]] = ()) -> dict[int, tuple[int, int]]:
+    """{job id: (place, of)}: where each pending session job stands among its partition's pending
+    jobs (``others``: the rest, as (id, partition, priority, submit time)), in the order the scheduler
+    takes them (priority, then age)."""
+    queues: dict[str, list[tuple[int, int, int]]] = {}
     for job in jobs.values():
         if job.pending:
-            queues.setdefault(job.partition, []).append(job)
+            queues.setdefault(job.partition, []).append((-job.priority, job.submit_time, job.job_id))
+    for job_id, partition, priority, submitted in others:
+        if partition in queues:  # only queues a session waits in are ranked
+            queues[partition].append((-priority, submitted, job_id))
     places = {}
     for queue in queues.values():
-        queue.sort(key=lambda j: (-j.priority, j.submit_time, j.job_id))
-        places.update({job.job_id: (place, len(queue)) for place, job in enumerate(queue, 1)})
+        queue.sort()
+        places.update({entry[2]: (place, len(queue)) for place, entry in enumerate(queue, 1) if entry[2] in jobs})
     return places
 
 
@@ -265,6 +270,76 @@ def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
 
 def parse_sinfo_json(text: str) -> list[Node]:
     return [Node.from_json(item) for item in json.loads(text).get("nodes") or []]
+
+
+# The session jobs' names (spawner/gpuspawner.py: dsportal-<user>[:<server>]).
+SESSION_JOB_PREFIX = "dsportal-"
+# What the hub's squeue prints of each job (squeue -O names), every value whole (width 0) and followed
+# by the call's own random separator. The user-set values (a job's name and comment) come last.
+SQUEUE_FIELDS = ("JobID", "UserName", "State", "Reason", "Partition", "PriorityLong", "SubmitTime", "StartTime",
+                 "TimeLimit", "BatchHost", "NodeList", "exit_code", "tres-per-node", "Name", "Comment")
+_NOT_SET = ("", "N/A", "n/a", "(null)", "None", "NONE", "Unknown")
+
+
+def squeue_format(separator: str) -> str:
+    """squeue's -O format (passed as SQUEUE_FORMAT2, in the command's environment, which other users
+    cannot read: a user who could see the separator in time could name a job so as to end a field)."""
+    return ",".join(f"{field}:0{separator}" for field in SQUEUE_FIELDS)
+
+
+def _epoch(text: str) -> int:
+    """A time squeue printed with SLURM_TIME_FORMAT=%s (seconds since the epoch); 0 for none."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
+def _minutes(text: str) -> int:
+    try:
+        return slurm_minutes(text) if text.strip() not in _NOT_SET + ("UNLIMITED", "NOT_SET", "INVALID") else 0
+    except ValueError:
+        return 0
+
+
+def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[int, str, int, int]]]:
+    """squeue's answer to :func:`squeue_format` -> (the portal's session jobs by id, as Job; every
+    other pending job as (id, partition, priority, submit time), for the places in the queue).
+
+    Fields are split at the separator, which no value can hold, so a name or comment with blanks,
+    line breaks or field-like text stays one value. A department's thousands of other jobs are
+    only glanced at: whether they are sessions, and their place in the queue if they wait."""
+    values = text.split(separator)
+    count = len(SQUEUE_FIELDS)
+    if (len(values) - 1) % count or values[-1].strip():
+        raise SlurmError(f"squeue's answer could not be read ({len(values) - 1} values for {count} fields a job)")
+    sessions: dict[int, Job] = {}
+    others: list[tuple[int, str, int, int]] = []
+    for start in range(0, len(values) - 1, count):
+        (job_id, user, state, reason, partition, priority, submitted, started, limit, batch_host, nodes, exit_code,
+         tres, name, comment) = values[start:start + count]
+        job_id = job_id.strip()  # each job's line after the first begins with the line break
+        if not (job_id.isascii() and job_id.isdigit()):
+            raise SlurmError(f"squeue's answer could not be read (job id {job_id[:20]!r})")
+        if not name.startswith(SESSION_JOB_PREFIX):
+            if state in PENDING_STATES:
+                others.append((int(job_id), partition, _number_text(priority), _epoch(submitted)))
+            continue
+        code = exit_code.split(":")[0]
+        sessions[int(job_id)] = Job(
+            job_id=int(job_id), user=user, name=name, state=state or "UNKNOWN",
+            reason=reason if reason not in _NOT_SET else "None", partition=partition,
+            batch_host=batch_host if batch_host not in _NOT_SET else "",
+            nodes=nodes if nodes not in _NOT_SET else "",
+            exit_code=_exit_status(int(code)) if code.isascii() and code.isdigit() else 0,  # the wait status
+            start_time=_epoch(started), submit_time=_epoch(submitted),
+            gpus=_gpu_count(tres.replace("gres:", "") if tres not in _NOT_SET else ""),
+            profile=profile_of(comment if comment not in _NOT_SET else ""), priority=_number_text(priority),
+            time_limit=_minutes(limit))
+    return sessions, others
+
+
+def _number_text(text: str) -> int:
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def parse_squeue_json(text: str) -> dict[int, Job]:
@@ -384,6 +459,7 @@ class Slurm:
         cache_seconds: float = defaults.SLURM_POLL_INTERVAL,
         command_timeout: float = 30.0,
         mediator: Path = Path(defaults.MEDIATOR),
+        as_user_at_once: int = 0,
     ):
         self.conf = conf
         self.bin_dir = Path(bin_dir)
@@ -392,6 +468,11 @@ class Slurm:
         self.command_timeout = command_timeout
         self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
+        # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
+        # a class of 100 starting at once ran 200 Python processes together on the login node's 2 cores,
+        # where the hub's own loop got a 100th of a core (API p99 7.8 s) and sbatch ran past its timeout.
+        self._as_user_slots = asyncio.Semaphore(as_user_at_once or max(4, 2 * (os.cpu_count() or 1)))
+        self._others_pending: list[tuple[int, str, int, int]] = []  # the last squeue's other pending jobs
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
         self._places: tuple[dict, dict] = ({}, {})  # (the squeue snapshot, its queue_places)
 
@@ -419,6 +500,12 @@ class Slurm:
         return str(self.bin_dir / name)
 
     async def run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
+        if argv[:1] and Path(argv[0]).name in ("sudo", "runuser"):
+            async with self._as_user_slots:  # its timeout counts from here, not from the wait for a slot
+                return await self._timed(argv, input=input, env=env)
+        return await self._timed(argv, input=input, env=env)
+
+    async def _timed(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
         command, started = command_name(argv), time.monotonic()
         try:
             out = await self._run(argv, input=input, env=env)
@@ -449,7 +536,10 @@ class Slurm:
                 proc.communicate(input.encode() if input is not None else None), self.command_timeout
             )
         except asyncio.TimeoutError:
-            proc.kill()
+            try:
+                proc.kill()
+            except ProcessLookupError:  # it ended just now (killing it raised, and the start failed unexplained)
+                pass
             await proc.wait()
             raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
         return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
@@ -484,7 +574,8 @@ class Slurm:
         return min(limits) if limits else (None, "")
 
     async def jobs(self, max_age: float | None = None, fresh_after: float = 0.0) -> dict[int, Job]:
-        """All jobs slurmctld knows, from one shared, briefly cached ``squeue --json``.
+        """The portal's session jobs slurmctld knows (named dsportal-...), from one shared, briefly cached
+        ``squeue`` of every job.
 
         ``fresh_after`` (a time.monotonic() value) demands a snapshot taken after that moment,
         e.g. after one's own sbatch returned.
@@ -509,7 +600,7 @@ class Slurm:
         exit_code = record.get("ExitCode", "0:0").split(":")[0]
         return Job(job_id=int(job_id), user=record["User"], name=record["JobName"], state=record["State"],
                    reason=record.get("Reason") or "None", partition=record["Partition"], batch_host="",
-                   nodes=record.get("NodeList", ""), stdout="",
+                   nodes=record.get("NodeList", ""),
                    exit_code=int(exit_code) if exit_code.isascii() and exit_code.isdigit() else 0, start_time=0,
                    submit_time=0)
 
@@ -532,7 +623,7 @@ class Slurm:
         when it is not pending there. Ranked once per snapshot, however many sessions wait."""
         jobs = self._squeue.value
         if self._places[0] is not jobs:
-            self._places = (jobs, queue_places(jobs))
+            self._places = (jobs, queue_places(jobs, self._others_pending))
         return self._places[1].get(job.job_id, (0, 0))
 
     @property
@@ -544,7 +635,14 @@ class Slurm:
         return self._sinfo.calls
 
     async def _fetch_jobs(self) -> dict[int, Job]:
-        return parse_squeue_json(await self.run([self.tool("squeue"), "--json"]))
+        # squeue --json (Slurm 22.05) filters nothing and prints ~100 fields of every job the controller
+        # knows, which the hub parsed at each poll: its cost grew with the whole cluster's queue (issue 33).
+        separator = f"\x1f{secrets.token_hex(8)}\x1f"
+        out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all"],
+                             env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})
+        sessions, others = parse_squeue(out, separator)
+        self._others_pending = others
+        return sessions
 
     async def _fetch_nodes(self) -> list[Node]:
         return parse_sinfo_json(await self.run([self.tool("sinfo"), "--json"]))

@@ -21,7 +21,7 @@ from .. import templating
 from . import metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
-from . import sessions
+from . import sessions, spawnlimit
 from .extend import ExtendHandler
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
@@ -135,6 +135,11 @@ def configure(c, settings=None) -> None:
     c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
     c.PartitionSpawner.ldap = settings.ldap.model_dump(mode="json")  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
+    # Starts beyond the limit: HTTP 429, in the portal's words (portal/hub/spawnlimit.py).
+    c.JupyterHub.concurrent_spawn_limit = hub.concurrent_spawn_limit
+    # Not a configurable trait of JupyterHub 6.1: its handlers read it from the tornado settings.
+    c.JupyterHub.tornado_settings = {"spawn_throttle_retry_range": tuple(hub.spawn_retry_seconds)}
+    spawnlimit.explain_refused_starts()
     c.Spawner.http_timeout = hub.http_timeout
     c.Spawner.default_url = "/lab"
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:

@@ -21,9 +21,11 @@ import jupyterhub.user
 import ldap3
 from jupyterhub.apihandlers import default_handlers
 from jupyterhub.app import JupyterHub
+from jupyterhub.handlers.base import BaseHandler
 from ldap3.core.exceptions import LDAPBindError
 from ldapauthenticator import LDAPAuthenticator
 from ldapauthenticator.ldapauthenticator import TlsStrategy
+from tornado import web
 
 from ..patchcheck import CHP, Definition, Mentions, Patch
 
@@ -147,6 +149,33 @@ def replace_api_handler(pattern: str, handler) -> None:
     default_handlers.append((pattern, handler))
 
 
+# ------------------------------------------------------------------ JupyterHub's concurrent_spawn_limit
+def explain_throttled_spawns(explain) -> None:
+    """Wrap ``BaseHandler.spawn_single_user`` (every start: the spawn form's and the REST API's): the
+    HTTP 429 it raises past ``concurrent_spawn_limit`` (the one with a Retry-After header) is raised again
+    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept. Idempotent."""
+    spawn_single_user = BaseHandler.spawn_single_user
+    if getattr(spawn_single_user, "explains_throttled_spawns", False):
+        return
+
+    async def explained(self, user, *args, **kwargs):
+        try:
+            return await spawn_single_user(self, user, *args, **kwargs)
+        except web.HTTPError as error:
+            headers = getattr(error, "headers", None) or {}
+            if error.status_code != 429 or "Retry-After" not in headers:
+                raise  # active_server_limit's 429 (not configured by dsportal) and every other error as they are
+            message = explain(self, int(headers["Retry-After"]))
+            refused = web.HTTPError(429, "%s", message)
+            refused.jupyterhub_message = message  # what JupyterHub's pages and API answers show
+            refused.headers = headers  # written by JupyterHub's write_error, as for its own 429
+            raise refused from None
+
+    explained.original = spawn_single_user
+    explained.explains_throttled_spawns = True
+    BaseHandler.spawn_single_user = explained
+
+
 # ------------------------------------------------------------------ ldapauthenticator
 def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int):
     """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts."""
@@ -236,6 +265,15 @@ PATCHES = [
            Mentions("jupyterhub.app", "default_handlers", "41012f0f852be04c")),
           lambda: [h[1].__module__ for h in default_handlers if h[0] == r"/api/batchspawner"]
           == ["portal.hub.portreport"]),
+    Patch("throttled-spawn-message", "portal/hub/spawnlimit.py",
+          "jupyterhub.handlers.base.BaseHandler.spawn_single_user (wrapped: its 429 past concurrent_spawn_limit, "
+          "told by its Retry-After header, raised again with the portal's message)", JUPYTERHUB, "6.1.1",
+          "a start refused past hub.concurrent_spawn_limit says how many sessions are starting, that nothing was "
+          "submitted, and when to try again",
+          (Definition("jupyterhub.handlers.base", "BaseHandler.spawn_single_user", "89ad7a1d6d9f3a0a"),
+           Mentions("jupyterhub.handlers.base", "Retry-After", "80267c7a399e7cee"),
+           Definition("jupyterhub.handlers.pages", "SpawnHandler._wrap_spawn_single_user", "7e857fbad2ab0148")),
+          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False)),
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts)", LDAP,
           "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop",

@@ -36,7 +36,8 @@ def directory() -> dict:
     for course in data.get("courses", []):
         students = [f"{course['prefix']}{n:02d}" for n in range(1, int(course["students"]) + 1)]
         data["users"] += [{"name": name, "uid": int(course["first_uid"]) + n, "full_name": f"Student {name}",
-                           "password": f"{name}-demo", "role": f"student of {course['name']}", "student": True}
+                           "password": f"{name}-demo", "role": f"student of {course['name']}", "student": True,
+                           "course": course["name"]}
                           for n, name in enumerate(students)]
         data["groups"].append({"name": course["name"], "gid": course["gid"],
                                "members": [course["instructor"], *students]})

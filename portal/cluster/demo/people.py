@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import grp
 import hashlib
 import os
 import pwd
@@ -37,8 +38,11 @@ def ensure_accounts() -> None:
     for group in data["groups"]:
         if subprocess.run(["getent", "group", group["name"]], capture_output=True).returncode != 0:
             run(["groupadd", "-g", str(group["gid"]), group["name"]])
+        # Only those not in it yet: a course of hundreds made a usermod per member at every `make demo`.
+        members = set(grp.getgrnam(group["name"]).gr_mem)
         for member in group["members"]:
-            run(["usermod", "-a", "-G", group["name"], member])
+            if member not in members:
+                run(["usermod", "-a", "-G", group["name"], member])
 
 
 def ensure_ldap() -> None:

@@ -15,8 +15,15 @@ from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 from .mta import MAIL_PROGRAM, mail_domain
 
 GPUS_PER_NODE = 4
-CPUS_PER_NODE = 32      # 4 GPUs x 8 cores: a full 4-GPU slice fits one node
-MEM_MB_PER_NODE = 200_000  # 4 x 48 GB + room (each job's own memory limit is enforced, cgroup.conf)
+# Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
+# what a department's sessions need. 32 cores for a full 4-GPU slice (4 x 8) beside 64 for the cpu
+# partition (its MaxCPUsPerNode), so the cpu partition holds a class of 100 one-core sessions on two
+# nodes (issue 33; with 16 per node, 68 of 100 waited).
+CPUS_PER_NODE = 96
+# 4 x 48 GB for the GPU slices + 64 x 4 GB for the cpu partition's cores (cpu profile: 4 cores, 16 GB),
+# and above slurm.conf's DefMemPerCPU x CPUS_PER_NODE (6000 MB x 96). Each job's own memory limit is
+# enforced (cgroup.conf): a session's processes get what it asked for, however much is declared here.
+MEM_MB_PER_NODE = 600_000
 GPU_MAJOR = 195  # the NVIDIA driver's character-device major: node N's GPU k is 195:(N-1)*4+k
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # Slurm's own: each node has its own addresses
 SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")

@@ -1,0 +1,120 @@
+"""A department around a class start (issue 33): what spawn_bench.py adds to bench/class_start.py.
+
+- :class:`HubLoad`: 300 people logged in and clicking through the hub (locust, headless, niced: they
+  stand in for browsers elsewhere), each request's time kept, so the class's window can be cut out;
+- :func:`queued_jobs`: thousands of other users' jobs in Slurm's queue, held so they never run,
+  cancelled at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from class_start import percentile
+
+BENCH_ENV = Path(os.environ.get("DSPORTAL_PREFIX", "/opt/dsportal")) / "bench-env"
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+class HubLoad:
+    """``accounts`` ([(name, password)]) logged in to the hub at ``base`` and clicking (bench/locustfile.py),
+    one simulated person each, from a niced locust process of its own."""
+
+    def __init__(self, base: str, accounts: list[tuple[str, str]], wait: tuple[float, float] = (5, 15),
+                 ramp_per_second: float = 25):
+        locust = BENCH_ENV / "bin" / "locust"
+        if not locust.exists():
+            raise SystemExit(f"{locust} is missing: make deps installs it (scripts/install-deps.sh)")
+        self.folder = Path(tempfile.mkdtemp(prefix="dsportal-load-", dir="/var/tmp"))
+        self.record, self.logins = self.folder / "requests.json", self.folder / "logins"
+        self.count = len(accounts)
+        self.log = open(self.folder / "locust.log", "wb")
+        self.process = subprocess.Popen(
+            ["nice", "-n", "10", str(locust), "-f", str(LOCUSTFILE), "--headless", "--host", base,
+             "--users", str(self.count), "--spawn-rate", str(ramp_per_second), "--run-time", "30m",
+             "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "5"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env={"PATH": f"{BENCH_ENV}/bin:/usr/bin:/bin", "HOME": str(self.folder),
+                 "DSPORTAL_LOAD_USERS": json.dumps(accounts), "DSPORTAL_LOAD_WAIT": f"{wait[0]},{wait[1]}",
+                 "DSPORTAL_LOAD_RECORD": str(self.record), "DSPORTAL_LOAD_LOGINS": str(self.logins)})
+        self.requests: list = []
+
+    def logged_in(self) -> int:
+        return len(self.logins.read_text().splitlines()) if self.logins.exists() else 0
+
+    def wait_logged_in(self, timeout: float = 180) -> int:
+        """Until every person has logged in (or ``timeout``); how many did."""
+        deadline = time.monotonic() + timeout
+        while self.logged_in() < self.count and time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"locust ended early:\n{(self.folder / 'locust.log').read_text()[-3000:]}")
+            time.sleep(1)
+        return self.logged_in()
+
+    def stop(self) -> None:
+        self.process.terminate()  # locust writes the record as it quits
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+        self.requests = json.loads(self.record.read_text()) if self.record.exists() else []
+
+    def window(self, start: float, end: float) -> dict:
+        """Requests that ended between ``start`` and ``end`` (time.time()): count, failures, p50/p99 (s)."""
+        inside = [r for r in self.requests if start <= r[0] <= end]
+        seconds = [r[1] / 1000 for r in inside]
+        return {"requests": len(inside), "failures": sum(1 for r in inside if not r[2]),
+                "per_second": len(inside) / max(end - start, 1e-9),
+                "p50": statistics.median(seconds) if seconds else float("nan"), "p99": percentile(seconds, 0.99),
+                "logged_in": self.logged_in(), "people": self.count}
+
+
+QUEUED_NAME = "bench-queued"
+
+
+def _submit_held(user: str, count: int) -> int:
+    """``count`` held five-minute jobs of ``user`` in the cpu partition, from one shell of hers; how many went in."""
+    loop = (f"n=0; while [ $n -lt {int(count)} ]; do sbatch --hold --parsable --partition=cpu --time=5 --mem=100M "
+            f"--job-name={QUEUED_NAME} --output=/dev/null --chdir=/tmp --wrap=true >/dev/null || break; "
+            "n=$((n+1)); done; echo $n")
+    done = subprocess.run(["nice", "-n", "10", "runuser", "-u", user, "--", "sh", "-c", loop],
+                          capture_output=True, text=True, timeout=900)
+    return int(done.stdout.strip() or 0)
+
+
+def queued_count() -> int:
+    out = subprocess.run(["squeue", "-h", "-t", "PD", f"--name={QUEUED_NAME}", "-o", "%A"],
+                         capture_output=True, text=True).stdout
+    return len(out.split())
+
+
+def cancel_queued(timeout: float = 180) -> None:
+    subprocess.run(["scancel", f"--name={QUEUED_NAME}"], capture_output=True)
+    deadline = time.monotonic() + timeout
+    while queued_count() and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+@contextmanager
+def queued_jobs(count: int, users: list[str], submitters: int = 4):
+    """``count`` jobs of ``users`` (in turn) held in Slurm's queue for the duration; yields how many are
+    there. They are named bench-queued and cancelled at the end, whatever happens."""
+    shares = [count // len(users) + (1 if i < count % len(users) else 0) for i in range(len(users))]
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(submitters) as pool:
+            list(pool.map(_submit_held, users, shares))
+        there = queued_count()
+        print(f"  {there} held jobs of {len(users)} other users in the queue ({time.monotonic() - started:.0f} s "
+              "to submit)", flush=True)
+        yield there
+    finally:
+        cancel_queued()

@@ -1,0 +1,92 @@
+"""A hub for a whole department (issue 33): starts beyond hub.concurrent_spawn_limit are refused in
+words (HTTP 429: how many start, that nothing was submitted, when to retry), from the form and the
+REST API alike, and go through once the hub has room: nothing is lost. Real hub, real Slurm; a
+limit of one session starting at once, held by a session that waits in the queue for GPUs.
+
+(The class of 100, 300 people clicking and 5,000 queued jobs are measured by `make bench`, not here.)"""
+
+import html
+import re
+
+import pytest
+
+from conftest import login, wait_no_jobs
+from hubclient import active_jobs
+from portal.cluster.slurmclient import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
+from test_long_queue import every_gpu_held
+
+SEPARATOR = "\x1f0123456789abcdef\x1f"
+
+
+def squeue_line(**fields) -> str:
+    """One job as the hub's squeue prints it (SQUEUE_FORMAT2: every field followed by the separator)."""
+    values = {"JobID": "1", "UserName": "alice", "State": "PENDING", "Reason": "Resources", "Partition": "cpu",
+              "PriorityLong": "100", "SubmitTime": "1764150000", "StartTime": "N/A", "TimeLimit": "2:00:00",
+              "BatchHost": "n/a", "NodeList": "", "exit_code": "0", "tres-per-node": "N/A",
+              "Name": "dsportal-alice", "Comment": "dsportal-profile=class", **fields}
+    return "".join(values[name] + SEPARATOR for name in SQUEUE_FIELDS) + "\n"
+
+
+def test_the_hubs_squeue_reads_sessions_whole_and_other_jobs_only_for_their_place():
+    stranger = ("x\n" + "".join(f"{v}|" for v in ("7", "alice", "RUNNING", "None", "gpu", "1", "1", "1", "8:00:00",
+                                                    "evil", "evil", "0:0", "gres:gpu:4", "dsportal-alice", "")))
+    out = (squeue_line(JobID="7", Name="dsportal-alice", Comment="dsportal-profile=class")
+           + squeue_line(JobID="8", UserName="mallory", Name=stranger, Comment="a\nb", PriorityLong="200")
+           + squeue_line(JobID="9", UserName="bob", Name="dsportal-bob:prep", State="RUNNING", Reason="None",
+                         StartTime="1764150100", BatchHost="node2", NodeList="node2", TimeLimit="1-00:00:00",
+                         exit_code="36608",  # squeue prints the wait status: exit code 143
+                         **{"tres-per-node": "gres:gpu:2", "Partition": "gpu"})
+           + squeue_line(JobID="10", UserName="member01", Name="held", Reason="JobHeldUser", PriorityLong="0"))
+    sessions, others = parse_squeue(out, SEPARATOR)
+    assert sorted(sessions) == [7, 9]
+    alice, bob = sessions[7], sessions[9]
+    assert (alice.user, alice.state, alice.pending, alice.batch_host, alice.profile) == ("alice", "PENDING", True, "",
+                                                                                         "class")
+    assert (bob.running, bob.batch_host, bob.gpus, bob.time_limit, bob.start_time, bob.exit_code) == (
+        True, "node2", 2, 1440, 1764150100, 143)
+    # mallory's job, named to look like a line of alice's session, stays one job of hers, not a session.
+    assert [o[0] for o in others] == [8, 10]
+    # alice's session waits behind mallory's job of higher priority, ahead of the held one.
+    assert queue_places(sessions, others) == {7: (2, 3)}
+    with pytest.raises(SlurmError):
+        parse_squeue(out[:-5], SEPARATOR)  # cut short
+
+
+def one_start_at_a_time(config):
+    config["hub"].update(concurrent_spawn_limit=1, spawn_retry_seconds=[1, 2])
+
+
+def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_lost(second_hub):
+    base = second_hub(one_start_at_a_time)
+    alice, bob = login(base, "alice"), login(base, "bob")
+    with every_gpu_held("carol"):
+        # alice's session waits in Slurm's queue for a GPU: it counts as starting.
+        assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
+        assert alice.model()["pending"] == "spawn"
+
+        refused = bob.start_server({"profile": "cpu"})
+        assert refused.status_code == 429, refused.text
+        assert refused.headers.get("Retry-After") in ("1", "2"), refused.headers
+        said = refused.json()["message"]
+        assert said.startswith("1 session is starting on the portal right now"), said
+        assert "nothing was submitted to the cluster: please try again in about 10 s" in said, said
+
+        page = bob.web.post(f"{base}/hub/spawn", data={"_xsrf": bob.web.cookies.get("_xsrf"), "profile": "cpu",
+                                                       "gpus.cpu": "0", "walltime.cpu": "02:00:00"},
+                            allow_redirects=False)
+        assert page.status_code == 429, page.status_code
+        text = html.unescape(page.text)
+        assert "the most it starts at once" in text and "please try again in about 10 s" in text, text[-2000:]
+        assert 'name="profile"' in text  # the form again, to press Start once more
+
+        # Nothing of bob's reached Slurm or stuck to the hub.
+        assert active_jobs("bob") == []
+        assert bob.model()["pending"] is None and not bob.model()["servers"]
+
+        # alice gives up waiting: the hub has room again, and bob's retry starts his session.
+        alice.stop_server()
+    assert wait_no_jobs("alice") == []
+    bob.spawn({"profile": "cpu"})
+    job = active_jobs("bob")
+    assert len(job) == 1 and re.fullmatch(r"dsportal-bob", job[0]["name"]), job
+    bob.stop_server()
