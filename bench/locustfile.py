@@ -15,11 +15,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import time
-from http.cookiejar import DefaultCookiePolicy
+from pathlib import Path
 from urllib.parse import urlparse
 
 from locust import HttpUser, between, events, task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from browsercookies import BrowserCookies  # noqa: E402  (the tests' client keeps cookies the same way)
 
 ACCOUNTS = json.loads(os.environ.get("DSPORTAL_LOAD_USERS", "[]"))
 LEAST, MOST = (float(s) for s in os.environ.get("DSPORTAL_LOAD_WAIT", "5,15").split(","))
@@ -27,29 +31,10 @@ _accounts = itertools.count()
 _records: list[tuple[float, float, bool, str]] = []  # (end time, milliseconds, ok, request name)
 
 
-class DotlessHostCookies(DefaultCookiePolicy):
-    """Cookies as a browser keeps them for a host without a dot (the demo hub's localhost origin):
-    http.cookiejar reads 'localhost' as 'localhost.local' and would never send the hub's login
-    cookie (Domain=localhost) back to it (the same as tests/hubclient.py's _BrowserCookies)."""
-
-    def _dotless(self, domain: str, request) -> bool | None:
-        if "." in domain.lstrip("."):
-            return None
-        return domain.lstrip(".") == urlparse(request.get_full_url()).hostname
-
-    def domain_return_ok(self, domain, request):
-        ok = self._dotless(domain, request)
-        return super().domain_return_ok(domain, request) if ok is None else ok
-
-    def return_ok_domain(self, cookie, request):
-        ok = self._dotless(cookie.domain, request)
-        return super().return_ok_domain(cookie, request) if ok is None else ok
-
-
 def keep_cookies_as_a_browser(session) -> None:
-    """The session's cookies by DotlessHostCookies, for every request: requests copies them into a jar
+    """The session's cookies by BrowserCookies, for every request: requests copies them into a jar
     of the default policy for a request's first hop (as tests/hubclient.py's _Browser undoes too)."""
-    session.cookies.set_policy(DotlessHostCookies())
+    session.cookies.set_policy(BrowserCookies())
     prepare_request = session.prepare_request
 
     def prepare(request):

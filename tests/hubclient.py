@@ -6,12 +6,13 @@ import json
 import subprocess
 import time
 import uuid
-from http.cookiejar import DefaultCookiePolicy
 from urllib.parse import urlparse
 
 import requests
 import websocket
 from jupyterhub.utils import subdomain_hook_idna
+
+from browsercookies import BrowserCookies
 
 DEMO_SLURM_CONF = "/var/lib/dsportal-demo/slurm/slurm.conf"
 
@@ -31,26 +32,6 @@ def _origin(url: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}"
 
 
-class _BrowserCookies(DefaultCookiePolicy):
-    """Cookies as a browser keeps them for hosts without a dot (the demo's hub at localhost):
-    http.cookiejar reads such a host as 'localhost.local', so the hub's session id cookie (Domain=
-    localhost) would never go back to localhost itself; browsers send it there, and only there
-    ('localhost' is a public suffix for them, not a domain its subdomains share)."""
-
-    def _dotless(self, domain: str, request) -> bool | None:
-        if "." in domain.lstrip("."):
-            return None
-        return domain.lstrip(".") == urlparse(request.get_full_url()).hostname
-
-    def domain_return_ok(self, domain, request):
-        ok = self._dotless(domain, request)
-        return super().domain_return_ok(domain, request) if ok is None else ok
-
-    def return_ok_domain(self, cookie, request):
-        ok = self._dotless(cookie.domain, request)
-        return super().return_ok_domain(cookie, request) if ok is None else ok
-
-
 class _Browser(requests.Session):
     """A browser session that opened the hub at base: like a browser, it is where the hub sent it
     (the hub's own host, hub_origin) and each user's server at that server's origin; base's URLs
@@ -59,7 +40,7 @@ class _Browser(requests.Session):
     def __init__(self, user: "HubUser"):
         super().__init__()
         self.user = user
-        self.cookies.set_policy(_BrowserCookies())
+        self.cookies.set_policy(BrowserCookies())
 
     def request(self, method, url, *args, **kwargs):
         return super().request(method, self.user.url(url, web=True), *args, **kwargs)
