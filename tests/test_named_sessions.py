@@ -77,7 +77,8 @@ def test_a_cpu_session_beside_a_gpu_session_each_its_own_job_and_slice(alice, bo
     assert re.fullmatch(r"1 h 5\d min|2 h", rows[""]["time-left"]), rows[""]
 
     # bob reaches neither of her sessions.
-    for path in (f"/user/alice/{TRAIN}/api/status", f"/user/alice/{TRAIN}/dsportal/api/slice"):
+    for path in (f"/user/alice/{TRAIN}/api/status", f"/user/alice/{TRAIN}/dsportal/api/slice",
+                 f"/user/alice/{TRAIN}/dsportal/api/usage", f"/user/alice/{TRAIN}/api/kernelspecs"):
         assert bob.api("GET", path, allow_redirects=False).status_code in (302, 403, 404)
     assert bob.api("DELETE", f"/hub/api/users/alice/servers/{TRAIN}").status_code in (403, 404)
 
