@@ -27,14 +27,19 @@ import hashlib
 import ipaddress
 import pwd
 import re
+import json
+import os
+import stat
 import threading
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 from certipy import Certipy, CertNotFoundError
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from portal.cluster.slurmclient import Slurm, SlurmError
@@ -43,28 +48,91 @@ FOLDER = ".dsportal/certs"
 # Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time. The
 # keys are made before, outside it (see _Store).
 _STORE = threading.Lock()
-KEY_BITS = 2048  # Certipy's own default for its RSA keys
+KEY_BITS = 2048  # what Certipy asks create_key_pair for (its RSA default); answered with an EC key
 
 
 def _new_key():
-    """An RSA key as Certipy makes them: ~0.1 s of CPU, which OpenSSL spends without Python's lock."""
-    return rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
+    """An EC key (P-256) for a user's CA, client or session: 0.02 ms of CPU. Certipy's own RSA-2048
+    keys took 20-300 ms each (74 ms on average here), 3 per student on a hub that never served
+    them (a CA, a client and a session key): 22 s of the hub's CPU for a class of 100 (issue 33).
+    Python's ssl, Tornado and the proxy (Node) take P-256 keys as they take RSA ones, and the
+    TLS handshakes they sign are cheaper too."""
+    return ec.generate_private_key(ec.SECP256R1())
 
 
 class _Store(Certipy):
-    """Certipy, signing with keys made beforehand: made under the store's lock, the keys of a class of
-    100 starting at once (3 each on a hub that never served them: a CA, a client and a session key)
-    took turns on one core for ~30 s; made before it, they use every core, and the lock is held only
-    to sign and rewrite the store."""
+    """Certipy, signing with keys made beforehand (outside the store's lock, which is held only to
+    sign and rewrite the store), and EC keys instead of its RSA ones (:func:`_new_key`). Use it
+    through :func:`_store`.
+
+    Two more of Certipy's costs are left out: it rewrote its whole store (one JSON file, indented, a
+    record per certificate and every signee under its CA) after each step, 5 times per new user, so
+    that the cost of a start grew with the users the hub had served; here it is written once, when
+    the lock is let go (:meth:`write`). And it read and checked its CA's RSA key from disk for every
+    signature (12 ms); here a key or certificate is parsed once while its file's bytes stay the same
+    (:func:`_cached_load`)."""
 
     def __init__(self, keys=(), **kwargs):
         super().__init__(**kwargs)
         self._keys = list(keys)
+        self._changed = False
+        self.store.save = self._note_change
+        get_files = self.store.get_files
+        self.store.get_files = lambda name: _cached_loads(get_files(name))
+
+    def _note_change(self) -> None:
+        self._changed = True
 
     def create_key_pair(self, cert_type, bits):
         if self._keys and bits == KEY_BITS:
             return self._keys.pop()
         return super().create_key_pair(cert_type, bits)
+
+    def write(self) -> None:
+        """The store's file, if a step changed it: written whole (compact JSON) beside it, then moved
+        over it, so that a hub killed while writing leaves the last store, not half of one."""
+        if not self._changed:
+            return
+        path = Path(self.store.store_file_path)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_text(json.dumps(self.store.store))
+        if path.exists():
+            os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
+        os.replace(temporary, path)
+        self._changed = False
+
+
+@contextmanager
+def _store(store_dir: str, keys=()):
+    """The hub's certificate store, for one user at a time: its lock held, its file written at the end."""
+    with _STORE:
+        store = _Store(keys, store_dir=store_dir)
+        yield store
+        store.write()
+
+
+_LOADED: dict[tuple, object] = {}  # (path, SHA-256 of its bytes) -> the key or certificate read from it
+_LOADED_MOST = 512
+
+
+def _cached_loads(bundle):
+    """``bundle``'s files (a Certipy TLSFileBundle), each parsed once while its bytes stay the same."""
+    for kind in ("key", "cert", "ca"):
+        tls_file = getattr(bundle, kind, None)
+        if tls_file is not None:
+            tls_file.load = partial(_cached_load, tls_file, tls_file.load)
+    return bundle
+
+
+def _cached_load(tls_file, load):
+    key = (tls_file.file_path, hashlib.sha256(Path(tls_file.file_path).read_bytes()).digest())
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        if len(_LOADED) >= _LOADED_MOST:
+            _LOADED.clear()
+        loaded = _LOADED[key] = load()
+    tls_file.x509 = loaded
+    return loaded
 
 
 def _alt_name(name: str) -> str:
@@ -142,14 +210,13 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
     localhost and ``alt_names``, plus the user's own name), made here so that the hub can make it off its event loop. The
     user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
-    costs 50-80 ms of the hub's CPU (the CA's RSA key loaded and checked, an RSA key made, the
-    store rewritten), which every start waited for and a class of 30 paid 30 times over."""
+    cost 50-80 ms of the hub's CPU (the CA's key loaded and checked, an RSA key made, the
+    store rewritten; the key is an EC one now), which every start waited for and a class of 30 paid 30 times over."""
     names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
     name = record_name(user, server)
     key = None
     while True:
-        with _STORE:
-            store = _Store([key] if key else [], store_dir=store_dir)
+        with _store(store_dir, [key] if key else []) as store:
             try:
                 record = store.store.get_record(name)
             except CertNotFoundError:
@@ -167,9 +234,9 @@ def forget_session(store_dir: str, user: str, server: str) -> None:
     """Remove a deleted named session's key and certificate from the hub's store (none: nothing to do)."""
     if not store_dir or not server:
         return
-    with _STORE:
+    with _store(store_dir) as store:
         try:
-            Certipy(store_dir=store_dir).store.remove_files(record_name(user, server), delete_dir=True)
+            store.store.remove_files(record_name(user, server), delete_dir=True)
         except CertNotFoundError:
             pass
 
@@ -193,8 +260,7 @@ def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
     the CA of all sessions' certificates."""
     keys: list = []
     while True:
-        with _STORE:
-            store = _Store(keys, store_dir=store_dir)
+        with _store(store_dir, keys) as store:
             missing = _local_client_missing(store, user)
             if len(keys) >= missing:
                 ca, key, cert = _local_client_pair(store, user)

@@ -72,3 +72,51 @@ def test_the_proxy_reads_user_names_in_certificates_as_the_hub_writes_them():
     assert json.loads(from_node) == [user_host_name(name) for name in names]
     assert len({user_host_name(name) for name in names}) == len(names)
     assert user_host_name("alice") == "alice.users.dsportal.invalid"
+
+
+def test_keys_are_p256_and_every_party_takes_them(tmp_path):
+    """The session's key and the user's own CA and client keys are EC (P-256: made in microseconds,
+    where Certipy's RSA keys cost a class of 100 some 22 s of the hub's CPU); the chains verify, and
+    Python's ssl loads them as a session's server and its kernels do."""
+    import ssl
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from spawner.certs import _local_client
+
+    store = _store(tmp_path)
+    paths = session_pair(store, "alice", NODES, "bundle.crt")
+    local_ca, client_key, client_cert, notebooks_ca = _local_client(store, "alice")
+    for key_file, cert_file, ca_file in ((paths["keyfile"], paths["certfile"], notebooks_ca),
+                                         (client_key, client_cert, local_ca)):
+        cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
+        assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey) and cert.public_key().curve.name == "secp256r1"
+        verified = subprocess.run(["openssl", "verify", "-CAfile", str(ca_file), str(cert_file)],
+                                  capture_output=True, text=True)
+        assert verified.returncode == 0, verified.stderr
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert_file), str(key_file))
+    ca = x509.load_pem_x509_certificate(Path(local_ca).read_bytes())
+    assert isinstance(ca.public_key(), ec.EllipticCurvePublicKey)
+
+
+def test_the_store_keeps_every_record_when_written_once_per_start(tmp_path):
+    """Certipy's store is written once when the lock is let go (not after each step): every user's
+    records are in it, a deleted named session's record leaves it, and it is never left half-written
+    (written beside it, then moved)."""
+    from spawner.certs import _local_client, forget_session
+
+    store = _store(tmp_path)
+    for user in ("alice", "bob", "carol"):
+        session_pair(store, user, NODES, "bundle.crt")
+        _local_client(store, user)
+    session_pair(store, "bob", NODES, "bundle.crt", server="train")
+    records = json.loads((tmp_path / "certipy.json").read_text())
+    for user in ("alice", "bob", "carol"):
+        assert {f"user-{user}", f"user-{user}-local-ca", f"user-{user}-local-client"} <= set(records)
+    assert records["notebooks-ca"]["signees"].keys() >= {"user-alice", "user-bob", "user-carol"}
+    assert len(records) == 1 + 3 * 3 + 1
+    forget_session(store, "bob", "train")
+    assert len(json.loads((tmp_path / "certipy.json").read_text())) == 1 + 3 * 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".certipy.json")]  # no leftover temporaries
+    # Certipy itself (as JupyterHub uses it) still reads the store.
+    assert Certipy(store_dir=store).store.get_record("user-carol")["parent_ca"] == "notebooks-ca"

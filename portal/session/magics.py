@@ -29,9 +29,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..cluster.slurmclient import SlurmError, SlurmUnavailable
-from ..rules import RequestError
-from . import jobs, upstream
+from . import upstream
+from .onuse import module_on_use
+
+# Every Python kernel of a session loads this module; the job machinery (the rules, the settings'
+# models, the Slurm client: 0.1 s of CPU per kernel start) loads when a cell first launches a job.
+jobs = module_on_use("portal.session.jobs")
+_rules = module_on_use("portal.rules")
+_slurm = module_on_use("portal.cluster.slurmclient")
 
 
 class Job:
@@ -118,13 +123,13 @@ def _parse(line: str) -> tuple[dict, bool]:
     try:
         args, rest = parser.parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, ValueError) as error:
-        raise RequestError(f"%%horovod: {error}") from None
+        raise _rules.RequestError(f"%%horovod: {error}") from None
     if rest:
-        raise RequestError(f"%%horovod: unknown option(s) {' '.join(rest)}")
+        raise _rules.RequestError(f"%%horovod: unknown option(s) {' '.join(rest)}")
     env = {}
     for item in args.env:
         if "=" not in item:
-            raise RequestError(f"%%horovod: --env takes NAME=VALUE, not {item!r}")
+            raise _rules.RequestError(f"%%horovod: --env takes NAME=VALUE, not {item!r}")
         key, value = item.split("=", 1)
         env[key] = value
     request = {k: v for k, v in {
@@ -147,9 +152,9 @@ def horovod(line: str, cell: str, launcher: str | None = None):
         if launcher:
             request["launcher"] = launcher
         job = launch(code=cell, **request)
-    except SlurmUnavailable as error:
+    except _slurm.SlurmUnavailable as error:
         raise UsageError(f"The cluster scheduler is not answering right now, please retry: {error}") from None
-    except (RequestError, SlurmError) as error:
+    except (_rules.RequestError, _slurm.SlurmError) as error:
         raise UsageError(f"Job refused: {error}") from None
     if wait:
         info = job.follow()
