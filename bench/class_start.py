@@ -49,6 +49,29 @@ def rpc_counts() -> dict[str, int]:
                                                           out, flags=re.MULTILINE)}
 
 
+def machine_busy() -> tuple[float, int]:
+    """(CPU seconds this machine's CPUs were busy so far, how many CPUs it has), from /proc/stat: every
+    process counted, the hub's, the proxy's, Slurm's, the sessions' and these clients'."""
+    fields = [int(f) for f in open("/proc/stat").readline().split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+
+
+def class_jobs_cpu(students: list[str]) -> float:
+    """CPU seconds the students' running session jobs used so far (servers and their kernels: bench/cpu.py)."""
+    from cpu import job_cpu_seconds
+
+    out = subprocess.run(["squeue", "-h", "-t", "R", "-u", ",".join(students), "-o", "%A"],
+                         capture_output=True, text=True).stdout
+    total = 0.0
+    for job_id in out.split():
+        try:
+            total += job_cpu_seconds(int(job_id))
+        except (RuntimeError, ValueError):
+            pass
+    return total
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))] if ordered else float("nan")
@@ -111,6 +134,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     resources = HubResources(hub_pid) if hub_pid else None
     bystander = Bystander(admin)
     before = rpc_counts()
+    busy_before, cpus = machine_busy()
     start, start_wall = time.monotonic(), time.time()
     refused: list[str] = []  # 429s: the message of each
 
@@ -145,6 +169,8 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     with deprioritized(), ThreadPoolExecutor(len(users)) as pool:
         results = list(pool.map(one, users))
     ended, ended_wall = time.monotonic(), time.time()
+    busy = machine_busy()[0] - busy_before
+    jobs_cpu = class_jobs_cpu(students)
     bystander.stop()
     rpcs = rpc_counts()
     used = resources.stop() if resources else {}
@@ -175,6 +201,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "job_queries_per_min_starting": job_queries_in(delta) * 60 / (ended - start),
         "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
         "window": (start_wall, ended_wall), **used,
+        "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start, "class_jobs_cpu": jobs_cpu,
         "all_gone": time.monotonic() - stopping,
     }
 
@@ -193,10 +220,14 @@ def describe(result: dict) -> str:
     resources = (f"; hub CPU {result['hub_cpu']:.1f} s + {result['hub_commands_cpu']:.1f} s in its commands, "
                  f"peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
                  if "hub_cpu" in result else "")
+    machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "
+               f"{result['machine_seconds']:.0f} CPU-s ({100 * result['machine_busy'] / (result['machine_cpus'] * result['machine_seconds']):.0f} %), "
+               f"the class's jobs {result['class_jobs_cpu']:.0f} CPU-s ({result['class_jobs_cpu'] / result['students']:.2f} per student)"
+               if "machine_busy" in result else "")
     return (f"{result['students']} students: logins {result['logins']:.1f} s; last ready {result['last_ready']:.1f} s, "
             f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "
             f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed); "
-            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms{resources}; "
+            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms{resources}{machine}; "
             f"slurmctld job queries {result['job_queries_per_min_starting']:.0f}/min while starting"
             + (f", {running:.0f}/min while all run" if running is not None else "")
             + f"; RPCs {top}; all jobs gone {result['all_gone']:.1f} s after the stop")
