@@ -255,6 +255,14 @@ def issued_certificate(store_dir: str, user: str, server: str = "") -> bytes | N
         return None
 
 
+def local_record_names(user: str) -> tuple[str, str]:
+    """The hub's store records of ``user``'s own CA and client pair. Named by a hash of the user's
+    name, never ``user-...``: as ``user-<name>-local-ca`` (before), a user called ``alice-local-ca``
+    had her session's pair written over alice's own CA."""
+    digest = hashlib.sha256(user.encode()).hexdigest()[:32]
+    return f"local-ca-{digest}", f"local-client-{digest}"
+
+
 def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
     """(CA cert, client key, client cert) of the user's own CA, made once in the hub's store, and
     the CA of all sessions' certificates."""
@@ -271,7 +279,7 @@ def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
 def _local_client_missing(store: Certipy, user: str) -> int:
     """How many keys the user's own CA and client pair still need (0 once made)."""
     missing = 0
-    for name in (f"user-{user}-local-ca", f"user-{user}-local-client"):
+    for name in local_record_names(user):
         try:
             store.store.get_record(name)
         except CertNotFoundError:
@@ -280,7 +288,7 @@ def _local_client_missing(store: Certipy, user: str) -> int:
 
 
 def _local_client_pair(store: Certipy, user: str) -> tuple[Path, Path, Path]:
-    ca_name, client_name = f"user-{user}-local-ca", f"user-{user}-local-client"
+    ca_name, client_name = local_record_names(user)
     try:
         store.store.get_record(ca_name)
     except CertNotFoundError:

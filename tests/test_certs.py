@@ -103,7 +103,7 @@ def test_the_store_keeps_every_record_when_written_once_per_start(tmp_path):
     """Certipy's store is written once when the lock is let go (not after each step): every user's
     records are in it, a deleted named session's record leaves it, and it is never left half-written
     (written beside it, then moved)."""
-    from spawner.certs import _local_client, forget_session
+    from spawner.certs import _local_client, forget_session, local_record_names
 
     store = _store(tmp_path)
     for user in ("alice", "bob", "carol"):
@@ -112,7 +112,7 @@ def test_the_store_keeps_every_record_when_written_once_per_start(tmp_path):
     session_pair(store, "bob", NODES, "bundle.crt", server="train")
     records = json.loads((tmp_path / "certipy.json").read_text())
     for user in ("alice", "bob", "carol"):
-        assert {f"user-{user}", f"user-{user}-local-ca", f"user-{user}-local-client"} <= set(records)
+        assert {f"user-{user}", *local_record_names(user)} <= set(records)
     assert records["notebooks-ca"]["signees"].keys() >= {"user-alice", "user-bob", "user-carol"}
     assert len(records) == 1 + 3 * 3 + 1
     forget_session(store, "bob", "train")
@@ -120,3 +120,20 @@ def test_the_store_keeps_every_record_when_written_once_per_start(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".certipy.json")]  # no leftover temporaries
     # Certipy itself (as JupyterHub uses it) still reads the store.
     assert Certipy(store_dir=store).store.get_record("user-carol")["parent_ca"] == "notebooks-ca"
+
+
+def test_a_user_named_after_anothers_records_gets_her_own(tmp_path):
+    """A user called ``alice-local-ca`` (or ``-local-client``) starting a session leaves alice's own CA
+    and client pair as they were: her records are named by a hash, not ``user-alice-local-ca``."""
+    from spawner.certs import _local_client
+
+    store = _store(tmp_path)
+    session_pair(store, "alice", NODES, "bundle.crt")
+    before = [Path(p).read_bytes() for p in _local_client(store, "alice")[:3]]
+    for other in ("alice-local-ca", "alice-local-client"):
+        session_pair(store, other, NODES, "bundle.crt")
+        _local_client(store, other)
+    after = _local_client(store, "alice")
+    assert [Path(p).read_bytes() for p in after[:3]] == before
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(after[0]), str(after[2])], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stderr
