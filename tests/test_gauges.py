@@ -1,7 +1,9 @@
 """The slice's gauges in a real session job: the job cgroup's limit (not the node's), its cores, its
 GPUs, and a kernel killed by the memory limit said so (the demo's Slurm task/cgroup, real kernels)."""
 
+import pwd
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,10 @@ def test_cpu_slice_gauges_show_its_cgroup_limit_and_cores_and_no_gpu(alice):
     metrics = alice.api("GET", "/user/alice/api/metrics/v1").json()
     assert metrics["limits"]["memory"]["rss"] == 16 * GiB
     assert metrics["limits"]["cpu"]["cpu"] == 4
+    # Its Prometheus loop is off: every second it walked every process of the node, for each session,
+    # to feed a /metrics nobody reads (docs/admin.md, "A department on one hub").
+    log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{usage['job_id']}.log").read_text()
+    assert "Prometheus metrics reporting disabled in jupyter_resource_usage" in log
     # Reading the gauges is not use (an open JupyterLab reads them every few seconds).
     idle = alice.api("GET", "/user/alice/dsportal/api/idle").json()["idle_s"]
     assert idle >= 0
