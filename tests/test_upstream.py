@@ -59,6 +59,7 @@ from portal.session import singleuser
 singleuser.resolve_names_in_threads()
 singleuser.leave_out_the_users_config_folders()
 singleuser.leave_out_the_hubs_database()
+singleuser.check_the_hub_once_serving()
 singleuser.skip_yarn_config()
 from portal.session import activity, kernelpipe, magics, upstream
 activity.count_only_changes_as_use()

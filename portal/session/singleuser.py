@@ -25,6 +25,7 @@ from urllib.parse import urlparse, urlunparse
 from .. import sessionvars
 from .kernels import write_catalog
 from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, jupyter_core, JupyterLab, aiohttp)
+    check_the_hub_once_serving,
     leave_out_the_hubs_database,
     leave_out_the_users_config_folders,
     resolve_names_in_threads,
@@ -63,6 +64,7 @@ def main() -> None:
     resolve_names_in_threads()
     leave_out_the_users_config_folders()
     leave_out_the_hubs_database()
+    check_the_hub_once_serving()
     skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]

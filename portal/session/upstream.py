@@ -16,6 +16,7 @@ Imported at every session's start (singleuser.py): upstream modules are imported
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
@@ -122,6 +123,26 @@ def skip_yarn_config() -> None:
     import jupyterlab.commands
 
     jupyterlab.commands._yarn_config = _no_yarn_config
+
+
+def check_the_hub_once_serving() -> None:
+    """jupyterhub-singleuser asks the hub for its version (and exits when it cannot reach it after 5
+    tries) inside its initialize(), before the server listens: a round trip to the hub on every
+    session's way to ready, 60 ms on an idle hub and the hub's whole queue while a class starts.
+    Here the same check runs as soon as the event loop runs, beside the port report (which needs the
+    hub too, and ends the job if it refuses). Idempotent."""
+    from jupyterhub.singleuser.extension import JupyterHubSingleUser
+
+    if getattr(JupyterHubSingleUser.check_hub_version, "_dsportal", False):
+        return
+    check = JupyterHubSingleUser.check_hub_version
+
+    async def check_hub_version(self):
+        # initialize() runs this in run_sync: the task runs when the server's loop runs.
+        self._dsportal_hub_check = asyncio.ensure_future(check(self))
+
+    check_hub_version._dsportal = True
+    JupyterHubSingleUser.check_hub_version = check_hub_version
 
 
 # ------------------------------------------------------------------ jupyter_server's API activity
@@ -306,6 +327,15 @@ PATCHES = [
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
            Mentions("jupyterlab.commands", "_yarn_config", "4e060257b14c8809")),
           lambda: getattr(sys.modules.get("jupyterlab.commands"), "_yarn_config", None) is _no_yarn_config),
+    Patch("hub-check-once-serving", "portal/session/singleuser.py",
+          "jupyterhub.singleuser.extension.JupyterHubSingleUser.check_hub_version (wrapped: run as a task)",
+          JUPYTERHUB, "6.1.1", "a round trip to the hub before the server listens, on every session's way to ready",
+          (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.check_hub_version", "764fa5905b909d4e"),
+           Mentions("jupyterhub.singleuser.extension", "check_hub_version", "cfdb3449332846c7")),
+          lambda: getattr(getattr(sys.modules.get("jupyterhub.singleuser.extension"), "JupyterHubSingleUser", None),
+                          "check_hub_version", None) is not None
+          and getattr(sys.modules["jupyterhub.singleuser.extension"].JupyterHubSingleUser.check_hub_version,
+                      "_dsportal", False)),
     Patch("api-activity", "portal/session/activity.py",
           "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
           "an open tab's polling and layout saves must not count as use (idle limits)",
