@@ -17,10 +17,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 IMG=/opt/img/torch MINI=/opt/img/mini VENV=/opt/torch/.venv
 KERNEL_SITE=/opt/kernelhost-site SRC=/opt/dsportal-src   # outside /tmp: job_container/tmpfs hides the host's /tmp
 T0=$SECONDS
-step() { echo; echo "=================== $* (t=$((SECONDS - T0)) s)"; }
-state() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-wait_done() { for _ in $(seq "${2:-60}"); do case $(state $1) in PENDING|RUNNING|CONFIGURING|COMPLETING) sleep 1;; *) break;; esac; done; state $1; }
-asuser() { local u=$1; shift; (cd /home/$u && runuser -u $u -- env SLURM_CONF=$SLURM_CONF PATH=$PATH "$@"); }
+source $S/jobs.sh  # step, state, wait_done, asuser, confined_slurm_up
 
 step "machine"
 nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uname -r; grep PRETTY /etc/os-release
@@ -109,17 +106,7 @@ apptainer exec --userns --containall $IMG $VENV/bin/python3 -c 'import ipykernel
 
 step "2. Slurm with the demo's confinement (CONFINE=1), users alice and bob"
 export SLURM_NODES=1
-CONFINED=""
-for without in "" "CONSTRAIN_RAM=no" "CONSTRAIN_RAM=no JOB_CONTAINER=no"; do   # isolation.sh's fallbacks
-  [ -n "$without" ] && { pkill -x munged; sleep 1; eval "export $without"; echo "-- again without: $without"; }
-  CONFINE=1 source $S/slurm-up.sh
-  id bob >/dev/null 2>&1 || useradd -m -s /bin/bash bob
-  chmod 700 /home/alice /home/bob
-  probe=$(asuser alice sbatch --parsable -c 1 --mem=1G -t 2 -o /dev/null --wrap true)
-  [ "$(wait_done $probe 30)" = COMPLETED ] && { CONFINED="CONFINE=1 ${without:-(all of it)}"; break; }
-  echo "a trivial job ended $(state $probe)"; grep -h error /var/log/slurm/slurmd-*.log | tail -n 3; scancel $probe
-done
-[ -n "$CONFINED" ] || { echo "no confinement setting ran a job"; exit 1; }
+confined_slurm_up
 grep -E "Proctrack|TaskPlugin|JobContainer" /etc/slurm/slurm.conf; cat /etc/slurm/cgroup.conf; echo
 mount -o remount,hidepid=invisible /proc && echo "/proc: hidepid=invisible"
 # alice outside Slurm first: a failure here is Apptainer's (user namespaces, /proc), not the job's.

@@ -14,27 +14,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 SRC=/opt/dsportal-src   # outside /tmp: job_container/tmpfs hides the host's /tmp
 PY=$(command -v python3)
 T0=$SECONDS
-step() { echo; echo "=================== $* (t=$((SECONDS - T0)) s)"; }
-state() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-wait_done() { for _ in $(seq "${2:-60}"); do case $(state $1) in PENDING|RUNNING|CONFIGURING|COMPLETING) sleep 1;; *) break;; esac; done; state $1; }
-asuser() { local u=$1; shift; (cd /home/$u && runuser -u $u -- env SLURM_CONF=$SLURM_CONF PATH=$PATH "$@"); }
+source $S/jobs.sh  # step, state, wait_done, asuser, confined_slurm_up
 
 step "machine"
 nvidia-smi -L; uname -r; echo "python3: $PY ($($PY -V)); $($PY -c 'import torch, pynvml, prometheus_client; print("torch", torch.__version__)')"
 
 step "1. Slurm with the demo's confinement, users alice and bob"
 export SLURM_NODES=1
-CONFINED=""
-for without in "" "CONSTRAIN_RAM=no" "CONSTRAIN_RAM=no JOB_CONTAINER=no"; do
-  [ -n "$without" ] && { pkill -x munged; sleep 1; eval "export $without"; echo "-- again without: $without"; }
-  CONFINE=1 source $S/slurm-up.sh
-  id bob >/dev/null 2>&1 || useradd -m -s /bin/bash bob
-  chmod 700 /home/alice /home/bob
-  probe=$(asuser alice sbatch --parsable -c 1 --mem=1G -t 2 -o /dev/null --wrap true)
-  [ "$(wait_done $probe 30)" = COMPLETED ] && { CONFINED="CONFINE=1 ${without:-(all of it)}"; break; }
-  echo "a trivial job ended $(state $probe)"; grep -h error /var/log/slurm/slurmd-*.log | tail -n 3; scancel $probe
-done
-[ -n "$CONFINED" ] || { echo "no confinement setting ran a job"; exit 1; }
+confined_slurm_up
 cat /etc/slurm/cgroup.conf; echo "Slurm up with $CONFINED"
 rm -rf $SRC && mkdir -p $SRC && cp -r $R/portal $SRC/ && chmod -R a+rX $SRC
 

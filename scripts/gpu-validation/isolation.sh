@@ -42,9 +42,7 @@ print("PROBE " + json.dumps(result))
 PROBE
 chmod 644 /usr/local/share/dsportal-probe.py
 
-state() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
-wait_done() { for _ in $(seq 60); do case $(state $1) in PENDING|RUNNING|CONFIGURING|COMPLETING) sleep 1;; *) break;; esac; done; state $1; }
-asuser() { local u=$1; shift; (cd /home/$u && runuser -u $u -- env SLURM_CONF=$SLURM_CONF PATH=$PATH "$@"); }
+source $S/jobs.sh  # state, wait_done, asuser
 
 round() {  # $1: label
   echo; echo "=================== $1"
