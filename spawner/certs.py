@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
-import pwd
-import re
 import json
 import os
+import pwd
+import re
 import stat
 import threading
 from contextlib import contextmanager
@@ -210,8 +210,8 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
     localhost and ``alt_names``, plus the user's own name), made here so that the hub can make it off its event loop. The
     user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
-    cost 50-80 ms of the hub's CPU (the CA's key loaded and checked, an RSA key made, the
-    store rewritten; the key is an EC one now), which every start waited for and a class of 30 paid 30 times over."""
+    costs the hub 7-12 ms of CPU (with Certipy's RSA keys and store writes it was 50-80 ms, which
+    every start waited for and a class of 30 paid 30 times over)."""
     names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
     name = record_name(user, server)
     key = None

@@ -1,5 +1,6 @@
 """The hub runs unprivileged: its own system account, acting as users only through the mediator."""
 
+import json
 import os
 import pwd
 import subprocess
@@ -10,6 +11,7 @@ from urllib.parse import urlparse
 import yaml
 
 from portal.settings import load
+from spawner.certs import local_record_names
 
 from conftest import CONFIG
 
@@ -55,6 +57,24 @@ def test_the_hub_and_its_proxy_run_as_the_hub_account_and_keep_their_secrets(por
             continue
         assert token not in text and cookie_secret not in text, cmdline
     assert oct(os.stat(f"/proc/{proxy}/environ").st_mode & 0o777) == "0o400"
+
+
+def test_a_neighbour_neither_reads_nor_replaces_alices_keys_in_the_hubs_store(alice):
+    """After alice's start the hub's store holds her session key and her own CA's and client's (records
+    named by a hash of her name): each the hub account's, mode 0600. bob, with a shell on
+    the login node, can read none of them, nor the store's index, nor put a file of his into it."""
+    alice.spawn({"profile": "cpu"})
+    store = DATA_DIR / "internal-ssl"
+    records = json.loads((store / "certipy.json").read_text())
+    keys = [records[name]["files"]["key"] for name in ("user-alice", *local_record_names("alice"))]
+    account = pwd.getpwnam(ACCOUNT).pw_uid
+    for key in keys:
+        assert Path(key).stat().st_uid == account and Path(key).stat().st_mode & 0o077 == 0, key
+    for argv in (*(["cat", key] for key in keys), ["cat", str(store / "certipy.json")], ["ls", str(store)],
+                 ["cp", "/etc/hostname", str(store / ".certipy.json.1.1")]):
+        attempt = subprocess.run(["runuser", "-u", "bob", "--", *argv], capture_output=True, text=True, timeout=30)
+        assert attempt.returncode != 0 and "Permission denied" in attempt.stderr, (argv, attempt.stdout[:80])
+    assert not (store / ".certipy.json.1.1").exists()
 
 
 def test_sudo_lets_the_hub_account_run_the_mediator_as_users_and_nothing_else(portal):

@@ -292,6 +292,12 @@ def _kernel_pipe_in_place() -> bool:
     return getattr(kernelapp.IOPubThread, "_dsportal_private_pipe", False)
 
 
+def _hub_check_deferred() -> bool:
+    from jupyterhub.singleuser.extension import JupyterHubSingleUser
+
+    return getattr(JupyterHubSingleUser.check_hub_version, "_dsportal", False)
+
+
 def _api_activity_wrapped() -> bool:
     from jupyter_server.base.handlers import APIHandler
 
@@ -332,10 +338,7 @@ PATCHES = [
           JUPYTERHUB, "6.1.1", "a round trip to the hub before the server listens, on every session's way to ready",
           (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.check_hub_version", "764fa5905b909d4e"),
            Mentions("jupyterhub.singleuser.extension", "check_hub_version", "cfdb3449332846c7")),
-          lambda: getattr(getattr(sys.modules.get("jupyterhub.singleuser.extension"), "JupyterHubSingleUser", None),
-                          "check_hub_version", None) is not None
-          and getattr(sys.modules["jupyterhub.singleuser.extension"].JupyterHubSingleUser.check_hub_version,
-                      "_dsportal", False)),
+          _hub_check_deferred),
     Patch("api-activity", "portal/session/activity.py",
           "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
           "an open tab's polling and layout saves must not count as use (idle limits)",
