@@ -61,9 +61,10 @@ singleuser.leave_out_the_users_config_folders()
 singleuser.leave_out_the_hubs_database()
 singleuser.check_the_hub_once_serving()
 singleuser.skip_yarn_config()
-from portal.session import activity, kernelpipe, magics, upstream
+from portal.session import activity, kerneldebugger, kernelpipe, magics, upstream
 activity.count_only_changes_as_use()
 kernelpipe.private_iopub_pipe()
+kerneldebugger.debugger_on_first_use()
 class Kernel:  # what magics' load_ipython_extension uses of IPython's shell
     def register_magic_function(self, *args, **kwargs): pass
     def push(self, *args, **kwargs): pass
@@ -103,7 +104,8 @@ UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthentic
                      "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug"}
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
 PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
-               "portal/session/onuse.py"}  # onuse: the lazy loading itself; session/upstream.py uses it
+               "portal/session/onuse.py",  # onuse: the lazy loading itself; session/upstream.py uses it
+               "portal/session/kerneldebugger.py"}  # kernels import it alone (their start is what it saves)
 SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
                  if str(p.relative_to(REPO)) not in PATCH_HOMES)
 

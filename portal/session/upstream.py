@@ -4,9 +4,10 @@ with what each rests on.
 
 Each function here replaces, wraps or overrides something upstream keeps private; the session's
 modules call them (singleuser.py, activity.py, portguard.py, tensorboards.py, kernelsockets.py) and
-keep the portal's policy, messages and logs. One patch stays where it is: kernelpipe.py is loaded on
-its own into container kernels (no dsportal there), so it cannot import this module; it is listed
-here all the same. :data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it
+keep the portal's policy, messages and logs. Two patches stay where they are, listed here all the
+same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it cannot
+import this module; kerneldebugger.py is loaded by every host kernel, whose start it shortens (this
+module's imports would cost more than it saves). :data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it
 was written against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails,
 naming the patch, when the installed upstream no longer matches. The hub's patches are in
 portal/hub/upstream.py.
@@ -292,6 +293,10 @@ def _kernel_pipe_in_place() -> bool:
     return getattr(kernelapp.IOPubThread, "_dsportal_private_pipe", False)
 
 
+def _debugger_waits_for_first_use() -> bool:
+    return type(sys.modules.get("ipykernel.debugger")).__name__ == "_StandIn"
+
+
 def _hub_check_deferred() -> bool:
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
@@ -397,4 +402,17 @@ PATCHES = [
            Definition("ipykernel.iostream", "IOPubThread._handle_pipe_msg", "f4cf639f5692728e"),
            Mentions("ipykernel.kernelapp", "IOPubThread", "f14352462a48b92e")),
           _kernel_pipe_in_place),
+    Patch("kernel-debugger-on-first-use", "portal/session/kerneldebugger.py (self-contained: loaded by kernels)",
+          "ipykernel.debugger in sys.modules (a stand-in answering _is_debugpy_available and Debugger until the "
+          "debugger is first used); IPythonKernel's debugger_class default", "ipykernel", "7.4.0",
+          "debugpy and pydevd (~0.07-0.1 CPU-s, a sixth to a third of a kernel's start) load when the user "
+          "opens the debugger, not in every kernel",
+          (Definition("ipykernel.ipkernel", "IPythonKernel.__init__", "fdca0247a46fec24"),
+           Definition("ipykernel.ipkernel", "IPythonKernel.poll_stopped_queue", "4ea3374432e319ab"),
+           Definition("ipykernel.ipkernel", "IPythonKernel.dispatch_debugpy", "2b3d36f7103c29bd"),
+           Definition("ipykernel.ipkernel", "IPythonKernel.do_debug_request", "a27b0dd91af158b8"),
+           Mentions("ipykernel.ipkernel", "debugger", "6d9fac77cfd17cbc"),
+           Mentions("ipykernel.kernelbase", "debugger", "eae5619cf218cfcc"),
+           Definition("ipykernel.debugger", "Debugger.__init__", "739b1e0ce8c61b22")),
+          _debugger_waits_for_first_use),
 ]
