@@ -135,6 +135,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     bystander = Bystander(admin)
     before = rpc_counts()
     busy_before, cpus = machine_busy()
+    clients_before = sum(os.times()[:2])  # this process: the students' clients (threads)
     start, start_wall = time.monotonic(), time.time()
     refused: list[str] = []  # 429s: the message of each
 
@@ -170,6 +171,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         results = list(pool.map(one, users))
     ended, ended_wall = time.monotonic(), time.time()
     busy = machine_busy()[0] - busy_before
+    clients_cpu = sum(os.times()[:2]) - clients_before
     jobs_cpu = class_jobs_cpu(students)
     bystander.stop()
     rpcs = rpc_counts()
@@ -202,6 +204,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
         "window": (start_wall, ended_wall), **used,
         "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start, "class_jobs_cpu": jobs_cpu,
+        "clients_cpu": clients_cpu,
         "all_gone": time.monotonic() - stopping,
     }
 
@@ -223,6 +226,8 @@ def describe(result: dict) -> str:
     machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "
                f"{result['machine_seconds']:.0f} CPU-s ({100 * result['machine_busy'] / (result['machine_cpus'] * result['machine_seconds']):.0f} %), "
                f"the class's jobs {result['class_jobs_cpu']:.0f} CPU-s ({result['class_jobs_cpu'] / result['students']:.2f} per student)"
+               + (f", proxy {result['proxy_cpu']:.0f} CPU-s" if "proxy_cpu" in result else "")
+               + (f", the students' clients {result['clients_cpu']:.0f} CPU-s" if "clients_cpu" in result else "")
                if "machine_busy" in result else "")
     return (f"{result['students']} students: logins {result['logins']:.1f} s; last ready {result['last_ready']:.1f} s, "
             f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "

@@ -35,7 +35,7 @@ def _children(pid: int) -> list[int]:
 
 
 class HubResources:
-    """The hub process's CPU and the peak RSS of the hub and its proxy (configurable-http-proxy, a
+    """The hub process's CPU (and its proxy's) and the peak RSS of the hub and its proxy (configurable-http-proxy, a
     child of the hub in the bench), sampled every half second on a thread until stop()."""
 
     def __init__(self, hub_pid: int):
@@ -55,10 +55,16 @@ class HubResources:
             return False
         return b"configurable-http-proxy" in command or b"proxy.js" in command
 
-    def _cpu(self) -> tuple[float, float]:
-        """(the hub's own CPU seconds, its waited-for children's: the commands it ran)."""
+    def _cpu(self) -> tuple[float, float, float]:
+        """(the hub's own CPU seconds, its waited-for children's: the commands it ran, its proxy's)."""
         fields = _stat(self.hub_pid)
-        return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
+        proxy = 0.0
+        for pid in self.proxy_pids:
+            try:
+                proxy += sum(int(f) for f in _stat(pid)[11:13]) / TICK
+            except OSError:
+                pass
+        return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK, proxy
 
     def _sample(self) -> None:
         while not self._stopping.wait(0.5):
@@ -73,4 +79,4 @@ class HubResources:
         self._thread.join(timeout=5)
         after = self._cpu()
         return {"hub_cpu": after[0] - self._before[0], "hub_commands_cpu": after[1] - self._before[1],
-                "hub_rss_mb": self.hub_peak_mb, "proxy_rss_mb": self.proxy_peak_mb}
+                "proxy_cpu": after[2] - self._before[2], "hub_rss_mb": self.hub_peak_mb, "proxy_rss_mb": self.proxy_peak_mb}
