@@ -364,6 +364,17 @@ def course(name: str) -> list[str]:
     return [u["name"] for u in directory()["users"] if u.get("course") == name]
 
 
+def nodes_unavailable() -> dict[str, str]:
+    """The cluster's nodes that take no new jobs (drained, down, ...): node -> its state and Slurm's reason."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%t|%E"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines():
+        node, state, reason = (line.split("|") + ["", ""])[:3]
+        if state.rstrip("*~#$@^-") not in ("idle", "mix", "alloc", "comp"):
+            found[node] = f"{state} ({reason})" if reason and reason != "none" else state
+    return found
+
+
 def department(args, workdir: Path) -> list[dict]:
     """The class of --students at once, alone, with --load-users clicking, and with --queued jobs
     held in the queue as well: each on a fresh hub of each kind (stock: the class slice in its config),
@@ -404,6 +415,10 @@ def department(args, workdir: Path) -> list[dict]:
                         profiler.wait(timeout=60)
                     hub.close()
                 leftover_jobs(students)
+                drained = nodes_unavailable()
+                if drained:  # the next runs' sessions would wait for these nodes: said, not hidden
+                    print("  NODES LOST by this run, the next runs are short of them: "
+                          + "; ".join(f"{node} {why}" for node, why in drained.items()), flush=True)
                 if load:
                     result["load"] = load.window(*result["window"])
                 run[kind] = result
@@ -496,6 +511,11 @@ def main(argv=None) -> int:
     busy = [u for u in args.users if active_jobs(u)]
     if busy:
         raise SystemExit(f"these users have jobs on the cluster, stop them first: {', '.join(busy)}")
+    unavailable = nodes_unavailable()
+    if unavailable:
+        raise SystemExit("these nodes take no jobs, and sessions would wait for them (counted lost): "
+                         + "; ".join(f"{node} {why}" for node, why in unavailable.items())
+                         + ". Find out why (slurmd's log), then: scontrol update nodename=<node> state=resume")
     # Not under /tmp: each job gets a /tmp of its own (job_container/tmpfs), where the broken environment is not.
     workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-", dir="/var/tmp"))
     results = {}
