@@ -45,6 +45,7 @@ class PartitionSpawner(WrapSpawner):
                            "spawner's own start_timeout adds the profile's time in the queue).")
     validated = Any(None, help="(options, slice, mail address) of the last form the user sent, validated: its start "
                     "uses them.")
+    certs_to_write = Any(None, help="(folder, {name: text}) of move_certs, for the start's submission to write.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -220,8 +221,11 @@ class PartitionSpawner(WrapSpawner):
             certs.forget_session(self.internal_certs_location, self.user.name, self.name)
 
     async def move_certs(self, paths):
-        return await certs.deliver(SlurmGPUSpawner.shared_client(self.config), self.user.name, paths,
-                                   self.internal_certs_location, self.name)
+        """The session's certificates, for the user's folder: written by start()'s submission, in the
+        same mediator run (JupyterHub calls this just before start). Their paths there."""
+        folder, files, delivered = await certs.prepare(self.user.name, paths, self.internal_certs_location, self.name)
+        self.certs_to_write = (folder, files)
+        return delivered
 
     # ----------------------------------------------------------- the child
     def select_profile(self, name: str) -> None:
@@ -316,6 +320,7 @@ class PartitionSpawner(WrapSpawner):
         self.construct_child()
         self.child_spawner.slice = chosen  # validated once: the child submits exactly this
         self.child_spawner.mail_user = mail_user
+        self.child_spawner.certs_to_write, self.certs_to_write = self.certs_to_write, None
         return await self.child_spawner.start()
 
     async def poll(self):

@@ -77,6 +77,10 @@ def test_a_neighbour_neither_reads_nor_replaces_alices_keys_in_the_hubs_store(al
     assert not (store / ".certipy.json.1.1").exists()
 
 
+def alices_jobs() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-u", "alice", "-o", "%A"], capture_output=True, text=True).stdout.split()
+
+
 def test_sudo_lets_the_hub_account_run_the_mediator_as_users_and_nothing_else(portal):
     refused = {
         "a shell as alice": ["sudo", "-n", "-u", "alice", "/bin/sh", "-c", "id"],
@@ -102,6 +106,18 @@ def test_sudo_lets_the_hub_account_run_the_mediator_as_users_and_nothing_else(po
     result = as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "submit",
                     input='{"script": "#!/bin/sh\\ntrue\\n", "env": {}, "log_dir": "/tmp/elsewhere"}')
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
+    # A start (certificates, then the submission, in one run) writes nothing and submits nothing when
+    # its certificates' folder or names are not the ones allowed.
+    jobs_before = alices_jobs()
+    submission = {"script": "#!/bin/sh\ntrue\n", "env": {}, "log_dir": f"{home}/.dsportal/logs"}
+    for folder, files, refusal in ((f"{home}/.ssh", {"authorized_keys": "AAAA"}, "is not below"),
+                                   (f"{home}/.dsportal/certs/t", {"../../../.ssh/authorized_keys": "AAAA"},
+                                    "is not a certificate file name"),
+                                   (f"{home}/.dsportal/certs/t", ["session.key"], "certs is an object")):
+        result = as_hub("sudo", "-n", "-u", "alice", MEDIATOR, "start", folder,
+                        input=json.dumps({**submission, "certs": files}))
+        assert result.returncode == 2 and refusal in result.stderr, (folder, files, result.stderr)
+    assert alices_jobs() == jobs_before
 
 
 def test_dsportal_check_says_whether_the_sudo_rules_are_what_the_portal_needs_and_no_more(portal):
@@ -159,5 +175,44 @@ def test_a_neighbour_reaches_neither_the_hubs_secrets_nor_its_database_nor_the_p
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
     result = as_bob(MEDIATOR, "submit", input='{"script": "#!/bin/sh\\n", "env": {}, "log_dir": "%s/.dsportal/logs"}' % alice)
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
+    result = as_bob(MEDIATOR, "start", f"{alice}/.dsportal/certs/x",
+                    input=json.dumps({"script": "#!/bin/sh\n", "env": {}, "log_dir": "/tmp", "certs": {"a.crt": "AAAA"}}))
+    assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
     result = as_bob(MEDIATOR, "tail", f"{alice}/.dsportal/logs/session-1.log")
     assert result.returncode == 1 and "Permission denied" in result.stderr, result.stderr  # his rights, not the hub's
+
+
+OLD_MEDIATOR = Path("/usr/local/libexec/dsportal/mediator-before-start")
+
+
+def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_mediator_still_works(portal):
+    """A session's start is one mediator run (certificates, then sbatch). A mediator installed before
+    that verb existed (the hub upgraded, `dsportal hub install-mediator` not yet run) refuses it with
+    its usage line: the hub then writes and submits in two runs, and says what to do in its log."""
+    import asyncio
+
+    from portal.cluster.slurmclient import Slurm
+
+    source = Path(MEDIATOR).read_text()
+    start_branch = source[source.index('        if verb == "start"'):source.index('        if verb == "tail"')]
+    old = source.replace(start_branch, "").replace(" | start FOLDER", "")
+    assert old != source and '"start"' not in old
+    OLD_MEDIATOR.write_text(old)
+    OLD_MEDIATOR.chmod(0o755)
+    home = pwd.getpwnam("alice").pw_dir
+    script = ("#!/bin/sh\n#SBATCH --partition=cpu\n#SBATCH --time=1\n#SBATCH --cpus-per-task=1\n#SBATCH --mem=100M\n"
+              "#SBATCH --output=/dev/null\ntrue\n")
+    try:
+        for mediator, name in ((Path(MEDIATOR), "one-run"), (OLD_MEDIATOR, "two-runs")):
+            slurm = Slurm(Path(os.environ["SLURM_CONF"]), submit_as="runuser", mediator=mediator)
+            folder = f"{home}/.dsportal/certs/test-{name}"
+            job_id = asyncio.run(slurm.submit("alice", script, f"{home}/.dsportal/logs", env={},
+                                              certs=(folder, {"session.crt": f"certificate {name}\n"})))
+            assert job_id > 0
+            subprocess.run(["scancel", str(job_id)], capture_output=True)
+            written = Path(folder) / "session.crt"
+            assert written.read_text() == f"certificate {name}\n"
+            assert written.stat().st_mode & 0o777 == 0o600 and written.owner() == "alice"
+    finally:
+        OLD_MEDIATOR.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", f"{home}/.dsportal/certs/test-one-run", f"{home}/.dsportal/certs/test-two-runs"])

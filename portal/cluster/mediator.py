@@ -9,6 +9,9 @@ rule it needs) or runuser (a hub run as root):
   mediator cancel JOBID        scancel one of her jobs (Slurm lets a user cancel only her own)
   mediator certs FOLDER        stdin: lines "NAME BASE64": the session's certificates, written mode 600
                                into FOLDER, below her ~/.dsportal/certs
+  mediator start FOLDER        stdin: a submission (as submit) with "certs": {NAME: BASE64}: the
+                               certificates written as by certs, then the script submitted as by
+                               submit: a session's start in one run (one sudo and one Python, not two)
   mediator tail PATH [SINCE]   the last 64 KiB of a file she can read; nothing if it was last
                                written before SINCE (a Unix time): a log of an earlier job
 
@@ -102,11 +105,21 @@ def slurm_tool(settings: dict, name: str) -> str:
     return os.path.join(settings.get("bin_dir", "/usr/bin"), name)
 
 
-def submit(settings: dict, me: pwd.struct_passwd) -> int:
+def submission() -> dict:
     try:
         request = json.loads(read_input())
+    except ValueError as error:
+        raise Refused(f"a submission is JSON with script, env and log_dir ({error})") from None
+    if not isinstance(request, dict):
+        raise Refused("a submission is a JSON object with script, env and log_dir")
+    return request
+
+
+def submit(settings: dict, me: pwd.struct_passwd, request: dict | None = None) -> int:
+    request = submission() if request is None else request
+    try:
         script, env, log_dir = request["script"], request.get("env", {}), request["log_dir"]
-    except (ValueError, KeyError, TypeError) as error:
+    except (KeyError, TypeError, AttributeError) as error:
         raise Refused(f"a submission is JSON with script, env and log_dir ({error})") from None
     if not isinstance(script, str) or not isinstance(env, dict) or not isinstance(log_dir, str):
         raise Refused("script and log_dir are text, env an object")
@@ -126,12 +139,17 @@ def cancel(settings: dict, me: pwd.struct_passwd, job_id: str) -> int:
     return subprocess.run([slurm_tool(settings, "scancel"), job_id], env=slurm_env(settings)).returncode
 
 
-def certs(me: pwd.struct_passwd, folder: str) -> int:
+def certs(me: pwd.struct_passwd, folder: str, encoded: dict | None = None) -> int:
+    """The certificates (name: base64; from the input's lines "NAME BASE64" when not given) into
+    ``folder`` below her ~/.dsportal/certs, each mode 600, never through a link."""
     folder = below(me.pw_dir, folder, inside=".dsportal/certs")
+    if encoded is None:
+        encoded = dict(line.partition(" ")[::2] for line in read_input().splitlines())
+    if not isinstance(encoded, dict):
+        raise Refused("certs is an object of NAME: BASE64")
     files = {}
-    for line in read_input().splitlines():
-        name, _, data = line.partition(" ")
-        if not _FILE_NAME.match(name):
+    for name, data in encoded.items():
+        if not isinstance(name, str) or not _FILE_NAME.match(name) or not isinstance(data, str):
             raise Refused(f"{name!r} is not a certificate file name")
         files[name] = base64.b64decode(data, validate=True)
     private_folder(me.pw_dir, folder)
@@ -167,9 +185,13 @@ def main(argv: list[str]) -> int:
             return cancel(settings, me, args[0])
         if verb == "certs" and len(args) == 1:
             return certs(me, args[0])
+        if verb == "start" and len(args) == 1:
+            request = submission()
+            certs(me, args[0], request.pop("certs", None) or {})
+            return submit(settings, me, request)
         if verb == "tail" and len(args) in (1, 2):
             return tail(*args)
-        raise Refused("usage: mediator submit | cancel JOBID | certs FOLDER | tail PATH [SINCE]")
+        raise Refused("usage: mediator submit | cancel JOBID | certs FOLDER | start FOLDER | tail PATH [SINCE]")
     except Refused as error:
         print(f"dsportal mediator: {error}", file=sys.stderr)
         return 2

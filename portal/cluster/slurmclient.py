@@ -545,11 +545,28 @@ class Slurm:
         return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     # -- jobs -------------------------------------------------------------------------
-    async def submit(self, user: str, script: str, log_dir: str, env: dict[str, str] | None = None) -> int:
+    async def submit(self, user: str, script: str, log_dir: str, env: dict[str, str] | None = None,
+                     certs: tuple[str, dict[str, str]] | None = None) -> int:
         """sbatch the script as ``user``, her private ``log_dir`` made first; returns the job id. The job's
-        environment goes to the mediator on its input, never on a command line."""
-        request = json.dumps({"script": script, "env": self.env(env), "log_dir": log_dir})
-        return parse_job_id(await self.run(self.as_user(user, "submit"), input=request))
+        environment goes to the mediator on its input, never on a command line. ``certs`` (folder,
+        {name: text}): the session's certificates, written as by write_private_files_as_user in the
+        same mediator run, before the submission (a mediator installed before it knew this: two runs)."""
+        request = {"script": script, "env": self.env(env), "log_dir": log_dir}
+        if certs is None:
+            return parse_job_id(await self.run(self.as_user(user, "submit"), input=json.dumps(request)))
+        folder, files = certs
+        self._check_file_names(files)
+        request["certs"] = {name: base64.b64encode(text.encode()).decode() for name, text in files.items()}
+        try:
+            return parse_job_id(await self.run(self.as_user(user, "start", folder), input=json.dumps(request)))
+        except SlurmError as error:
+            if "usage: mediator" not in str(error) or " start FOLDER" in str(error):
+                raise
+        log.warning("the installed mediator %s predates `mediator start` (certificates and submission in one "
+                    "run): run `dsportal hub install-mediator`; until then each start takes two runs", self.mediator)
+        await self.write_private_files_as_user(user, folder, files)
+        del request["certs"]
+        return parse_job_id(await self.run(self.as_user(user, "submit"), input=json.dumps(request)))
 
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, "cancel", str(int(job_id))))
@@ -662,12 +679,16 @@ class Slurm:
             return f"(log {path} unreadable: {str(error)[:LINE_CHARS]})"
         return bounded_tail(tail, lines)
 
+    @staticmethod
+    def _check_file_names(files: dict[str, str]) -> None:
+        if any(not name or "/" in name or " " in name for name in files):
+            raise ValueError(f"file names without '/' or blanks, not {sorted(files)}")
+
     async def write_private_files_as_user(self, user: str, folder: str, files: dict[str, str]) -> None:
         """Write ``files`` (name: text) into the user's private ``folder`` (below her ~/.dsportal/certs),
         as the user, mode 600: one mediator run for all of them (each input line a name and its content
         in base64)."""
-        if any(not name or "/" in name or " " in name for name in files):
-            raise ValueError(f"file names without '/' or blanks, not {sorted(files)}")
+        self._check_file_names(files)
         lines = "".join(f"{name} {base64.b64encode(text.encode()).decode()}\n" for name, text in files.items())
         await self.run(self.as_user(user, "certs", folder), input=lines)
 
