@@ -140,8 +140,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                         "checked by PartitionSpawner; '' for no mail.")
     last_end = Unicode("", help="Why the session ended without a stop through the portal; PartitionSpawner keeps it "
                        "in the hub's state for the user's next page.")
-    certs_to_write = Any(None, help="(folder, {name: text}): the session's certificates, written by the submission's "
-                         "mediator run before sbatch (PartitionSpawner.move_certs); None: nothing to write.")
+    submit_certs = Any(None, help="(folder, {name: text}): the session's certificates, written by the submission's "
+                       "mediator run before sbatch (PartitionSpawner.move_certs hands them over, not linked as the "
+                       "traits both spawners have); None: nothing to write.")
 
     # batchspawner's own startup loop polls every 0.5 s with one squeue each; ours reads the
     # shared snapshot, so the interval only decides how soon a change is noticed.
@@ -274,8 +275,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             # sbatch hands its umask to slurmstepd, which creates the job's log with it.
             job_id = await self.slurm.submit(self.user.name, script, self._expand(self.log_dir),
                                              env={**self.get_env(), "SLURM_UMASK": self.umask},
-                                             certs=self.certs_to_write)
-            self.certs_to_write = None
+                                             certs=self.submit_certs)
+            self.submit_certs = None
         except SlurmUnavailable as error:
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None

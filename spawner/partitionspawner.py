@@ -320,7 +320,7 @@ class PartitionSpawner(WrapSpawner):
         self.construct_child()
         self.child_spawner.slice = chosen  # validated once: the child submits exactly this
         self.child_spawner.mail_user = mail_user
-        self.child_spawner.certs_to_write, self.certs_to_write = self.certs_to_write, None
+        self.child_spawner.submit_certs, self.certs_to_write = self.certs_to_write, None
         return await self.child_spawner.start()
 
     async def poll(self):

@@ -77,6 +77,25 @@ def test_a_neighbour_neither_reads_nor_replaces_alices_keys_in_the_hubs_store(al
     assert not (store / ".certipy.json.1.1").exists()
 
 
+def test_each_start_writes_the_sessions_certificates_into_her_folder(alice):
+    """The start's one mediator run writes the session's certificates (as alice, 0600) before its job
+    is submitted: with her folder for this hub gone, the session still starts, serving the hub's
+    certificate for her."""
+    import hashlib
+    import shutil
+
+    store = DATA_DIR / "internal-ssl"
+    folder = Path(pwd.getpwnam("alice").pw_dir) / ".dsportal/certs" / hashlib.sha256(
+        str(store.resolve()).encode()).hexdigest()[:8]
+    shutil.rmtree(folder, ignore_errors=True)
+    alice.spawn({"profile": "cpu"})
+    records = json.loads((store / "certipy.json").read_text())
+    assert (folder / "session.crt").read_text() == Path(records["user-alice"]["files"]["cert"]).read_text()
+    for name in ("session.key", "session.crt", "clients-ca.crt", "local-client.key", "local-client.crt",
+                 "sessions-ca.crt"):
+        assert (folder / name).owner() == "alice" and (folder / name).stat().st_mode & 0o777 == 0o600, name
+
+
 def alices_jobs() -> list[str]:
     return subprocess.run(["squeue", "-h", "-u", "alice", "-o", "%A"], capture_output=True, text=True).stdout.split()
 
