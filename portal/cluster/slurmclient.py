@@ -815,12 +815,13 @@ def bounded_tail(text: str, lines: int) -> str:
 
 def command_name(argv: list[str]) -> str:
     """'squeue' for [.../squeue, --json]; for the mediator run as a user ([runuser, -u, alice, --,
-    .../mediator, submit]) what it did: 'sbatch', 'scancel', 'mediator tail', 'mediator certs'."""
+    .../mediator, submit]) what it did: 'sbatch' (submit, or start: certificates and sbatch in one run),
+    'scancel', 'mediator tail', 'mediator certs'."""
     for index, part in enumerate(argv):
         name = Path(part).name
         if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun"):
             return name
         if part.endswith("/mediator"):
             verb = argv[index + 1] if index + 1 < len(argv) else ""
-            return {"submit": "sbatch", "cancel": "scancel"}.get(verb, f"mediator {verb}".strip())
+            return {"submit": "sbatch", "start": "sbatch", "cancel": "scancel"}.get(verb, f"mediator {verb}".strip())
     return Path(argv[0]).name if argv else "?"
