@@ -301,17 +301,11 @@ def _local_client_pair(store: Certipy, user: str) -> tuple[Path, Path, Path]:
     return Path(ca), Path(record["files"]["key"]), Path(record["files"]["cert"])
 
 
-async def deliver(slurm: Slurm, user: str, paths: dict, store_dir: str, server: str = "") -> dict:
-    """Write the session's certificates into the user's folder (a named session's into a folder of its
-    own: a session waiting in the queue reads its files when it starts); their paths there."""
-    folder, files, delivered = await prepare(user, paths, store_dir, server)
-    await slurm.write_private_files_as_user(user, folder, files)
-    return delivered
-
-
 async def prepare(user: str, paths: dict, store_dir: str, server: str = "") -> tuple[str, dict[str, str], dict]:
-    """What deliver writes, unwritten: (the user's folder, {file name: text}, their paths there). A start
-    hands them to Slurm.submit, which writes them in the same mediator run as the submission."""
+    """The session's certificates for the user's folder (a named session's into a folder of its own: a
+    session waiting in the queue reads its files when it starts): (the folder, {file name: text}, their
+    paths there). A start hands them to Slurm.submit, which writes them in the same mediator run as the
+    submission."""
     local_ca, client_key, client_cert, notebooks_ca = await asyncio.to_thread(_local_client, store_dir, user)
     hub = hashlib.sha256(str(Path(store_dir).resolve()).encode()).hexdigest()[:8]  # each hub its own folder
     folder = Path(pwd.getpwnam(user).pw_dir) / FOLDER / hub
