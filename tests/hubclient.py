@@ -227,8 +227,8 @@ class HubUser:
         msg_id = self._ask(ws, code)
         output = []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = json.loads(ws.recv())
+        while (raw := receive(ws, deadline)) is not None:
+            message = json.loads(raw)
             if message.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind = message["msg_type"]
@@ -268,8 +268,8 @@ class HubUser:
         try:
             ws.send(json.dumps(["stdin", f"{command}; echo END-{marker[:6]}''{marker[6:]}\r"]))
             output, deadline = "", time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                message = json.loads(ws.recv())
+            while (raw := receive(ws, deadline)) is not None:
+                message = json.loads(raw)
                 if message[0] == "stdout":
                     output += message[1]
                     if f"END-{marker}" in output:
@@ -295,6 +295,21 @@ class HubUser:
         finally:
             ws.close()
             self.api("DELETE", f"/user/{self.name}/api/sessions/{session.json()['id']}")
+
+def receive(ws, deadline: float) -> str | None:
+    """A websocket's next message, or None once ``deadline`` (time.monotonic()) has passed.
+
+    websocket-client answers the server's pings inside recv(), so a socket timeout longer than the
+    server's ping interval (Jupyter's is 30 s) never fires: a loop on recv() alone waits forever for
+    a message that does not come. Here each wait is at most 5 s and the deadline is checked between."""
+    while (left := deadline - time.monotonic()) > 0:
+        ws.settimeout(min(left, 5.0))
+        try:
+            return ws.recv()
+        except websocket.WebSocketTimeoutException:
+            continue
+    return None
+
 
 def squeue_jobs() -> dict[int, dict]:
     """What Slurm itself says, independent of the portal's own parser."""

@@ -16,7 +16,7 @@ import pytest
 import requests
 import websocket
 
-from hubclient import DEMO_SLURM_CONF, active_jobs, squeue_jobs
+from hubclient import DEMO_SLURM_CONF, active_jobs, receive, squeue_jobs
 
 ALLREDUCE = """
 import os, socket, time
@@ -66,13 +66,15 @@ def stream(user, job_id: int, timeout: float = 240, on_line=None, owner: str | N
     url = user.url(f"/user/{owner or user.name}/dsportal/api/jobs/{job_id}/stream").replace("http", "ws", 1)
     ws = websocket.create_connection(url,
                                      header=[f"Authorization: token {user.token}"], timeout=timeout)
-    messages = []
+    messages, deadline = [], time.monotonic() + timeout
     try:
         while True:
             try:
-                raw = ws.recv()
+                raw = receive(ws, deadline)
             except websocket.WebSocketConnectionClosedException:
                 break
+            if raw is None:
+                raise AssertionError(f"job {job_id}'s stream did not end within {timeout} s: {messages[-5:]}")
             if not raw:
                 break
             message = json.loads(raw)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
-
+from hubclient import receive
 from portal.session import sliceusage
 
 ACCOUNT = "gaugetest"  # a local account of this test's own, never one of the demo's
@@ -136,8 +136,8 @@ class Server:
                             "content": {"code": code, "silent": False, "store_history": False}}))
         output, deadline = [], time.monotonic() + timeout
         try:
-            while time.monotonic() < deadline:
-                message = json.loads(ws.recv())
+            while (raw := receive(ws, deadline)) is not None:
+                message = json.loads(raw)
                 if message["msg_type"] == "status" and message["content"]["execution_state"] in ("restarting", "dead"):
                     return "".join(output), "died"
                 if message.get("parent_header", {}).get("msg_id") != msg_id:
@@ -244,6 +244,13 @@ def test_a_kernel_killed_by_the_memory_limit_is_said_so(server):
         assert usage["memory"]["oom_kills"] > kills_before
         assert "ran out of memory" in death["message"] and "600 MB" in death["message"]
         assert "ran out of memory" in server.log.read_text()
+        # jupyter_server kept a kernel that died running a cell "busy" (jupyter_server#1395): the
+        # session would count as in use for good, and a new connection went un-nudged.
+        deadline = time.monotonic() + 30
+        while (state := server.api("GET", f"/api/kernels/{kernel}").json()["execution_state"]) == "busy":
+            assert time.monotonic() < deadline, "the restarted kernel still counts as busy"
+            time.sleep(0.5)
+        assert state in ("starting", "idle"), state
         # It restarted, empty, and works.
         out, how = server.run(kernel, "print('back')")
         assert (out.strip(), how) == ("back", "ok")

@@ -35,6 +35,35 @@ def busy_kernels(kernel_manager) -> list[str]:
     return [model["id"] for model in kernel_manager.list_kernels() if model.get("execution_state") == "busy"]
 
 
+KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
+
+
+def restarted_kernels_start_over(server_app) -> None:
+    """A kernel that died running a cell (the memory limit, a crash) and that its restarter starts
+    again would stay "busy" to jupyter_server (jupyter_server#1395: the state only changes on a
+    status message, and the dead kernel sends none). Busy, it would hold the session in use past
+    its idle limit for good, and a client that connects afresh would not be "nudged" (jupyter_server
+    skips busy kernels), so the new kernel's first output could be lost. When the restarter finds it
+    dead, its state becomes "starting", as an asked-for restart makes it: the new kernel's first
+    status message makes it idle."""
+    kernel_manager = server_app.kernel_manager
+
+    def start_over(kernel_id: str) -> None:
+        try:
+            kernel = kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            return
+        if getattr(kernel, "execution_state", None) == "busy":
+            kernel.execution_state = "starting"
+
+    async def on_kernel_action(logger, schema_id: str, data: dict) -> None:
+        if data.get("action") == "start" and data.get("status") == "success" and data.get("kernel_id"):
+            kernel_id = data["kernel_id"]
+            kernel_manager.add_restart_callback(kernel_id, lambda: start_over(kernel_id), "restart")
+
+    server_app.event_logger.add_listener(schema_id=KERNEL_ACTIONS, listener=on_kernel_action)
+
+
 def count_only_changes_as_use() -> None:
     """An open JupyterLab tab polls the server (kernels, sessions, contents) and saves its layout
     (PUT lab/api/workspaces, every 10 s) for as long as it is open: that must not keep GPUs held
@@ -50,6 +79,7 @@ def _changes_something(handler) -> bool:
 
 def setup(server_app) -> None:
     count_only_changes_as_use()
+    restarted_kernels_start_over(server_app)
     interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
     threshold = int(os.environ.get(sessionvars.GPU_BUSY_PERCENT) or defaults.GPU_BUSY_PERCENT)
     settings = server_app.web_app.settings

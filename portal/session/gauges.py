@@ -28,6 +28,7 @@ from tornado import web
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
+from .activity import KERNEL_ACTIONS
 from .api import MessageAPIHandler
 from .sliceusage import SliceUsage, shared
 
@@ -43,7 +44,6 @@ SCHEMA = {
     "properties": {"kernel_id": {"type": "string"}, "kernel_name": {"type": "string"},
                    "message": {"type": "string", "description": "What happened, for a person."}},
 }
-KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 KEPT_DEATHS = 20
 
 
