@@ -14,6 +14,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -84,6 +85,14 @@ class JobLikeCgroup:
             (folder / "cgroup.procs").write_text(str(os.getpid()))
 
     def remove(self) -> None:
+        """Whatever still runs in it (a kernel the server left, runuser's child) is killed first:
+        a cgroup with processes cannot be removed, and test runs would leave them behind."""
+        for folder in self.folders:
+            for pid in (folder / "cgroup.procs").read_text().split() if folder.is_dir() else ():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for folder in self.folders:
             for _ in range(50):
                 try:
