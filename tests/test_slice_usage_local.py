@@ -335,3 +335,42 @@ def test_broken_own_environments_say_why(server, own_envs):
 def test_measurement_module_reads_this_process_outside_any_job():
     reading = sliceusage.SliceUsage(environ={}).read()
     assert reading.memory.limit_bytes > 0 and reading.cpu.cores >= 1 and reading.gpus == []
+
+
+def test_a_server_whose_port_was_taken_meanwhile_serves_on_another(tmp_path):
+    """singleuser.py picks a free port, the server binds it seconds later (a class starting: up to
+    half a minute) and jupyterhub-singleuser allows no other (port_retries 0): one session of a class
+    of 100 failed so. The session's extension lets it take another; it reports the one it bound."""
+    account = _account()
+    runtime = Path(f"/tmp/gt-{secrets.token_hex(3)}")
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, account.pw_uid, account.pw_gid)
+    log = tmp_path / "server.log"
+    token = secrets.token_hex(16)
+    env = {"PATH": f"{ENV}:/usr/bin:/bin", "HOME": account.pw_dir, "USER": ACCOUNT, "JUPYTER_RUNTIME_DIR": str(runtime),
+           "LANG": "C.UTF-8"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = subprocess.Popen(
+            [shutil.which("runuser"), "-u", ACCOUNT, "--", str(ENV / "jupyter-server"), "--no-browser",
+             "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+             f"--ServerApp.root_dir={account.pw_dir}"],
+            env=env, cwd="/", stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        try:
+            deadline, served = time.monotonic() + 60, None
+            while served is None and time.monotonic() < deadline:
+                assert process.poll() is None, log.read_text()
+                for info in runtime.glob("jpserver-*.json"):
+                    served = json.loads(info.read_text())["port"]
+                time.sleep(0.3)
+            assert served is not None, log.read_text()
+            assert served != port
+            assert requests.get(f"http://127.0.0.1:{served}/api/status", headers={"Authorization": f"token {token}"},
+                                timeout=10).ok
+            assert f"The port {port} is already in use" in log.read_text()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            shutil.rmtree(runtime, ignore_errors=True)

@@ -31,6 +31,7 @@ def _load_jupyter_server_extension(server_app):
         ("dsportal/api/extend", jobs_api.ExtendHandler),
         ("dsportal/api/idle", activity.IdleHandler),
     ]
+    portreport.take_another_port_if_taken(server_app)
     activity.setup(server_app)
     routes += tensorboards.setup(server_app)
     routes += nbtemplates.setup(server_app)

@@ -27,6 +27,21 @@ def refusal(response) -> str:
     return reason
 
 
+PORT_RETRIES = 50  # jupyter_server's own default
+
+
+def take_another_port_if_taken(server_app) -> None:
+    """The port singleuser.py chose is free when chosen, but the server binds it only after its
+    imports and extensions: seconds later, up to half a minute on a node where a class starts, and
+    meanwhile another session's server or an outgoing connection may take it (seen: 1 of 100
+    sessions of a class failed "port ... is not available"). jupyterhub-singleuser forbids other
+    ports (port_retries 0) because its hub must know the port in advance; this session reports the
+    port it bound once it listens, so it takes another free one instead of failing. Called while
+    the extensions load, before the server looks for its port."""
+    if not server_app.sock and server_app.port_retries < PORT_RETRIES:
+        server_app.port_retries = PORT_RETRIES
+
+
 async def report(server_app) -> None:
     if not os.environ.pop(sessionvars.REPORT_PORT, ""):
         return
