@@ -44,11 +44,16 @@ NODES_CPU_SHARES = 64
 
 
 def nodes_cpu_cgroup() -> Path | None:
-    """The nodes' cpu cgroup (made and weighted), or None without cgroup v1's cpu controller."""
+    """The nodes' cpu cgroup (made and weighted), or None without cgroup v1's cpu controller or
+    where it cannot be written (a read-only cgroup mount, as in some containers)."""
     if not (NODES_CPU_CGROUP.parent / "cpu.shares").is_file():
         return None
-    NODES_CPU_CGROUP.mkdir(exist_ok=True)
-    (NODES_CPU_CGROUP / "cpu.shares").write_text(str(NODES_CPU_SHARES))
+    try:
+        NODES_CPU_CGROUP.mkdir(exist_ok=True)
+        (NODES_CPU_CGROUP / "cpu.shares").write_text(str(NODES_CPU_SHARES))
+    except OSError as error:
+        say(f"the nodes' jobs run under SCHED_IDLE instead ({NODES_CPU_CGROUP}: {error})")
+        return None
     return NODES_CPU_CGROUP
 
 
