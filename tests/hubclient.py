@@ -296,6 +296,7 @@ class HubUser:
             ws.close()
             self.api("DELETE", f"/user/{self.name}/api/sessions/{session.json()['id']}")
 
+
 def receive(ws, deadline: float) -> str | None:
     """A websocket's next message, or None once ``deadline`` (time.monotonic()) has passed.
 
