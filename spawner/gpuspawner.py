@@ -344,8 +344,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """The session job's one port report. None when taken; else why it is refused (HTTP 409).
 
         Only while this spawner waits for it, only from the job being started, only once: a later
-        post (any process of the user holds the session's token) cannot move the route.
+        post (any process of the user holds the session's token) cannot move the route. The same
+        report again (the job asks again when the answer to the first was lost) changes nothing and
+        is taken.
         """
+        if self.port and self.port == port and str(job_id) == str(self.job_id):
+            return None
         if not self.awaiting_port or self.port:
             return (f"session job {self.job_id or '-'} of {self.user.name} is not starting "
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")

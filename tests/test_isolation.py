@@ -383,6 +383,12 @@ def test_port_report_is_taken_once_even_across_a_hub_restart(alice):
     assert serves_jupyter(alice)
     log = (demo.paths().log / "hub.log").read_text()
     assert f"Refused port report {port}" in log
+    # Her session asking again with its own port (an answer lost on the way) changes nothing: taken.
+    own = int(alice.run_code("import os, urllib.parse\n"
+                             "print(urllib.parse.urlparse(os.environ['JUPYTERHUB_SERVICE_URL']).port)").strip())
+    answer = alice.run_code(REPOST.format(port=own))
+    assert answer.strip() == "201", answer
+    assert serves_jupyter(alice)
 
     demo.stop_hub()
     demo.ensure_hub()

@@ -39,6 +39,11 @@ spec('image', '{HOME}/own-envs/mine/bin/python', dsportal={{'image': 'debian-pyt
 spec('gone', '{HOME}/own-envs/gone/bin/python')
 spec('bare', '{HOME}/own-envs/bare/bin/python')
 spec('elsewhere', '{HOME}/own-envs/mine/bin/python', dsportal={{'image': 'no-such-image'}})
+# IPython's old kernels folder in her home: not one the session reads (only her Jupyter kernels folder)
+os.makedirs('{HOME}/.ipython/kernels/ipython-folder', exist_ok=True)
+with open('{HOME}/.ipython/kernels/ipython-folder/kernel.json', 'w') as f:
+    json.dump({{'argv': ['{HOME}/own-envs/gone/bin/python', '-m', 'ipykernel_launcher', '-f', '{{connection_file}}'],
+               'display_name': 'ipython-folder', 'language': 'python'}}, f)
 print('made')
 """
 
@@ -49,6 +54,7 @@ def envs(alice):
     assert alice.run_code(MAKE_ENVS, timeout=300).strip() == "made"
     yield alice
     alice.run_code(f"import shutil\nshutil.rmtree('{HOME}/own-envs', ignore_errors=True)\n"
+                   f"shutil.rmtree('{HOME}/.ipython/kernels/ipython-folder', ignore_errors=True)\n"
                    f"for n in ('mine', 'image', 'gone', 'bare', 'elsewhere'): shutil.rmtree('{KERNELS}/' + n, ignore_errors=True)")
 
 
@@ -80,6 +86,7 @@ def test_own_venv_kernel_in_an_image_of_her_profile(envs):
 
 def test_broken_own_environments_are_named_on_the_launcher_and_refused_in_words(envs):
     specs = kernelspecs(envs)
+    assert "ipython-folder" not in specs, "~/.ipython/kernels is not read: her kernels folder is the Jupyter one"
     assert specs["gone"]["spec"]["display_name"] == f"gone (unavailable: {HOME}/own-envs/gone/bin/python is missing)"
     assert specs["elsewhere"]["spec"]["display_name"].startswith(
         "elsewhere (unavailable: the image 'no-such-image' is not offered to this session (offered: ")

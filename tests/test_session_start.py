@@ -15,15 +15,20 @@ SESSION_START = """
 import sys
 from portal.session import singleuser
 singleuser.resolve_names_in_threads()
+singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_hubs_database()
 singleuser.skip_yarn_config()
-import jupyterhub.singleuser, jupyterlab.labapp, portal.session.extension
-loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns") if sys.modules.get(m) is not None)
+import jupyterhub.singleuser, jupyterlab.labapp, portal.session.extension, jupyter_server_proxy.handlers
+loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns", "aiohttp.client", "IPython")
+                if sys.modules.get(m) is not None)
 print("loaded at start:", loaded)
 import jupyterhub.orm, jupyterhub.roles, jupyterhub.scopes, requests
 from portal.session import jobs_api
 print(jupyterhub.orm.User.__tablename__, jupyterhub.scopes.sa.inspect.__name__,
       type(jupyterhub.roles.func.count).__name__, requests.Session.__name__, jobs_api.jobs.LaunchPolicy.__name__)
+import jupyterhub.utils, aiohttp
+print(jupyterhub.utils.aiohttp.ClientOSError.__name__, jupyter_server_proxy.handlers.aiohttp.UnixConnector.__name__,
+      aiohttp.ClientSession.__module__)
 """
 
 
@@ -34,3 +39,120 @@ def test_hub_only_code_is_left_out_of_a_session_start_and_works_when_used():
     lines = out.stdout.splitlines()
     assert lines[0] == "loaded at start: []", out.stdout
     assert lines[1] == "users inspect _FunctionGenerator Session LaunchPolicy", out.stdout
+    assert lines[2] == "ClientOSError UnixConnector aiohttp.client", out.stdout
+
+
+# The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real
+# tornado server: what jupyterhub's session side sends and reads.
+HUB_CLIENT = """
+import asyncio, json
+from tornado import web
+from portal.session import hubhttp
+
+class Api(web.RequestHandler):
+    def get(self):
+        self.set_header("X-JupyterHub-Version", "6.1.1")
+        self.write({"seen": self.request.headers.get("Authorization")})
+    def post(self):
+        self.set_status(201 if self.request.body else 400)
+        self.write({"body": self.request.body.decode(), "type": self.request.headers.get("Content-Type")})
+
+async def main():
+    server = web.Application([(r"/hub/api", Api)]).listen(0, "127.0.0.1")
+    port = next(iter(server._sockets.values())).getsockname()[1]
+    url = f"http://127.0.0.1:{port}/hub/api"
+    got = await hubhttp.fetch(url, headers={"Authorization": "token t"})
+    print(got.status, got.ok, got.headers.get("x-jupyterhub-version"), (await got.json())["seen"])
+    posted = await hubhttp.fetch(url, method="post", data=json.dumps({"a": 1}),
+                                 headers={"Content-Type": "application/json"})
+    print(posted.status, await posted.text())
+    empty = await hubhttp.fetch(url, method="POST", raise_for_status=False)
+    print(empty.status, empty.ok)
+    for call in (hubhttp.fetch(url, method="POST"), hubhttp.fetch(url, timeout=3),
+                 hubhttp.fetch(f"http://127.0.0.1:{port}/nothing-here".replace(str(port), "1"))):
+        try:
+            await call
+        except Exception as error:
+            print(type(error).__name__)
+    server.stop()
+
+asyncio.run(main())
+"""
+
+
+def test_the_sessions_hub_client_sends_and_reads_what_jupyterhub_uses_and_raises_when_unanswered():
+    out = subprocess.run([sys.executable, "-c", HUB_CLIENT], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "200 True 6.1.1 token t",
+        '201 {"body": "{\\"a\\": 1}", "type": "application/json"}',
+        "400 False",
+        "HubResponseError",  # raise_for_status, as aiohttp's
+        "TypeError",  # an option it does not support fails in words, not dropped
+        "ConnectionRefusedError",  # nobody answers: raised, as aiohttp raises
+    ], out.stdout
+
+
+# The session's port report when its hub does not answer at first (a restart; connections refused
+# while a class starts): it asks again, and ends its job in words if the hub never answers.
+REPORT = """
+import asyncio, json, logging, os, socket, sys
+from tornado import web
+from portal import sessionvars
+from portal.session import portreport
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    hub_port = probe.getsockname()[1]
+os.environ.update({"JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api", "JUPYTERHUB_API_TOKEN": "t",
+                   "SLURM_JOB_ID": "42", sessionvars.REPORT_PORT: "1"})
+portreport.REPORT_TRIES_FOR = float(sys.argv[1])
+logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
+
+class Server:  # what report() reads of the ServerApp
+    port = 8888
+    log = logging.getLogger("session")
+
+class Report(web.RequestHandler):
+    def post(self):
+        print("hub got", self.request.body.decode(), flush=True)
+        self.set_status(201)
+        self.finish("{}")
+
+async def main():
+    hub = None
+    async def hub_comes_up():
+        nonlocal hub
+        await asyncio.sleep(1.5)
+        hub = web.Application([(r"/hub/api/batchspawner", Report)]).listen(hub_port, "127.0.0.1")
+    up = asyncio.ensure_future(hub_comes_up())
+    await portreport.report(Server())
+    print("reported", flush=True)
+    await up
+
+asyncio.run(main())
+"""
+
+
+def _report(tries_for: float):
+    return subprocess.run([sys.executable, "-c", REPORT, str(tries_for)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+
+
+def test_a_session_asks_a_hub_that_does_not_answer_again_and_reports_once_it_does():
+    out = _report(60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert 'hub got {"port": 8888, "job_id": "42"}' in lines, out.stdout
+    assert lines[-2:] == ["dsportal: port 8888 reported to the hub", "reported"], out.stdout
+    assert lines[0].startswith("dsportal: the hub did not take this session's port (599: ") and \
+        "trying again in 0.5 s" in lines[0], out.stdout
+
+
+def test_a_session_whose_hub_never_answers_ends_its_job_in_words():
+    out = _report(1)  # gives up before the hub comes up
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "hub got" not in out.stdout
+    assert "dsportal: the hub did not answer this session's report for 1 s (" in out.stderr, out.stderr
+    assert out.stderr.strip().endswith("this job ends"), out.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from jupyter_server.base.handlers import APIHandler
@@ -56,10 +57,18 @@ def restarted_kernels_start_over(server_app) -> None:
         if getattr(kernel, "execution_state", None) == "busy":
             kernel.execution_state = "starting"
 
+    on_kernel_restart(server_app, start_over)
+
+
+def on_kernel_restart(server_app, callback: Callable[[str], None]) -> None:
+    """``callback(kernel_id)`` whenever a kernel's restarter finds it dead, before it starts it again:
+    for every kernel the server starts (jupyter_server's kernel_actions event)."""
+    kernel_manager = server_app.kernel_manager
+
     async def on_kernel_action(logger, schema_id: str, data: dict) -> None:
         if data.get("action") == "start" and data.get("status") == "success" and data.get("kernel_id"):
             kernel_id = data["kernel_id"]
-            kernel_manager.add_restart_callback(kernel_id, lambda: start_over(kernel_id), "restart")
+            kernel_manager.add_restart_callback(kernel_id, lambda: callback(kernel_id), "restart")
 
     server_app.event_logger.add_listener(schema_id=KERNEL_ACTIONS, listener=on_kernel_action)
 

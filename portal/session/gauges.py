@@ -28,7 +28,7 @@ from tornado import web
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
-from .activity import KERNEL_ACTIONS
+from .activity import on_kernel_restart
 from .api import MessageAPIHandler
 from .sliceusage import SliceUsage, shared
 
@@ -153,13 +153,7 @@ def setup(server_app) -> list:
             server_app.event_logger.emit(schema_id=SCHEMA_ID, data={
                 "kernel_id": death.kernel_id, "kernel_name": death.kernel_name, "message": death.message})
 
-    async def on_kernel_action(logger, schema_id: str, data: dict) -> None:
-        # Every kernel's restarter calls back when it finds the kernel dead, before it starts it again.
-        if data.get("action") == "start" and data.get("status") == "success" and data.get("kernel_id"):
-            kernel_id = data["kernel_id"]
-            kernel_manager.add_restart_callback(kernel_id, lambda: on_death(kernel_id), "restart")
-
-    server_app.event_logger.add_listener(schema_id=KERNEL_ACTIONS, listener=on_kernel_action)
+    on_kernel_restart(server_app, on_death)
     fed = feed_resource_usage(settings, usage)
     server_app.log.info("dsportal: gauges of the slice: memory limit %s (%s), %s cores (%s), GPUs %s%s",
                         human_bytes(usage.memory_limit()), usage.memory().limit_from, usage.cores, usage.cores_from,

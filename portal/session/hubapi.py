@@ -21,7 +21,11 @@ async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
         headers={"Authorization": f"token {hub_auth.api_token}", "Content-Type": "application/json"},
         body=json.dumps(body), request_timeout=timeout,
     )
-    return await AsyncHTTPClient().fetch(request, raise_error=False)
+    try:
+        return await AsyncHTTPClient().fetch(request, raise_error=False)
+    except Exception as error:  # noqa: BLE001 - refused, reset, timed out, TLS: the hub did not answer
+        # tornado raises these even with raise_error=False; callers tell the user instead of failing.
+        return HTTPResponse(request, 599, error=error)
 
 
 def message_of(response: HTTPResponse) -> str:

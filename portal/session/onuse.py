@@ -59,3 +59,22 @@ class OnUse:
         if self._attribute:
             target = getattr(target, self._attribute)
         return getattr(target, name)
+
+
+class ModuleOnUse(types.ModuleType):
+    """In sys.modules in place of the module ``name``, not loaded yet: the first attribute read
+    imports the real module, which takes its place in sys.modules, and answers from it. Unlike a
+    LazyLoader module, importing it again elsewhere (``import aiohttp`` in a second module) does not
+    load it: the import system reads only its ``__spec__``, the real module's, not initializing."""
+
+    def __init__(self, name: str):
+        super().__init__(name, f"stand-in: {name} loads when first used")
+        self.__spec__ = importlib.util.find_spec(name)
+
+    def __getattr__(self, attribute):
+        name = vars(self)["__name__"]
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        real = importlib.import_module(name)
+        vars(self).update(vars(real))  # later reads through this stand-in are plain attribute reads
+        return getattr(real, attribute)

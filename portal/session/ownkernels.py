@@ -1,7 +1,8 @@
 """A user's own environments as kernels: what she registers with ``python -m ipykernel install --user``.
 
 The hub's disable_user_config leaves the user's Jupyter folders out of the session (her ~/.jupyter
-config must not change what her server serves), and with them her data folder's kernelspecs.
+config must not change what her server serves), and with them her data folder's kernelspecs (and
+~/.ipython/kernels, which jupyter_client would add: it is left out).
 Those are hers to run, as herself, inside her own job: this kernelspec manager (ServerApp's
 kernel_spec_manager_class, jupyter-config/jupyter_server_config.json) adds her kernels folder, and
 only that, after the portal's own (her names never hide "python3" or an image's kernel).
@@ -29,8 +30,9 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
-from jupyter_core.paths import jupyter_data_dir, jupyter_runtime_dir
+from jupyter_core.paths import jupyter_data_dir, jupyter_path, jupyter_runtime_dir
 from tornado import web
+from traitlets import default
 
 from .. import sessionvars
 from ..cluster.images import image_status
@@ -61,6 +63,14 @@ def program_problem(program: str) -> str:
 
 class OwnKernelSpecManager(KernelSpecManager):
     """Jupyter's kernelspec manager, plus the user's own kernels folder, each of its specs checked."""
+
+    @default("kernel_dirs")
+    def _portal_kernel_dirs(self) -> list[str]:
+        """Jupyter's kernels folders (disable_user_config keeps the home out of its data path),
+        without the ~/.ipython/kernels that jupyter_client adds: in the home, it would list her
+        kernelspecs there unchecked, as the portal's. Her folder is the one __init__ adds. (It also
+        keeps IPython, ~0.05 CPU-s, out of the server: jupyter_client imports it for that folder.)"""
+        return jupyter_path("kernels")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -4,6 +4,10 @@ The hub's start() returns when the report arrives, and JupyterHub then checks th
 HTTP with a growing back-off (0.2 s, 0.4 s, ... in practice up to ~1.5 s were lost waiting for
 its next try). Reported from the running server, the first check finds it answering.
 
+A hub that does not answer (a restart, connections refused while a class starts) is asked again,
+with a growing pause, for two minutes; then the job ends, saying so, rather than serve a session
+nobody routes to.
+
 The report names the Slurm job it comes from: the hub accepts one report, from the job it is
 starting, and refuses later ones (409). A refused report ends the session with the hub's reason
 instead of serving on a port nobody routes to.
@@ -11,8 +15,10 @@ instead of serving on a port nobody routes to.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import time
 
 from .. import sessionvars
 from . import hubapi
@@ -28,6 +34,8 @@ def refusal(response) -> str:
 
 
 PORT_RETRIES = 50  # jupyter_server's own default
+REPORT_TRIES_FOR = 120.0  # seconds a session keeps trying to reach its hub (a restart, refused connections)
+UNANSWERED = frozenset({599, 502, 503, 504})  # no answer, or none from the hub itself
 
 
 def take_another_port_if_taken(server_app) -> None:
@@ -46,7 +54,20 @@ async def report(server_app) -> None:
     if not os.environ.pop(sessionvars.REPORT_PORT, ""):
         return
     port = server_app.port  # the one it bound (the chosen one, unless taken meanwhile)
-    response = await hubapi.post("batchspawner", {"port": port, "job_id": os.environ.get("SLURM_JOB_ID", "")})
+    body = {"port": port, "job_id": os.environ.get("SLURM_JOB_ID", "")}
+    deadline, pause = time.monotonic() + REPORT_TRIES_FOR, 0.5
+    response = await hubapi.post("batchspawner", body)
+    while response.code in UNANSWERED and time.monotonic() + pause < deadline:
+        server_app.log.warning("dsportal: the hub did not take this session's port (%s: %s); trying again in %.1f s",
+                               response.code, hubapi.message_of(response), pause)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 8.0)
+        response = await hubapi.post("batchspawner", body)
+    if response.code in UNANSWERED:
+        sys.stderr.write(f"dsportal: the hub did not answer this session's report for {REPORT_TRIES_FOR:.0f} s "
+                         f"({hubapi.message_of(response)}); this job ends\n")
+        sys.stderr.flush()
+        os._exit(1)
     if response.code == 201:
         server_app.log.info("dsportal: port %s reported to the hub", port)
         return

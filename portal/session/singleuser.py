@@ -3,7 +3,8 @@
 1. Writes this session's container kernelspecs (the catalog the batch script put in sessionvars.KERNEL_CATALOG)
    into the session's own folder (sessionvars.SESSION_DIR, on JUPYTER_PATH).
 2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
-   process, without the hub's database layer and without asking yarn for a registry (below).
+   process, without the hub's database layer, without aiohttp (its calls to the hub go through
+   tornado's client) and without asking yarn for a registry (below).
 3. Once the server listens, the session extension reports the port and the Slurm job id to the hub
    (portal.session.portreport); a refused report ends the job with the hub's reason.
 
@@ -25,6 +26,7 @@ from urllib.parse import urlparse, urlunparse
 from .. import sessionvars
 from .kernels import write_catalog
 from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, jupyter_core, JupyterLab, aiohttp)
+    call_the_hub_through_tornado,
     check_the_hub_once_serving,
     leave_out_the_hubs_database,
     leave_out_the_users_config_folders,
@@ -62,6 +64,7 @@ def main() -> None:
     else:
         sys.argv.append(f"--port={port}")
     resolve_names_in_threads()
+    call_the_hub_through_tornado()
     leave_out_the_users_config_folders()
     leave_out_the_hubs_database()
     check_the_hub_once_serving()

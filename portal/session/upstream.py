@@ -25,7 +25,7 @@ import types
 from pathlib import Path
 
 from ..patchcheck import Definition, Mentions, Patch
-from .onuse import LoadOnUse, OnUse
+from .onuse import LoadOnUse, ModuleOnUse, OnUse
 
 
 # ------------------------------------------------------------------ jupyterhub-singleuser's imports
@@ -78,6 +78,21 @@ def leave_out_the_hubs_database() -> None:
     _import_without_sqlalchemy("jupyterhub.singleuser")
 
 
+def call_the_hub_through_tornado() -> None:
+    """jupyterhub-singleuser calls its hub through jupyterhub.httpclient, on aiohttp, whose import
+    is ~0.2 CPU-s of every session start (a fifth of it). That module's place is taken by
+    portal.session.hubhttp (the same ``fetch``, on tornado's client); jupyterhub.utils and
+    jupyter-server-proxy, which import aiohttp for code a session runs rarely or never
+    (jupyterhub.utils' waits for the hub's own servers, jupyter-server-proxy's processes started
+    on demand), get it loaded on first use. Before jupyterhub.singleuser is imported."""
+    if "jupyterhub.httpclient" in sys.modules:
+        return
+    from . import hubhttp
+
+    sys.modules["jupyterhub.httpclient"] = hubhttp
+    sys.modules.setdefault("aiohttp", ModuleOnUse("aiohttp"))
+
+
 def resolve_names_in_threads() -> None:
     """aiohttp (the session's calls to the hub) resolves names with c-ares when aiodns is installed,
     as JupyterHub requires it for the hub: importing it costs 30 ms of every session start, which
@@ -108,6 +123,25 @@ def leave_out_the_users_config_folders() -> None:
                  if not Path(path).resolve().is_relative_to(home))
     jupyter_core.paths.jupyter_config_path.__code__ = _the_paths.__code__
     jupyter_core.paths.jupyter_config_path.__kwdefaults__ = {"paths": kept}
+    _nbextensions_without_ipythons_folder()
+
+
+def _nbextensions_path(self) -> list[str]:
+    """notebook_shim's NotebookAppTraits.nbextensions_path, without IPython's folder in the home."""
+    from jupyter_core.paths import jupyter_path
+
+    return self.extra_nbextensions_path + jupyter_path("nbextensions")
+
+
+def _nbextensions_without_ipythons_folder() -> None:
+    """notebook_shim (loaded with JupyterLab, for the classic notebook's config) adds
+    ~/.ipython/nbextensions to the notebook extension folders, importing IPython for it (~0.05
+    CPU-s of every session start; the server runs no IPython, its kernels do): a folder of the
+    home, which disable_user_config leaves out like the others. JupyterLab serves no classic
+    notebook extensions anyway."""
+    from notebook_shim.traits import NotebookAppTraits
+
+    NotebookAppTraits.nbextensions_path = property(_nbextensions_path, doc=NotebookAppTraits.nbextensions_path.__doc__)
 
 
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
@@ -323,6 +357,20 @@ PATCHES = [
            Mentions("jupyterhub.roles", "sqlalchemy", "09ff80a45bc22b9d")),
           lambda: type(sys.modules.get("jupyterhub.handlers.pages")) is types.ModuleType
           and not hasattr(sys.modules["jupyterhub.handlers.pages"], "__file__")),
+    Patch("hub-calls-through-tornado", "portal/session/singleuser.py",
+          "jupyterhub.httpclient in sys.modules (portal.session.hubhttp: fetch on tornado's client); aiohttp "
+          "loaded on first use", JUPYTERHUB, "6.1.1",
+          "~0.2 CPU-s of every session start for aiohttp, which loads the system's CA certificates at import",
+          (Definition("jupyterhub.httpclient", "fetch", "0fa0cd70ddc36857"),
+           Definition("jupyterhub.httpclient", "JupyterHubHTTPClient.fetch", "185d272b21927567"),
+           Mentions("jupyterhub.singleuser.extension", "fetch", "50326e7f7956b652"),
+           Mentions("jupyterhub.singleuser.mixins", "fetch", "7c94a94510c0c4a9"),
+           Mentions("jupyterhub.services.auth", "fetch", "68c506f3dccead1b"),
+           Definition("jupyterhub.services.auth", "HubAuth._api_request", "def0cc6578c8316f"),
+           Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.notify_activity", "dbd120d14f99a02c"),
+           Mentions("jupyterhub.utils", "aiohttp", "b05d10c1ab70724c"),
+           Mentions(PROXY_HANDLERS, "aiohttp", "4bc87dbc77e279b3")),
+          lambda: getattr(sys.modules.get("jupyterhub.httpclient"), "__name__", "") == "portal.session.hubhttp"),
     Patch("aiodns-left-out", "portal/session/singleuser.py", "aiohttp.resolver's optional `import aiodns`",
           "aiohttp", "3.14.5", "30 ms of every session start for c-ares, to resolve one name",
           (Mentions("aiohttp.resolver", "aiodns", "0e1e33d11d878f93"),),
@@ -333,6 +381,14 @@ PATCHES = [
           (Definition("jupyter_core.paths", "jupyter_config_path", "a6f7b5390a2dddff"),
            Definition("jupyterhub.singleuser._disable_user_config", "_disable_user_config", "3f60c9ed4d539c34")),
           lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _the_paths.__code__)),
+    Patch("nbextensions-without-ipython", "portal/session/singleuser.py",
+          "notebook_shim.traits.NotebookAppTraits.nbextensions_path (property replaced)", "notebook_shim", "0.2.4",
+          "with disable_user_config, ~/.ipython/nbextensions is left out too, and IPython (~0.05 CPU-s) is not "
+          "imported into the server for it",
+          (Definition("notebook_shim.traits", "NotebookAppTraits.nbextensions_path", "a67969f24dd79acd"),
+           Mentions("notebook_shim.nbserver", "diff_members", "884a1b3cdd86d3d0")),
+          lambda: getattr(sys.modules.get("notebook_shim.traits"), "NotebookAppTraits", None) is not None
+          and sys.modules["notebook_shim.traits"].NotebookAppTraits.nbextensions_path.fget is _nbextensions_path),
     Patch("no-yarn-config", "portal/session/singleuser.py", "jupyterlab.commands._yarn_config (replaced)",
           "jupyterlab", "4.6.6", "a Node.js process (0.2 s) at every session start, for builds sessions never do",
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
