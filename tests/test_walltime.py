@@ -7,6 +7,7 @@ import time
 from playwright.sync_api import sync_playwright
 
 from conftest import HUB, login
+from portal.cluster import demo
 from test_profiles import only_job, scontrol
 
 
@@ -48,6 +49,23 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
     assert forged.status_code == 403
     with open(f"/home/alice/.dsportal/logs/session-{job_id}.log") as log:
         assert "bob-was-here" not in log.read()
+
+
+def test_extending_while_the_hub_is_down_says_so_and_works_once_it_is_back(alice):
+    alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    job_id = only_job("alice")["job_id"]
+    assert alice.api("GET", "/user/alice/api/status").status_code == 200  # her token, checked and kept
+    demo.stop_hub()  # the proxy is a service of its own: her session is still reached
+    try:
+        answer = extend(alice, 30)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["message"].startswith("The hub is not answering right now, please retry"), answer.text
+        assert scontrol(job_id)["TimeLimit"] == "01:00:00"
+    finally:
+        demo.ensure_hub()
+    done = extend(alice, 30)
+    assert done.status_code == 200, done.text
+    assert scontrol(job_id)["TimeLimit"] == "01:30:00"
 
 
 def test_the_partitions_own_limit_holds_though_the_hub_is_a_slurm_operator(second_hub):
