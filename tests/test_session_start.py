@@ -49,6 +49,10 @@ import asyncio, json
 from tornado import web
 from portal.session import hubhttp
 
+class Elsewhere(web.RequestHandler):
+    def get(self):
+        self.redirect("http://198.51.100.250/steal-the-token")
+
 class Api(web.RequestHandler):
     def get(self):
         self.set_header("X-JupyterHub-Version", "6.1.1")
@@ -58,7 +62,7 @@ class Api(web.RequestHandler):
         self.write({"body": self.request.body.decode(), "type": self.request.headers.get("Content-Type")})
 
 async def main():
-    server = web.Application([(r"/hub/api", Api)]).listen(0, "127.0.0.1")
+    server = web.Application([(r"/hub/api", Api), (r"/hub/api/elsewhere", Elsewhere)]).listen(0, "127.0.0.1")
     port = next(iter(server._sockets.values())).getsockname()[1]
     url = f"http://127.0.0.1:{port}/hub/api"
     got = await hubhttp.fetch(url, headers={"Authorization": "token t"})
@@ -68,6 +72,8 @@ async def main():
     print(posted.status, await posted.text())
     empty = await hubhttp.fetch(url, method="POST", raise_for_status=False)
     print(empty.status, empty.ok)
+    moved = await hubhttp.fetch(url + "/elsewhere", headers={"Authorization": "token t"}, raise_for_status=False)
+    print(moved.status, moved.headers.get("Location"))
     for call in (hubhttp.fetch(url, method="POST"), hubhttp.fetch(url, timeout=3),
                  hubhttp.fetch(f"http://127.0.0.1:{port}/nothing-here".replace(str(port), "1"))):
         try:
@@ -88,6 +94,7 @@ def test_the_sessions_hub_client_sends_and_reads_what_jupyterhub_uses_and_raises
         "200 True 6.1.1 token t",
         '201 {"body": "{\\"a\\": 1}", "type": "application/json"}',
         "400 False",
+        "302 http://198.51.100.250/steal-the-token",  # not followed: the token goes to the hub only
         "HubResponseError",  # raise_for_status, as aiohttp's
         "TypeError",  # an option it does not support fails in words, not dropped
         "ConnectionRefusedError",  # nobody answers: raised, as aiohttp raises

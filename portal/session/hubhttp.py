@@ -2,8 +2,9 @@
 
 jupyterhub-singleuser calls its hub (the version check, activity, every token and OAuth check)
 through jupyterhub.httpclient, built on aiohttp. Importing aiohttp costs ~0.2 CPU-s of every
-session's start, a fifth of it (its connector module loads the system's CA certificates for a
-default TLS context at import, which calls to the hub never use: they carry the hub's internal CA).
+session's start, a fifth of it (its connector module, for one, loads the system's CA certificates
+for a default TLS context at import, which calls to the hub never use: they carry the hub's
+internal CA).
 Tornado's client, loaded already as the server's own, makes the same calls.
 upstream.call_the_hub_through_tornado puts this module in jupyterhub.httpclient's place before
 jupyterhub-singleuser is imported; aiohttp then loads only if something else uses it.
@@ -11,7 +12,8 @@ jupyterhub-singleuser is imported; aiohttp then loads only if something else use
 Only what jupyterhub's session side passes and reads is supported (upstream.PATCHES fingerprints
 those callers): ``method``, ``headers``, ``data``, ``ssl``, ``raise_for_status``; the response's
 ``status``, ``ok``, ``reason``, ``headers``, ``text()``, ``json()``, ``raise_for_status()``. Any other
-option fails in words rather than being dropped.
+option fails in words rather than being dropped. Redirects are not followed (the hub's API answers
+without them; tornado would carry the session's token along to wherever one points).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ async def fetch(url: str, *, method: str = "GET", raise_for_status: bool = True,
         body = b""
     request = HTTPRequest(url, method=method, headers=dict(headers or {}), body=body,
                           ssl_options=ssl if isinstance(ssl, ssl_module.SSLContext) else None,
-                          validate_cert=ssl is not False, request_timeout=TIMEOUT, connect_timeout=TIMEOUT)
+                          validate_cert=ssl is not False, request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
+                          follow_redirects=False)  # tornado would send the token on to wherever a redirect points
     answer = await AsyncHTTPClient().fetch(request, raise_error=False)
     if answer.code == 599:  # no answer at all
         raise answer.error
