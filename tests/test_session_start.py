@@ -17,18 +17,20 @@ from portal.session import singleuser
 singleuser.resolve_names_in_threads()
 singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_hubs_database()
+singleuser.leave_out_the_pypi_extension_manager()
 singleuser.skip_yarn_config()
 import jupyterhub.singleuser, jupyterlab.labapp, portal.session.extension, jupyter_server_proxy.handlers
-loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns", "aiohttp.client", "IPython")
+loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns", "aiohttp.client", "IPython", "httpx",
+                            "jupyterlab.extensions.pypi")
                 if sys.modules.get(m) is not None)
 print("loaded at start:", loaded)
 import jupyterhub.orm, jupyterhub.roles, jupyterhub.scopes, requests
 from portal.session import jobs_api
 print(jupyterhub.orm.User.__tablename__, jupyterhub.scopes.sa.inspect.__name__,
       type(jupyterhub.roles.func.count).__name__, requests.Session.__name__, jobs_api.jobs.LaunchPolicy.__name__)
-import jupyterhub.utils, aiohttp
+import jupyterhub.utils, aiohttp, jupyterlab.extensions
 print(jupyterhub.utils.aiohttp.ClientOSError.__name__, jupyter_server_proxy.handlers.aiohttp.UnixConnector.__name__,
-      aiohttp.ClientSession.__module__)
+      aiohttp.ClientSession.__module__, type(jupyterlab.extensions.get_pypi_manager()).__module__)
 """
 
 
@@ -39,7 +41,7 @@ def test_hub_only_code_is_left_out_of_a_session_start_and_works_when_used():
     lines = out.stdout.splitlines()
     assert lines[0] == "loaded at start: []", out.stdout
     assert lines[1] == "users inspect _FunctionGenerator Session LaunchPolicy", out.stdout
-    assert lines[2] == "ClientOSError UnixConnector aiohttp.client", out.stdout
+    assert lines[2] == "ClientOSError UnixConnector aiohttp.client jupyterlab.extensions.pypi", out.stdout
 
 
 # The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real

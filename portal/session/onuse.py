@@ -49,16 +49,21 @@ def module_on_use(name: str) -> types.ModuleType:
 class OnUse:
     """Stands for the module ``module`` (or its ``attribute``), imported the ordinary way when first
     used: for a name a module took at import time and reads only in code a session never runs
-    (``import sqlalchemy as sa``, ``from sqlalchemy import func`` in jupyterhub.scopes and .roles)."""
+    (``import sqlalchemy as sa``, ``from sqlalchemy import func`` in jupyterhub.scopes and .roles),
+    or calls only on request (JupyterLab's PyPI extension manager class)."""
 
     def __init__(self, module: str, attribute: str | None = None):
         self._module, self._attribute = module, attribute
 
-    def __getattr__(self, name):
+    def _target(self):
         target = importlib.import_module(self._module)
-        if self._attribute:
-            target = getattr(target, self._attribute)
-        return getattr(target, name)
+        return getattr(target, self._attribute) if self._attribute else target
+
+    def __getattr__(self, name):
+        return getattr(self._target(), name)
+
+    def __call__(self, *args, **kwargs):  # a class or function taken by name: built or called on use
+        return self._target()(*args, **kwargs)
 
 
 class ModuleOnUse(types.ModuleType):

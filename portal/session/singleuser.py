@@ -29,6 +29,7 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     call_the_hub_through_tornado,
     check_the_hub_once_serving,
     leave_out_the_hubs_database,
+    leave_out_the_pypi_extension_manager,
     leave_out_the_users_config_folders,
     resolve_names_in_threads,
     skip_yarn_config,
@@ -68,6 +69,7 @@ def main() -> None:
     leave_out_the_users_config_folders()
     leave_out_the_hubs_database()
     check_the_hub_once_serving()
+    leave_out_the_pypi_extension_manager()
     skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]

@@ -144,6 +144,28 @@ def _nbextensions_without_ipythons_folder() -> None:
     NotebookAppTraits.nbextensions_path = property(_nbextensions_path, doc=NotebookAppTraits.nbextensions_path.__doc__)
 
 
+# ------------------------------------------------------------------ jupyterlab.extensions' PyPI manager
+def leave_out_the_pypi_extension_manager() -> None:
+    """jupyterlab.extensions imports its PyPI extension manager (httpx, xmlrpc, async_lru: ~30 ms of
+    every session start) for the Extension Manager's "pypi" mode; sessions run it read-only
+    (jupyter_lab_config.json). The module is imported with a stand-in for that one import; its
+    name for the class then loads the real one when the manager is built (an admin who sets
+    LabApp.extension_manager back to "pypi"). Before JupyterLab is imported."""
+    if "jupyterlab.extensions" in sys.modules:
+        return
+    name = "jupyterlab.extensions.pypi"
+    stand_in = types.ModuleType(name, "stand-in while jupyterlab.extensions is imported")
+    stand_in.PyPIExtensionManager = None
+    sys.modules[name] = stand_in
+    try:
+        extensions = importlib.import_module("jupyterlab.extensions")
+    finally:
+        del sys.modules[name]
+    if getattr(extensions, "pypi", None) is stand_in:
+        del extensions.pypi
+    extensions.PyPIExtensionManager = OnUse(name, "PyPIExtensionManager")
+
+
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
 def _no_yarn_config(logger):
     return {"yarn config": {}, "npm config": {}}  # what JupyterLab uses where Node.js is not installed
@@ -389,6 +411,13 @@ PATCHES = [
            Mentions("notebook_shim.nbserver", "diff_members", "884a1b3cdd86d3d0")),
           lambda: getattr(sys.modules.get("notebook_shim.traits"), "NotebookAppTraits", None) is not None
           and sys.modules["notebook_shim.traits"].NotebookAppTraits.nbextensions_path.fget is _nbextensions_path),
+    Patch("pypi-extension-manager-on-use", "portal/session/singleuser.py",
+          "jupyterlab.extensions.pypi: a stand-in while jupyterlab.extensions imports; its PyPIExtensionManager "
+          "name replaced (loads the real class when called)", "jupyterlab", "4.6.6",
+          "~30 ms of every session start for the PyPI client of an Extension Manager sessions run read-only",
+          (Mentions("jupyterlab.extensions", "PyPIExtensionManager", "9052f280873990f2"),
+           Mentions("jupyterlab.extensions", "pypi", "e8e71efca1219a22")),
+          lambda: type(getattr(sys.modules.get("jupyterlab.extensions"), "PyPIExtensionManager", None)) is OnUse),
     Patch("no-yarn-config", "portal/session/singleuser.py", "jupyterlab.commands._yarn_config (replaced)",
           "jupyterlab", "4.6.6", "a Node.js process (0.2 s) at every session start, for builds sessions never do",
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
