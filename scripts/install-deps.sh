@@ -56,8 +56,11 @@ fi
 # 2.4 s `import jupyter_server.serverapp` takes here; no Jupyter schema uses those formats
 # (jupyter-server/jupyter_server#1559, python-jsonschema/jsonschema#1428).
 # The same for isoduration and arrow (its only user here), 21 ms of that import for the "duration"
-# format, which no Jupyter schema uses either.
-"$ENV/bin/pip" uninstall -q -y rfc3987-syntax isoduration arrow 2>/dev/null || true
+# format, which no Jupyter schema uses either; and for rfc3986-validator, whose one huge regular
+# expression took ~25 ms of every session start to compile, for the "uri" format: jupyter_events
+# checks with it that an event schema's $id is a URI, as the server and the hub register their own
+# schemas (a schema author's slip, not anything a user sends).
+"$ENV/bin/pip" uninstall -q -y rfc3987-syntax isoduration arrow rfc3986-validator 2>/dev/null || true
 # Nor do sessions load jupyter_lsp's server extension: no language server is installed for it to run.
 "$ENV/bin/jupyter" server extension disable --sys-prefix jupyter_lsp >/dev/null 2>&1 || true
 # PyTorch (CPU) and Horovod for multi-node jobs: the wheel is built once and cached.

@@ -17,11 +17,12 @@ from portal.session import singleuser
 singleuser.resolve_names_in_threads()
 singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_hubs_database()
+singleuser.semver_on_use()
 singleuser.leave_out_the_pypi_extension_manager()
 singleuser.skip_yarn_config()
 import jupyterhub.singleuser, jupyterlab.labapp, portal.session.extension, jupyter_server_proxy.handlers
 loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns", "aiohttp.client", "IPython", "httpx",
-                            "jupyterlab.extensions.pypi")
+                            "jupyterlab.extensions.pypi", "jupyter_builder.jupyterlab_semver")
                 if sys.modules.get(m) is not None)
 print("loaded at start:", loaded)
 import jupyterhub.orm, jupyterhub.roles, jupyterhub.scopes, requests
@@ -31,6 +32,8 @@ print(jupyterhub.orm.User.__tablename__, jupyterhub.scopes.sa.inspect.__name__,
 import jupyterhub.utils, aiohttp, jupyterlab.extensions
 print(jupyterhub.utils.aiohttp.ClientOSError.__name__, jupyter_server_proxy.handlers.aiohttp.UnixConnector.__name__,
       aiohttp.ClientSession.__module__, type(jupyterlab.extensions.get_pypi_manager()).__module__)
+import jupyterlab.commands
+print(jupyterlab.commands._compare_ranges("^4.0.0", ">=4.1"), jupyterlab.commands.gte("4.6.0", "4.1.0", True))
 """
 
 
@@ -42,6 +45,7 @@ def test_hub_only_code_is_left_out_of_a_session_start_and_works_when_used():
     assert lines[0] == "loaded at start: []", out.stdout
     assert lines[1] == "users inspect _FunctionGenerator Session LaunchPolicy", out.stdout
     assert lines[2] == "ClientOSError UnixConnector aiohttp.client jupyterlab.extensions.pypi", out.stdout
+    assert lines[3] == "0 True", out.stdout  # JupyterLab's version checks, with the real semver module
 
 
 # The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real

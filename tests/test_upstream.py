@@ -61,6 +61,7 @@ singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_users_config_folders()
 singleuser.leave_out_the_hubs_database()
 singleuser.check_the_hub_once_serving()
+singleuser.semver_on_use()
 singleuser.leave_out_the_pypi_extension_manager()
 singleuser.skip_yarn_config()
 from portal.session import activity, kerneldebugger, kernelpipe, magics, upstream

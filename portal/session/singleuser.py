@@ -32,6 +32,7 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     leave_out_the_pypi_extension_manager,
     leave_out_the_users_config_folders,
     resolve_names_in_threads,
+    semver_on_use,
     skip_yarn_config,
 )
 
@@ -69,6 +70,7 @@ def main() -> None:
     leave_out_the_users_config_folders()
     leave_out_the_hubs_database()
     check_the_hub_once_serving()
+    semver_on_use()
     leave_out_the_pypi_extension_manager()
     skip_yarn_config()
     command = which(sys.argv[1]) or sys.argv[1]

@@ -153,6 +153,7 @@ def leave_out_the_pypi_extension_manager() -> None:
     LabApp.extension_manager back to "pypi"). Before JupyterLab is imported."""
     if "jupyterlab.extensions" in sys.modules:
         return
+    semver_on_use()  # jupyterlab.extensions imports jupyterlab.commands
     name = "jupyterlab.extensions.pypi"
     stand_in = types.ModuleType(name, "stand-in while jupyterlab.extensions is imported")
     stand_in.PyPIExtensionManager = None
@@ -164,6 +165,34 @@ def leave_out_the_pypi_extension_manager() -> None:
     if getattr(extensions, "pypi", None) is stand_in:
         del extensions.pypi
     extensions.PyPIExtensionManager = OnUse(name, "PyPIExtensionManager")
+
+
+# ------------------------------------------------------------------ jupyterlab.commands' semver
+class _NamesOnUse(types.ModuleType):
+    """In sys.modules while another module imports from it: every name taken is an OnUse."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # the import system's questions are not names taken
+            raise AttributeError(name)
+        return OnUse(self.__name__, name)
+
+
+def semver_on_use() -> None:
+    """jupyterlab.commands takes six functions and a class from jupyter_builder's semver module,
+    which compiles its regular expressions as it is imported (~15 ms of every session start), for
+    the version checks of builds and installs that sessions never run. They are taken as OnUse
+    names, each loading the module when first called. Before JupyterLab is imported."""
+    if "jupyterlab.commands" in sys.modules:
+        return
+    name = "jupyter_builder.jupyterlab_semver"
+    if name in sys.modules:
+        importlib.import_module("jupyterlab.commands")
+        return
+    sys.modules[name] = _NamesOnUse(name, "stand-in while jupyterlab.commands is imported")
+    try:
+        importlib.import_module("jupyterlab.commands")
+    finally:
+        del sys.modules[name]
 
 
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
@@ -418,6 +447,12 @@ PATCHES = [
           (Mentions("jupyterlab.extensions", "PyPIExtensionManager", "9052f280873990f2"),
            Mentions("jupyterlab.extensions", "pypi", "e8e71efca1219a22")),
           lambda: type(getattr(sys.modules.get("jupyterlab.extensions"), "PyPIExtensionManager", None)) is OnUse),
+    Patch("semver-on-use", "portal/session/singleuser.py",
+          "jupyter_builder.jupyterlab_semver: a stand-in while jupyterlab.commands imports (its names OnUse)",
+          "jupyterlab", "4.6.6", "~15 ms of every session start for version checks of builds sessions never run",
+          (Mentions("jupyterlab.commands", "jupyterlab_semver", "061a7f75232b90b8"),
+           Mentions("jupyterlab.commands", "Range", "576785eb230d94a5")),
+          lambda: type(getattr(sys.modules.get("jupyterlab.commands"), "make_semver", None)) is OnUse),
     Patch("no-yarn-config", "portal/session/singleuser.py", "jupyterlab.commands._yarn_config (replaced)",
           "jupyterlab", "4.6.6", "a Node.js process (0.2 s) at every session start, for builds sessions never do",
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
