@@ -90,10 +90,8 @@ async def fetch(url: str, *, method: str = "GET", raise_for_status: bool = True,
                           ssl_options=ssl if isinstance(ssl, ssl_module.SSLContext) else None,
                           validate_cert=ssl is not False, request_timeout=TIMEOUT, connect_timeout=TIMEOUT,
                           follow_redirects=False)  # tornado would send the token on to wherever a redirect points
-    answer = await AsyncHTTPClient().fetch(request, raise_error=False)
-    if answer.code == 599:  # no answer at all
-        raise answer.error
-    response = Response(answer)
+    # raise_error=False spares only answers with an error status: no answer at all still raises.
+    response = Response(await AsyncHTTPClient().fetch(request, raise_error=False))
     if raise_for_status:
         response.raise_for_status()
     return response

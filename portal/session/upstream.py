@@ -144,30 +144,7 @@ def _nbextensions_without_ipythons_folder() -> None:
     NotebookAppTraits.nbextensions_path = property(_nbextensions_path, doc=NotebookAppTraits.nbextensions_path.__doc__)
 
 
-# ------------------------------------------------------------------ jupyterlab.extensions' PyPI manager
-def leave_out_the_pypi_extension_manager() -> None:
-    """jupyterlab.extensions imports its PyPI extension manager (httpx, xmlrpc, async_lru: ~30 ms of
-    every session start) for the Extension Manager's "pypi" mode; sessions run it read-only
-    (jupyter_lab_config.json). The module is imported with a stand-in for that one import; its
-    name for the class then loads the real one when the manager is built (an admin who sets
-    LabApp.extension_manager back to "pypi"). Before JupyterLab is imported."""
-    if "jupyterlab.extensions" in sys.modules:
-        return
-    semver_on_use()  # jupyterlab.extensions imports jupyterlab.commands
-    name = "jupyterlab.extensions.pypi"
-    stand_in = types.ModuleType(name, "stand-in while jupyterlab.extensions is imported")
-    stand_in.PyPIExtensionManager = None
-    sys.modules[name] = stand_in
-    try:
-        extensions = importlib.import_module("jupyterlab.extensions")
-    finally:
-        del sys.modules[name]
-    if getattr(extensions, "pypi", None) is stand_in:
-        del extensions.pypi
-    extensions.PyPIExtensionManager = OnUse(name, "PyPIExtensionManager")
-
-
-# ------------------------------------------------------------------ jupyterlab.commands' semver
+# ------------------------------------------------------------------ names JupyterLab takes, loaded on use
 class _NamesOnUse(types.ModuleType):
     """In sys.modules while another module imports from it: every name taken is an OnUse."""
 
@@ -177,22 +154,39 @@ class _NamesOnUse(types.ModuleType):
         return OnUse(self.__name__, name)
 
 
+def _import_taking_names_on_use(module: str, source: str) -> None:
+    """Import ``module`` while ``source`` is a stand-in: each name ``module`` takes from it is an
+    OnUse, which imports the real ``source`` when first called. Nothing to do where either is
+    imported already."""
+    if module in sys.modules or source in sys.modules:
+        return
+    stand_in = _NamesOnUse(source, f"stand-in while {module} is imported")
+    sys.modules[source] = stand_in
+    try:
+        importlib.import_module(module)
+    finally:
+        del sys.modules[source]
+    parent, _, child = source.rpartition(".")
+    if getattr(sys.modules.get(parent), child, None) is stand_in:
+        delattr(sys.modules[parent], child)
+
+
 def semver_on_use() -> None:
     """jupyterlab.commands takes six functions and a class from jupyter_builder's semver module,
     which compiles its regular expressions as it is imported (~15 ms of every session start), for
     the version checks of builds and installs that sessions never run. They are taken as OnUse
     names, each loading the module when first called. Before JupyterLab is imported."""
-    if "jupyterlab.commands" in sys.modules:
-        return
-    name = "jupyter_builder.jupyterlab_semver"
-    if name in sys.modules:
-        importlib.import_module("jupyterlab.commands")
-        return
-    sys.modules[name] = _NamesOnUse(name, "stand-in while jupyterlab.commands is imported")
-    try:
-        importlib.import_module("jupyterlab.commands")
-    finally:
-        del sys.modules[name]
+    _import_taking_names_on_use("jupyterlab.commands", "jupyter_builder.jupyterlab_semver")
+
+
+def leave_out_the_pypi_extension_manager() -> None:
+    """jupyterlab.extensions imports its PyPI extension manager (httpx, xmlrpc, async_lru: ~30 ms of
+    every session start) for the Extension Manager's "pypi" mode; sessions run it read-only
+    (jupyter_lab_config.json). The class is taken as an OnUse name, which loads the real one when
+    the manager is built (an admin who sets LabApp.extension_manager back to "pypi"). Before
+    JupyterLab is imported."""
+    semver_on_use()  # jupyterlab.extensions imports jupyterlab.commands
+    _import_taking_names_on_use("jupyterlab.extensions", "jupyterlab.extensions.pypi")
 
 
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
@@ -441,8 +435,8 @@ PATCHES = [
           lambda: getattr(sys.modules.get("notebook_shim.traits"), "NotebookAppTraits", None) is not None
           and sys.modules["notebook_shim.traits"].NotebookAppTraits.nbextensions_path.fget is _nbextensions_path),
     Patch("pypi-extension-manager-on-use", "portal/session/singleuser.py",
-          "jupyterlab.extensions.pypi: a stand-in while jupyterlab.extensions imports; its PyPIExtensionManager "
-          "name replaced (loads the real class when called)", "jupyterlab", "4.6.6",
+          "jupyterlab.extensions.pypi: a stand-in while jupyterlab.extensions imports (its PyPIExtensionManager "
+          "an OnUse: loads the real class when called)", "jupyterlab", "4.6.6",
           "~30 ms of every session start for the PyPI client of an Extension Manager sessions run read-only",
           (Mentions("jupyterlab.extensions", "PyPIExtensionManager", "9052f280873990f2"),
            Mentions("jupyterlab.extensions", "pypi", "e8e71efca1219a22")),
