@@ -16,13 +16,14 @@ import sys
 from portal.session import singleuser
 singleuser.resolve_names_in_threads()
 singleuser.call_the_hub_through_tornado()
+singleuser.events_on_use()
 singleuser.leave_out_the_hubs_database()
 singleuser.semver_on_use()
 singleuser.leave_out_the_pypi_extension_manager()
 singleuser.skip_yarn_config()
 import jupyterhub.singleuser, jupyterlab.labapp, portal.session.extension, jupyter_server_proxy.handlers
 loaded = sorted(m for m in ("sqlalchemy", "alembic", "pydantic", "aiodns", "aiohttp.client", "IPython", "httpx",
-                            "jupyterlab.extensions.pypi", "jupyter_builder.jupyterlab_semver")
+                            "jupyterlab.extensions.pypi", "jupyter_builder.jupyterlab_semver", "jupyter_events", "yaml")
                 if sys.modules.get(m) is not None)
 print("loaded at start:", loaded)
 import jupyterhub.orm, jupyterhub.roles, jupyterhub.scopes, requests
@@ -34,6 +35,31 @@ print(jupyterhub.utils.aiohttp.ClientOSError.__name__, jupyter_server_proxy.hand
       aiohttp.ClientSession.__module__, type(jupyterlab.extensions.get_pypi_manager()).__module__)
 import jupyterlab.commands
 print(jupyterlab.commands._compare_ranges("^4.0.0", ">=4.1"), jupyterlab.commands.gte("4.6.0", "4.1.0", True))
+# Events: jupyter_server's EventLogger drops what nothing listens to, loads jupyter_events for a listener
+# (the events websocket), which then hears every event; a schema given twice raises the class the
+# kernel manager catches.
+import asyncio, jupyter_server.serverapp as serverapp, jupyter_server.services.kernels.kernelmanager as km
+from jupyter_server.services.contents.manager import ContentsManager
+logger = serverapp.EventLogger()
+kernel_actions = km.ServerKernelManager().core_event_schema_paths[0]
+logger.register_event_schema(kernel_actions)
+logger.register_event_schema(kernel_actions)
+event = {"action": "start", "kernel_id": "k1", "msg": "started", "status": "success"}
+dropped = logger.emit(schema_id="https://events.jupyter.org/jupyter_server/kernel_actions/v1", data=event)
+heard = []
+async def listen():
+    async def listener(logger, schema_id, data):
+        heard.append(data["kernel_id"])
+    logger.add_listener(schema_id="https://events.jupyter.org/jupyter_server/kernel_actions/v1", listener=listener)
+    logger.emit(schema_id="https://events.jupyter.org/jupyter_server/kernel_actions/v1", data=event)
+    await logger.gather_listeners()
+asyncio.run(listen())
+try:
+    logger.register_event_schema(kernel_actions)
+    raised = "nothing"
+except km.SchemaRegistryException as error:
+    raised = type(error).__name__
+print(dropped, heard, raised, type(logger._real).__module__, isinstance(logger, ContentsManager.event_logger.klass))
 """
 
 
@@ -46,6 +72,7 @@ def test_hub_only_code_is_left_out_of_a_session_start_and_works_when_used():
     assert lines[1] == "users inspect _FunctionGenerator Session LaunchPolicy", out.stdout
     assert lines[2] == "ClientOSError UnixConnector aiohttp.client jupyterlab.extensions.pypi", out.stdout
     assert lines[3] == "0 True", out.stdout  # JupyterLab's version checks, with the real semver module
+    assert lines[4] == "None ['k1'] SchemaRegistryException jupyter_events.logger True", out.stdout
 
 
 # The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real

@@ -59,6 +59,7 @@ from portal.session import singleuser
 singleuser.resolve_names_in_threads()
 singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_users_config_folders()
+singleuser.events_on_use()
 singleuser.leave_out_the_hubs_database()
 singleuser.check_the_hub_once_serving()
 singleuser.semver_on_use()

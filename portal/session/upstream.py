@@ -189,6 +189,92 @@ def leave_out_the_pypi_extension_manager() -> None:
     _import_taking_names_on_use("jupyterlab.extensions", "jupyterlab.extensions.pypi")
 
 
+# ------------------------------------------------------------------ jupyter_events, loaded when something listens
+EVENT_MODULES = ("jupyter_events", "jupyter_events.logger", "jupyter_events.schema_registry")
+
+
+class SchemaRegistryException(Exception):
+    """jupyter_events' SchemaRegistryException (a schema's id registered twice), this class wherever
+    it is named: jupyter_server's kernel manager catches it by the name it took at import, and once
+    jupyter_events loads, its registry raises this one (_real_event_logger)."""
+
+
+class EventLoggerOnUse:
+    """jupyter_events' EventLogger, loaded when something listens to events (a handler configured, a
+    listener added, a client on the events websocket) or asks for anything else of it. Until then
+    the schemas it is given are kept, in order, and events are dropped, as the real one drops them
+    when nothing listens. jupyter_server's modules take this class as their EventLogger while
+    jupyter_server.serverapp imports (events_on_use); its instances pass their traits' checks."""
+
+    _real = None
+
+    def __init__(self, *args, **kwargs):
+        self._arguments = (args, kwargs)
+        self._schemas: list = []
+        parent = kwargs.get("parent")
+        if "EventLogger" in (getattr(parent, "config", None) or {}):  # handlers configured: they listen
+            self._load()
+
+    def _load(self):
+        if self._real is None:
+            args, kwargs = self._arguments
+            self._real = _real_event_logger()(*args, **kwargs)
+            for schema in self._schemas:
+                try:
+                    self._real.register_event_schema(schema)
+                except SchemaRegistryException:  # given twice (jupyter_server's kernel manager re-registers)
+                    pass
+        return self._real
+
+    def register_event_schema(self, schema) -> None:
+        if self._real is not None:
+            self._real.register_event_schema(schema)
+        elif not any(schema == known for known in self._schemas):
+            self._schemas.append(schema)
+
+    def emit(self, *, schema_id: str, data: dict, timestamp_override=None):
+        if self._real is None:
+            return None  # what the real EventLogger returns when no handler or listener takes the event
+        return self._real.emit(schema_id=schema_id, data=data, timestamp_override=timestamp_override)
+
+    async def gather_listeners(self) -> list:
+        return await self._real.gather_listeners() if self._real is not None else []
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # copy, pickle and traitlets' questions are not a use
+            raise AttributeError(name)
+        return getattr(self._load(), name)
+
+
+def _real_event_logger():
+    """jupyter_events' EventLogger class, its registry raising :class:`SchemaRegistryException`."""
+    registry = importlib.import_module("jupyter_events.schema_registry")
+    registry.SchemaRegistryException = SchemaRegistryException
+    return importlib.import_module("jupyter_events.logger").EventLogger
+
+
+def events_on_use() -> None:
+    """jupyter_server builds an EventLogger at start and registers its event schemas: jupyter_events
+    loads PyYAML (whose reader compiles a regular expression over all of Unicode), its metaschemas,
+    python-json-logger and a package lookup, ~30 ms of every session start, for events that nothing
+    listens to unless a browser opens the events websocket. jupyter_server's modules take
+    :class:`EventLoggerOnUse` and :class:`SchemaRegistryException` in their place while
+    jupyter_server.serverapp imports. Before jupyterhub.singleuser is imported."""
+    if "jupyter_server.serverapp" in sys.modules or any(name in sys.modules for name in EVENT_MODULES):
+        return
+    stand_ins = {name: types.ModuleType(name, "stand-in while jupyter_server.serverapp is imported")
+                 for name in EVENT_MODULES}
+    stand_ins["jupyter_events"].__path__ = []
+    stand_ins["jupyter_events"].EventLogger = stand_ins["jupyter_events.logger"].EventLogger = EventLoggerOnUse
+    stand_ins["jupyter_events.schema_registry"].SchemaRegistryException = SchemaRegistryException
+    sys.modules.update(stand_ins)
+    try:
+        importlib.import_module("jupyter_server.serverapp")
+    finally:
+        for name in EVENT_MODULES:
+            del sys.modules[name]
+
+
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
 def _no_yarn_config(logger):
     return {"yarn config": {}, "npm config": {}}  # what JupyterLab uses where Node.js is not installed
@@ -447,6 +533,32 @@ PATCHES = [
           (Mentions("jupyterlab.commands", "jupyterlab_semver", "061a7f75232b90b8"),
            Mentions("jupyterlab.commands", "Range", "576785eb230d94a5")),
           lambda: type(getattr(sys.modules.get("jupyterlab.commands"), "make_semver", None)) is OnUse),
+    Patch("jupyter-events-on-use", "portal/session/singleuser.py",
+          "jupyter_events, .logger and .schema_registry: stand-ins while jupyter_server.serverapp imports (its "
+          "modules' EventLogger an EventLoggerOnUse, SchemaRegistryException this module's, also in the real "
+          "registry once loaded)", "jupyter_events", "0.12.1",
+          "~30 ms of every session start for PyYAML, the event metaschemas and python-json-logger, for events "
+          "nothing listens to until a browser opens the events websocket",
+          (Definition("jupyter_events.logger", "EventLogger.emit", "fc2695e676121ca1"),
+           Definition("jupyter_events.logger", "EventLogger.__init__", "715bbc5213054f6b"),
+           Definition("jupyter_events.schema_registry", "SchemaRegistry._add", "14eeef88f5672a4b"),
+           Definition("jupyter_server.serverapp", "ServerApp.init_event_logger", "1d60c1d1321d7c56"),
+           Mentions("jupyter_server.serverapp", "EventLogger", "b2f8d4c4b091594e"),
+           Mentions("jupyter_server.services.contents.manager", "EventLogger", "ceef3e3040a345f9"),
+           Mentions("jupyter_server.gateway.gateway_client", "EventLogger", "ceef3e3040a345f9"),
+           Mentions("jupyter_server.services.kernels.kernelmanager", "EventLogger", "5171f67cdef19f77"),
+           Mentions("jupyter_server.services.kernels.kernelmanager", "SchemaRegistryException", "ca815615910578ca"),
+           Mentions("jupyter_server.services.events.handlers", "event_logger", "32deb97b02c7e361")),
+          lambda: getattr(sys.modules.get("jupyter_server.serverapp"), "EventLogger", None) is EventLoggerOnUse),
+    Patch("kernel-restart-callbacks", "portal/session/kernelsockets.py",
+          "jupyter_server's ServerKernelManager.start_kernel (overridden by PrivateKernelManager: each kernel it "
+          "starts gets activity.RESTART_CALLBACKS)", "jupyter_server", "2.21.1",
+          "a kernel's restart callbacks without a listener on the kernel_actions event, which would load "
+          "jupyter_events at every start and validate every kernel action",
+          (Definition("jupyter_server.services.kernels.kernelmanager", "ServerKernelManager.start_kernel", "02cf08218ecd8e78"),
+           Definition("jupyter_client.manager", "KernelManager.add_restart_callback", "9fa76d2d6fe6eb5b"),
+           Definition("jupyter_client.manager", "KernelManager._async_post_start_kernel", "2e64e074f4e0bb55")),
+          None),
     Patch("no-yarn-config", "portal/session/singleuser.py", "jupyterlab.commands._yarn_config (replaced)",
           "jupyterlab", "4.6.6", "a Node.js process (0.2 s) at every session start, for builds sessions never do",
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
