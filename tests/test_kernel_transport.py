@@ -77,7 +77,7 @@ def host_pid(probe: dict) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"ipykernel_launcher" in argv and probe["connection_file"].encode() in argv:
+        if {b"ipykernel_launcher", b"portal.session.kernelstart"} & set(argv) and probe["connection_file"].encode() in argv:
             return int(entry.name)
     raise AssertionError(f"no process of the kernel {probe['connection_file']}")
 

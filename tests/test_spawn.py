@@ -2,8 +2,10 @@
 
 import json
 import pwd
+import re
 import subprocess
 import time
+from pathlib import Path
 
 import requests
 
@@ -36,6 +38,21 @@ def test_session_runs_as_the_user_inside_a_slurm_job(alice):
     lab = alice.web.get(f"{HUB}/user/alice/lab")
     assert lab.status_code == 200
     assert "JupyterLab" in lab.text
+
+
+def test_the_server_and_its_kernel_collect_garbage_once_started(alice):
+    """Both pause Python's cyclic garbage collector while they load (portal.session.singleuser,
+    portal.session.kernelstart): once they serve, it runs again, over what they make from then on."""
+    alice.spawn({"profile": "gpu"})
+    job = active_jobs("alice")[0]["job_id"]
+    seen = json.loads(alice.run_code(
+        "import gc, json, sys; print(json.dumps({'on': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
+        " 'launcher': sys.argv[0]}))"))
+    assert seen["on"] and seen["frozen"] > 10_000, seen
+    assert seen["launcher"].endswith("portal/session/kernelstart.py"), seen
+    log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
+    served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out", log)
+    assert served and int(served.group(1)) > 10_000, log[-3000:]
 
 
 def test_stopping_the_server_ends_the_job(alice):

@@ -128,15 +128,22 @@ def pin_session_certificates(issued_certificate) -> None:
 
 
 # ------------------------------------------------------------------ JupyterHub's tornado application
+_AFTER_INIT = []  # what after_init_tornado_application was given, in order
+
+
 def after_init_tornado_application(extend) -> None:
-    """``extend(hub)`` runs right after ``JupyterHub.init_tornado_application`` (once wrapped)."""
+    """``extend(hub)`` runs right after ``JupyterHub.init_tornado_application`` (wrapped once), after
+    those given before it."""
+    if extend not in _AFTER_INIT:
+        _AFTER_INIT.append(extend)
     if hasattr(JupyterHub.init_tornado_application, "original"):
         return
     init_tornado_application = JupyterHub.init_tornado_application
 
     def init(hub: JupyterHub):
         init_tornado_application(hub)
-        extend(hub)
+        for extension in list(_AFTER_INIT):
+            extension(hub)
 
     init.original = init_tornado_application
     JupyterHub.init_tornado_application = init

@@ -105,6 +105,30 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
     return written
 
 
+HOST_KERNEL = "python3"
+LAUNCHER = ["python", "-m", "ipykernel_launcher"]  # how ipykernel's own kernelspec starts it
+
+
+def write_host_kernel(dest: Path) -> str | None:
+    """The session's Python 3 kernel: the environment's own kernelspec (ipykernel's), started by
+    portal.session.kernelstart instead of ipykernel_launcher, into ``dest`` (on JUPYTER_PATH, before
+    the environment's folder). Nothing where that kernelspec is not ipykernel's usual one."""
+    source = Path(sys.prefix) / "share" / "jupyter" / "kernels" / HOST_KERNEL
+    try:
+        spec = json.loads((source / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if spec.get("argv", [])[:3] != LAUNCHER:
+        return None
+    spec["argv"] = [sys.executable, "-P", "-m", "portal.session.kernelstart", *spec["argv"][3:]]
+    folder = dest / "kernels" / HOST_KERNEL
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+    for logo in source.glob("logo-*"):
+        (folder / logo.name).symlink_to(logo)
+    return f"{HOST_KERNEL}: {spec.get('display_name', HOST_KERNEL)}"
+
+
 CATALOG_FILE = "catalog.json"  # in the session's folder: the images a user's own kernel may name
 
 

@@ -1,7 +1,8 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
-1. Writes this session's container kernelspecs (the catalog the batch script put in sessionvars.KERNEL_CATALOG)
-   into the session's own folder (sessionvars.SESSION_DIR, on JUPYTER_PATH).
+1. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
+   JUPYTER_PATH): its Python 3 kernel's (portal.session.kernelstart) and its container images' (the
+   catalog the batch script put in sessionvars.KERNEL_CATALOG).
 2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
    process, without the hub's database layer, without aiohttp (its calls to the hub go through
    tornado's client), without jupyter_events until something listens to events, without asking
@@ -26,7 +27,7 @@ from shutil import which
 from urllib.parse import urlparse, urlunparse
 
 from .. import sessionvars
-from .kernels import write_catalog
+from .kernels import write_catalog, write_host_kernel
 from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, jupyter_core, JupyterLab, aiohttp)
     call_the_hub_through_tornado,
     check_the_hub_once_serving,
@@ -46,9 +47,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_container_kernels() -> None:
+def write_session_kernels() -> None:
+    """The session's Python 3 kernel (kernels.write_host_kernel) and its container kernelspecs into
+    the session's own folder."""
     catalog, folder = os.environ.pop(sessionvars.KERNEL_CATALOG, ""), os.environ.get(sessionvars.SESSION_DIR, "")
-    if not catalog or not folder:
+    if not folder:
+        return
+    try:
+        write_host_kernel(Path(folder))
+    except OSError as error:  # the environment's own kernelspec still starts it
+        print(f"dsportal: the Python 3 kernel starts as ipykernel's ({error})", flush=True)
+    if not catalog:
         return
     try:
         for line in write_catalog(Path(folder), json.loads(catalog), os.path.expanduser("~"),
@@ -69,11 +78,13 @@ def collect_garbage_from_now_on() -> None:
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
+        print(f"dsportal: serving; garbage collection on, the {gc.get_freeze_count()} objects of the start "
+              "left out of it", flush=True)
 
 
 def main() -> None:
     gc.disable()  # until the server serves: collect_garbage_from_now_on
-    write_container_kernels()
+    write_session_kernels()
     port = free_port()
     os.environ[sessionvars.REPORT_PORT] = "1"
     service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
