@@ -77,6 +77,8 @@ def _collect_garbage_from_now_on(hub) -> None:
     gc.collect()
     gc.freeze()
     gc.enable()
+    hub.log.info("dsportal: set up; garbage collection on, the %d objects of the start left out of it",
+                 gc.get_freeze_count())
 
 
 def move_database(settings, target_url: str | None, password_file: Path | None) -> int:

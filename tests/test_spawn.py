@@ -40,9 +40,15 @@ def test_session_runs_as_the_user_inside_a_slurm_job(alice):
     assert "JupyterLab" in lab.text
 
 
-def test_the_server_and_its_kernel_collect_garbage_once_started(alice):
-    """Both pause Python's cyclic garbage collector while they load (portal.session.singleuser,
-    portal.session.kernelstart): once they serve, it runs again, over what they make from then on."""
+def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
+    """All three pause Python's cyclic garbage collector while they load (portal.cli's hub command,
+    portal.session.singleuser, portal.session.kernelstart): once they serve, it runs again, over
+    what they make from then on."""
+    from portal.cluster import demo
+
+    hub_log = (demo.paths().log / "hub.log").read_text()
+    hub_set_up = re.findall(r"dsportal: set up; garbage collection on, the (\d+) objects of the start left out", hub_log)
+    assert hub_set_up and int(hub_set_up[-1]) > 10_000, hub_log[-3000:]
     alice.spawn({"profile": "gpu"})
     job = active_jobs("alice")[0]["job_id"]
     seen = json.loads(alice.run_code(
