@@ -196,3 +196,71 @@ def test_a_session_whose_hub_never_answers_ends_its_job_in_words():
     assert "hub got" not in out.stdout
     assert "dsportal: the hub did not answer this session's report for 1 s (" in out.stderr, out.stderr
     assert out.stderr.strip().endswith("this job ends"), out.stderr
+
+
+# The session's TLS contexts: one for its calls to the hub, trusting the hub's CA bundle only;
+# tornado's default client context loads the system's store when a connection first uses it.
+TLS_CONTEXTS = """
+import socket, ssl, sys, threading
+from portal.session import upstream
+folder = sys.argv[1]
+context = upstream.hub_tls_context(f"{folder}/client.key", f"{folder}/client.crt", cafile=f"{folder}/ca.crt")
+same = upstream.hub_tls_context(f"{folder}/client.key", f"{folder}/client.crt", cafile=f"{folder}/ca.crt")
+
+def handshake(server_cert: str) -> str:
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(f"{folder}/{server_cert}.crt", f"{folder}/{server_cert}.key")
+    left, right = socket.socketpair()
+    serving = threading.Thread(target=lambda: _serve(server, right))
+    serving.start()
+    try:
+        with context.wrap_socket(left, server_hostname="hub.internal") as tls:
+            return "ok " + tls.version()
+    except ssl.SSLCertVerificationError as error:
+        return "refused " + error.verify_message
+    finally:
+        serving.join(10)
+
+def _serve(server, sock):
+    try:
+        server.wrap_socket(sock, server_side=True).close()
+    except (ssl.SSLError, OSError):
+        sock.close()
+
+print(same is context, context.cert_store_stats()["x509_ca"], handshake("hub"), "|", handshake("public"))
+upstream.system_store_on_first_use()
+import tornado.iostream, tornado.netutil
+default = tornado.iostream._client_ssl_defaults()
+before = default.cert_store_stats()["x509_ca"]
+default.wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO(), server_hostname="example.org")
+print(tornado.netutil._client_ssl_defaults() is default, before,
+      default.cert_store_stats()["x509_ca"] == ssl.create_default_context().cert_store_stats()["x509_ca"] > 0,
+      default.verify_mode == ssl.CERT_REQUIRED, default.check_hostname)
+"""
+
+
+def _certificates(folder: Path) -> None:
+    """A CA (the hub's), a hub certificate and a client certificate from it, and a certificate for the
+    same name from another CA (one a public CA could issue): real keys, made with openssl."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+                "-subj", f"/CN={ca}", "-keyout", f"{ca}.key", "-out", f"{ca}.crt")
+    for name, ca, host in (("hub", "ca", "hub.internal"), ("client", "ca", "session"), ("public", "other-ca", "hub.internal")):
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={host}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        (folder / f"{name}.ext").write_text(f"subjectAltName=DNS:{host}\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+                "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt")
+
+
+def test_the_sessions_tls_to_its_hub_trusts_the_hubs_ca_only_and_tornado_loads_the_system_store_on_use(tmp_path):
+    _certificates(tmp_path)
+    out = subprocess.run([sys.executable, "-c", TLS_CONTEXTS, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+    assert out.returncode == 0, out.stderr
+    hub, tornado_default = out.stdout.splitlines()
+    assert hub.startswith("True 1 ok TLSv1.3 | refused "), hub  # one context, one CA; another CA's certificate refused
+    assert tornado_default == "True 0 True True True", tornado_default

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from jupyterhub.services.auth import HubAuth
-from jupyterhub.utils import make_ssl_context, url_path_join
+from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
+
+from .upstream import hub_tls_context
 
 
 async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
@@ -15,7 +17,7 @@ async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
     hub_auth = HubAuth()
     ssl = None
     if hub_auth.certfile and hub_auth.keyfile:
-        ssl = make_ssl_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
+        ssl = hub_tls_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
     request = HTTPRequest(
         url_path_join(hub_auth.api_url, path), method="POST", ssl_options=ssl,
         headers={"Authorization": f"token {hub_auth.api_token}", "Content-Type": "application/json"},

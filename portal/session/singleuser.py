@@ -35,9 +35,11 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     leave_out_the_hubs_database,
     leave_out_the_pypi_extension_manager,
     leave_out_the_users_config_folders,
+    one_tls_context_for_the_hub,
     resolve_names_in_threads,
     semver_on_use,
     skip_yarn_config,
+    system_store_on_first_use,
 )
 
 
@@ -98,6 +100,8 @@ def main() -> None:
     leave_out_the_users_config_folders()
     events_on_use()
     leave_out_the_hubs_database()
+    one_tls_context_for_the_hub()
+    system_store_on_first_use()
     check_the_hub_once_serving()
     semver_on_use()
     leave_out_the_pypi_extension_manager()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import ssl
 import sys
 import types
 from pathlib import Path
@@ -187,6 +188,87 @@ def leave_out_the_pypi_extension_manager() -> None:
     JupyterLab is imported."""
     semver_on_use()  # jupyterlab.extensions imports jupyterlab.commands
     _import_taking_names_on_use("jupyterlab.extensions", "jupyterlab.extensions.pypi")
+
+
+# ------------------------------------------------------------------ TLS to the hub: one context, the hub's CAs
+TLS_CONTEXT_MODULES = ("jupyterhub.services.auth", "jupyterhub.singleuser.extension", "jupyterhub.singleuser.mixins")
+_TLS_CONTEXTS: dict = {}
+
+
+def hub_tls_context(keyfile, certfile, cafile=None, purpose=ssl.Purpose.SERVER_AUTH, **deprecated):
+    """jupyterhub.utils.make_ssl_context for the session's calls to its hub, built once per set of
+    files (and their modification times), trusting the hub's internal CA bundle only. JupyterHub
+    builds a new context for every call to the hub's API (a token check, the port report) and adds
+    the system's CA store to each (load_default_certs: ~30 ms of CPU, 3-4 times in every session's
+    start); a certificate from a public CA is never the hub's. Without a CA bundle (or with
+    JupyterHub's deprecated arguments) JupyterHub's own function answers."""
+    from jupyterhub.utils import make_ssl_context
+
+    if not keyfile or not certfile or not cafile or deprecated:
+        return make_ssl_context(keyfile, certfile, cafile=cafile, purpose=purpose, **deprecated)
+    key = (purpose, *((path, os.stat(path).st_mtime_ns) for path in (keyfile, certfile, cafile)))
+    if key not in _TLS_CONTEXTS:
+        context = ssl.create_default_context(purpose, cafile=cafile)  # with a cafile: that bundle only
+        context.verify_mode = ssl.CERT_REQUIRED
+        if purpose == ssl.Purpose.SERVER_AUTH:
+            context.check_hostname = True
+        context.load_cert_chain(certfile, keyfile)
+        _TLS_CONTEXTS.clear()
+        _TLS_CONTEXTS[key] = context
+    return _TLS_CONTEXTS[key]
+
+
+def one_tls_context_for_the_hub() -> None:
+    """The jupyterhub modules a session loads (jupyterhub.singleuser's, HubAuth's) build their TLS
+    contexts for the hub with :func:`hub_tls_context`. After jupyterhub.singleuser is imported."""
+    for name in TLS_CONTEXT_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "make_ssl_context", None) is not hub_tls_context:
+            module.make_ssl_context = hub_tls_context
+
+
+class _SystemStoreOnFirstUse(ssl.SSLContext):
+    """tornado's default client context, as ssl.create_default_context() makes it (the system's CA
+    store, hostnames checked), the store loaded when a connection first uses it."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self.load_default_certs(ssl.Purpose.SERVER_AUTH)
+            self._loaded = True
+
+    def wrap_socket(self, *args, **kwargs):
+        self._load()
+        return super().wrap_socket(*args, **kwargs)
+
+    def wrap_bio(self, *args, **kwargs):
+        self._load()
+        return super().wrap_bio(*args, **kwargs)
+
+
+_TORNADO_DEFAULT: list = []
+
+
+def _tornado_client_defaults() -> ssl.SSLContext:
+    if not _TORNADO_DEFAULT:
+        context = _SystemStoreOnFirstUse(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
+        context.options |= ssl.OP_NO_COMPRESSION  # as tornado's own
+        _TORNADO_DEFAULT.append(context)
+    return _TORNADO_DEFAULT[0]
+
+
+def system_store_on_first_use() -> None:
+    """tornado makes its default client TLS context, loading the system's CA store (~30-50 ms of
+    CPU), when the session's server accepts its first TLS connection (from the proxy or the hub):
+    every SSLIOStream keeps one, though a stream the server accepts is wrapped already and never
+    uses it. Here that context loads the store when a connection first wraps a socket with it: a
+    client of tornado's that names no CAs of its own, never the server."""
+    import tornado.iostream
+    import tornado.netutil
+
+    for module in (tornado.netutil, tornado.iostream):
+        module._client_ssl_defaults = _tornado_client_defaults
 
 
 # ------------------------------------------------------------------ jupyter_events, loaded when something listens
@@ -533,6 +615,27 @@ PATCHES = [
           (Mentions("jupyterlab.commands", "jupyterlab_semver", "061a7f75232b90b8"),
            Mentions("jupyterlab.commands", "Range", "576785eb230d94a5")),
           lambda: type(getattr(sys.modules.get("jupyterlab.commands"), "make_semver", None)) is OnUse),
+    Patch("hub-tls-context", "portal/session/singleuser.py",
+          "make_ssl_context in jupyterhub.services.auth, .singleuser.extension and .singleuser.mixins (replaced "
+          "by hub_tls_context: one cached context, the hub's CA bundle only)", JUPYTERHUB, "6.1.1",
+          "~30 ms of CPU for the system's CA store in each of 3-4 TLS contexts of every session's start; a "
+          "certificate from a public CA is never the hub's",
+          (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
+           Mentions("jupyterhub.services.auth", "make_ssl_context", "ffc7bbe71b066abd"),
+           Mentions("jupyterhub.singleuser.extension", "make_ssl_context", "00966b6ad1349966"),
+           Mentions("jupyterhub.singleuser.mixins", "make_ssl_context", "00966b6ad1349966")),
+          lambda: all(getattr(sys.modules.get(name), "make_ssl_context", hub_tls_context) is hub_tls_context
+                      for name in TLS_CONTEXT_MODULES)),
+    Patch("tornado-system-store-on-first-use", "portal/session/singleuser.py",
+          "tornado.netutil._client_ssl_defaults and tornado.iostream's name for it (replaced: one context whose "
+          "system CA store loads when a socket is first wrapped with it)", "tornado", "6.6.1",
+          "~30-50 ms of CPU at every session's first TLS connection for a context that accepted streams keep "
+          "and never use",
+          (Definition("tornado.netutil", "_client_ssl_defaults", "d0b0c173c6ec316c"),
+           Mentions("tornado.iostream", "_client_ssl_defaults", "ef45817d889c8ea4"),
+           Mentions("tornado.simple_httpclient", "_client_ssl_defaults", "32c9f56fa44b0f27"),
+           Mentions("tornado.netutil", "wrap_socket", "5f7bed88aefb064e")),
+          lambda: sys.modules["tornado.iostream"]._client_ssl_defaults is _tornado_client_defaults),
     Patch("jupyter-events-on-use", "portal/session/singleuser.py",
           "jupyter_events, .logger and .schema_registry: stand-ins while jupyter_server.serverapp imports (its "
           "modules' EventLogger an EventLoggerOnUse, SchemaRegistryException this module's, also in the real "
