@@ -398,7 +398,7 @@ def department(args, workdir: Path) -> list[dict]:
                 print(f"== {kind}: class of {len(students)}" + (f", {people} people clicking" if people else "")
                       + (f", {held} other jobs queued" if queued else ""), flush=True)
                 hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label=f"-{label}")
-                load = None
+                load = profiler = None
                 try:
                     if people:
                         load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
