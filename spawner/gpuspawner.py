@@ -34,6 +34,9 @@ ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "N
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
+# Seconds a port report that arrives while its start's sbatch has not returned waits for it (a session
+# asks for as long again: portal.session.portreport.REPORT_TRIES_FOR).
+REPORT_WAITS_FOR_SUBMISSION = 120.0
 
 
 class SpawnFailed(SpawnException):
@@ -135,6 +138,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     submitted_wall = Float(0.0, help="time.time() of the submission: the job's log must be newer.")
     awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
+    submitting = Any(None, help="asyncio.Event set once the start's sbatch has returned (or failed).")
     launch_policy_json = Unicode("", help="The session's launch policy (sessionvars.LAUNCH_POLICY), made at submit.")
     mail_user = Unicode("", help="The user's address for Slurm's mail when the job starts (--mail-type=BEGIN), "
                         "checked by PartitionSpawner; '' for no mail.")
@@ -350,6 +354,15 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """
         if self.port and self.port == port and str(job_id) == str(self.job_id):
             return None
+        if self.submitting is not None and not self.submitting.is_set():
+            # The job can run and report before sbatch has brought its id back to the hub: sbatch took
+            # 4 s while a class of 100 started, and a session's server was serving within them. The
+            # report waits for the submission, then is judged as any other.
+            try:
+                await asyncio.wait_for(self.submitting.wait(), REPORT_WAITS_FOR_SUBMISSION)
+            except asyncio.TimeoutError:
+                return (f"the hub has not finished submitting {self.user.name}'s session job after "
+                        f"{REPORT_WAITS_FOR_SUBMISSION:.0f} s")
         if not self.awaiting_port or self.port:
             return (f"session job {self.job_id or '-'} of {self.user.name} is not starting "
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
@@ -410,9 +423,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.port = 0
         if self.server:
             self.server.port = self.port
+        self.port_reported = asyncio.Event()
+        self.submitting = submitting = asyncio.Event()
         try:
-            await self.submit_batch_script()
-            self.port_reported = asyncio.Event()
+            try:
+                await self.submit_batch_script()
+            finally:
+                submitting.set()
             self.awaiting_port = True  # the job may report before we see it running
             try:
                 return await self._wait_until_serving()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -486,3 +487,43 @@ def test_listener_owner_is_read_from_the_kernel_tables():
         mine.close()
         wildcard6.close()
     assert listener_uids(port) == set()
+
+
+SLOW_MEDIATOR = """#!/bin/sh
+# The real mediator, its answer handed back to the hub {delay} s later: a hub that learns the job id
+# late, as while a class of 100 starts (sbatch took 4 s there).
+out=$({mediator} "$@")
+status=$?
+sleep {delay}
+printf '%s\\n' "$out"
+exit $status
+"""
+
+
+def test_a_session_that_reports_before_the_hub_has_its_job_id_is_taken(second_hub, tmp_path):
+    """A session's server can serve, and report its port, before sbatch has brought the job id back to
+    the hub. The report waits for the submission instead of being refused (which ended the session:
+    1 of a class of 100 lost so). A real sbatch through the real mediator; only its answer is late."""
+    from portal import defaults
+
+    folder = Path("/usr/local/libexec/dsportal-test")
+    folder.mkdir(mode=0o755, exist_ok=True)
+    wrapper = folder / f"slow-mediator-{os.getpid()}"
+    wrapper.write_text(SLOW_MEDIATOR.format(mediator=defaults.MEDIATOR, delay=8))
+    wrapper.chmod(0o755)
+    try:
+        def slow_submissions(config):
+            config["slurm"]["mediator"] = str(wrapper)
+
+        base = second_hub(slow_submissions)
+        alice = login(base, "alice")
+        started = time.monotonic()
+        alice.spawn({"profile": "cpu"}, timeout=120)
+        assert time.monotonic() - started >= 8  # the hub had the job id only after the wrapper's pause
+        assert "ok" in alice.run_code("print('ok')")
+        log = (tmp_path / "hub.log").read_text()
+        assert "Refused port report" not in log, log[-3000:]
+        reported = log.index("Session of alice reported port")
+        assert log.index("Submitted session job") < reported, log[-3000:]
+    finally:
+        wrapper.unlink(missing_ok=True)
