@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 from runpy import run_path
 from shutil import which
@@ -84,8 +85,14 @@ def collect_garbage_from_now_on() -> None:
               "left out of it", flush=True)
 
 
+GC_PAUSED_AT_MOST = 300.0  # seconds: the collector runs again then even if the extension never started
+
+
 def main() -> None:
     gc.disable()  # until the server serves: collect_garbage_from_now_on
+    fallback = threading.Timer(GC_PAUSED_AT_MOST, collect_garbage_from_now_on)  # a server without the extension
+    fallback.daemon = True
+    fallback.start()
     write_session_kernels()
     port = free_port()
     os.environ[sessionvars.REPORT_PORT] = "1"
