@@ -53,9 +53,12 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     job = active_jobs("alice")[0]["job_id"]
     seen = json.loads(alice.run_code(
         "import gc, json, sys; print(json.dumps({'on': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
-        " 'launcher': sys.argv[0]}))"))
+        " 'launcher': sys.argv[0], 'managers': 'jupyter_client.manager' in sys.modules}))"))
     assert seen["on"] and seen["frozen"] > 10_000, seen
     assert seen["launcher"].endswith("portal/session/kernelstart.py"), seen
+    # The kernel's jupyter_client without its kernel managers; all of it once a name asks for it.
+    assert not seen["managers"], seen
+    assert alice.run_code("import jupyter_client; print(jupyter_client.KernelManager.__name__)").strip() == "KernelManager"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
     served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out", log)
     assert served and int(served.group(1)) > 10_000, log[-3000:]

@@ -111,7 +111,8 @@ UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthentic
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
 PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
                "portal/session/onuse.py",  # onuse: the lazy loading itself; session/upstream.py uses it
-               "portal/session/kerneldebugger.py"}  # kernels import it alone (their start is what it saves)
+               "portal/session/kerneldebugger.py",  # kernels import it alone (their start is what it saves)
+               "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
 SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
                  if str(p.relative_to(REPO)) not in PATCH_HOMES)
 
