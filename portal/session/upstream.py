@@ -155,21 +155,28 @@ class _NamesOnUse(types.ModuleType):
         return OnUse(self.__name__, name)
 
 
-def _import_taking_names_on_use(module: str, source: str) -> None:
-    """Import ``module`` while ``source`` is a stand-in: each name ``module`` takes from it is an
-    OnUse, which imports the real ``source`` when first called. Nothing to do where either is
-    imported already."""
-    if module in sys.modules or source in sys.modules:
+def _import_with_stand_ins(module: str, stand_ins: dict[str, types.ModuleType]) -> None:
+    """Import ``module`` while ``stand_ins`` answer for the modules they name, then take them out of
+    sys.modules (and out of a real parent package that took one as its attribute). Nothing to do
+    where ``module`` or any of them is imported already."""
+    if module in sys.modules or any(name in sys.modules for name in stand_ins):
         return
-    stand_in = _NamesOnUse(source, f"stand-in while {module} is imported")
-    sys.modules[source] = stand_in
+    sys.modules.update(stand_ins)
     try:
         importlib.import_module(module)
     finally:
-        del sys.modules[source]
-    parent, _, child = source.rpartition(".")
-    if getattr(sys.modules.get(parent), child, None) is stand_in:
-        delattr(sys.modules[parent], child)
+        for name in stand_ins:
+            del sys.modules[name]
+    for name, stand_in in stand_ins.items():
+        parent, _, child = name.rpartition(".")
+        if getattr(sys.modules.get(parent), child, None) is stand_in:
+            delattr(sys.modules[parent], child)
+
+
+def _import_taking_names_on_use(module: str, source: str) -> None:
+    """Import ``module`` while ``source`` is a stand-in: each name ``module`` takes from it is an
+    OnUse, which imports the real ``source`` when first called."""
+    _import_with_stand_ins(module, {source: _NamesOnUse(source, f"stand-in while {module} is imported")})
 
 
 def semver_on_use() -> None:
@@ -342,19 +349,12 @@ def events_on_use() -> None:
     listens to unless a browser opens the events websocket. jupyter_server's modules take
     :class:`EventLoggerOnUse` and :class:`SchemaRegistryException` in their place while
     jupyter_server.serverapp imports. Before jupyterhub.singleuser is imported."""
-    if "jupyter_server.serverapp" in sys.modules or any(name in sys.modules for name in EVENT_MODULES):
-        return
     stand_ins = {name: types.ModuleType(name, "stand-in while jupyter_server.serverapp is imported")
                  for name in EVENT_MODULES}
     stand_ins["jupyter_events"].__path__ = []
     stand_ins["jupyter_events"].EventLogger = stand_ins["jupyter_events.logger"].EventLogger = EventLoggerOnUse
     stand_ins["jupyter_events.schema_registry"].SchemaRegistryException = SchemaRegistryException
-    sys.modules.update(stand_ins)
-    try:
-        importlib.import_module("jupyter_server.serverapp")
-    finally:
-        for name in EVENT_MODULES:
-            del sys.modules[name]
+    _import_with_stand_ins("jupyter_server.serverapp", stand_ins)
 
 
 # ------------------------------------------------------------------ jupyterlab.commands._yarn_config
