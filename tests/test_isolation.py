@@ -516,9 +516,15 @@ def test_a_session_that_reports_before_the_hub_has_its_job_id_is_taken(second_hu
             config["slurm"]["mediator"] = str(wrapper)
 
         base = second_hub(slow_submissions)
-        alice = login(base, "alice")
+        alice, bob = login(base, "alice"), login(base, "bob")
         started = time.monotonic()
-        alice.spawn({"profile": "cpu"}, timeout=120)
+        assert alice.start_server({"profile": "cpu"}).status_code in (201, 202)
+        # While her sbatch is in flight, bob reports a port for her with his own token: refused at
+        # once, it holds nothing open and changes nothing of her start.
+        bobs = requests.post(f"{base}/hub/api/batchspawner", json={"port": 8888, "job_id": ""},
+                             headers={"Authorization": f"token {bob.token}"}, timeout=30)
+        assert bobs.status_code == 403, bobs.text
+        alice.wait_ready(120)
         assert time.monotonic() - started >= 8  # the hub had the job id only after the wrapper's pause
         assert "ok" in alice.run_code("print('ok')")
         log = (tmp_path / "hub.log").read_text()
