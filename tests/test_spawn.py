@@ -53,12 +53,17 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     job = active_jobs("alice")[0]["job_id"]
     seen = json.loads(alice.run_code(
         "import gc, json, sys; print(json.dumps({'on': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
-        " 'launcher': sys.argv[0], 'managers': 'jupyter_client.manager' in sys.modules}))"))
+        " 'launcher': sys.argv[0], 'managers': 'jupyter_client.manager' in sys.modules,"
+        " 'later': sorted(set(sys.modules) & {'tensorboard.notebook', 'portal.patchcheck', 'importlib.metadata'})}))"))
     assert seen["on"] and seen["frozen"] > 10_000, seen
     assert seen["launcher"].endswith("portal/session/kernelstart.py"), seen
     # The kernel's jupyter_client without its kernel managers; all of it once a name asks for it.
     assert not seen["managers"], seen
     assert alice.run_code("import jupyter_client; print(jupyter_client.KernelManager.__name__)").strip() == "KernelManager"
+    # %tensorboard's module (and the patch checklist's imports) load when the kernel asks for them,
+    # the magic's start is the session's own from the moment it loads.
+    assert seen["later"] == [], seen
+    assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.magics"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
     served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out", log)
     assert served and int(served.group(1)) > 10_000, log[-3000:]

@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import upstream
-from .onuse import module_on_use
+from .onuse import after_import, module_on_use
 
 # Every Python kernel of a session loads this module; the job machinery (the rules, the settings'
 # models, the Slurm client: 0.1 s of CPU per kernel start) loads when a cell first launches a job.
@@ -222,9 +221,16 @@ def session_tensorboard(args_string: str = ""):
     display(IFrame(board["url"], width="100%", height=800))
 
 
+def _start_session_tensorboard(notebook) -> None:
+    """tensorboard.notebook.start, which %tensorboard calls, opens the session's own board."""
+    notebook.start = session_tensorboard
+
+
 def load_ipython_extension(ipython):
     ipython.register_magic_function(horovod, magic_kind="cell", magic_name="horovod")
     ipython.register_magic_function(torchrun, magic_kind="cell", magic_name="torchrun")
     ipython.push({"launch_job": launch}, interactive=True)
     if os.environ.get("JUPYTERHUB_SERVICE_URL") and os.environ.get("JUPYTERHUB_API_TOKEN"):
-        upstream.tensorboard_magic_calls(session_tensorboard)
+        # %load_ext tensorboard registers a magic that calls tensorboard.notebook.start at run time;
+        # TensorBoard's module is not loaded for a kernel that never asks for it.
+        after_import("tensorboard.notebook", _start_session_tensorboard)

@@ -83,3 +83,49 @@ class ModuleOnUse(types.ModuleType):
         real = importlib.import_module(name)
         vars(self).update(vars(real))  # later reads through this stand-in are plain attribute reads
         return getattr(real, attribute)
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """``loader``, and ``then(module)`` once it has executed the module; the module keeps ``loader``
+    as its own (tracebacks, inspect and reloads see the real one)."""
+
+    def __init__(self, loader, then):
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = module.__spec__
+        spec.loader = module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        self.then(module)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """On sys.meta_path until the module ``name`` is imported (by whatever imports it), then
+    ``then(module)`` runs on it once: a change to a module that a session may never load, made
+    without loading it."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)  # once
+        for finder in sys.meta_path:  # the finders that would have answered without it
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _ThenLoader(spec.loader, self.then)
+                return spec
+        return None
+
+
+def after_import(name: str, then) -> None:
+    """``then(module)`` once the module ``name`` is imported: now if it is already, else when it is."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, AfterImport) and f.name == name and f.then == then for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(name, then))

@@ -4,11 +4,11 @@ with what each rests on.
 
 Each function here replaces, wraps or overrides something upstream keeps private; the session's
 modules call them (singleuser.py, activity.py, portguard.py, tensorboards.py, kernelsockets.py) and
-keep the portal's policy, messages and logs. Two patches stay where they are, listed here all the
-same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it cannot
-import this module; kerneldebugger.py is loaded by every host kernel, whose start it shortens (this
-module's imports would cost more than it saves). :data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it
-was written against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails,
+keep the portal's policy, messages and logs. Three patches stay where they are, listed here all
+the same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it
+cannot import this module; kerneldebugger.py and magics.py (%tensorboard) are loaded by every host
+kernel, whose start this module's imports would lengthen (the checklist's, importlib.metadata's).
+:data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it was written against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails,
 naming the patch, when the installed upstream no longer matches. The hub's patches are in
 portal/hub/upstream.py.
 
@@ -505,17 +505,6 @@ def tensorboard_without_info_file():
     return Board
 
 
-def tensorboard_magic_calls(start) -> None:
-    """``%tensorboard`` (from ``%load_ext tensorboard``) calls ``start(line)`` in place of
-    tensorboard.notebook.start; nothing where TensorBoard is not installed."""
-    try:
-        import tensorboard.notebook
-    except ImportError:
-        return
-    # %load_ext tensorboard registers a magic that calls tensorboard.notebook.start at run time.
-    tensorboard.notebook.start = start
-
-
 # ------------------------------------------------------------------ jupyter_client's kernel socket names
 class IpcSocketsNamedByPrefix:
     """Mixin for a jupyter_client kernel manager: with the ipc transport, its kernel's sockets are
@@ -710,13 +699,13 @@ PATCHES = [
            Mentions("tensorboard.program", "_register_info", "71df3b4f86194fa0"),
            Definition("tensorboard.program", "TensorBoardServer", "d79621e462ac5a31")),
           None),
-    Patch("tensorboard-magic", "portal/session/magics.py", "tensorboard.notebook.start (replaced)",
+    Patch("tensorboard-magic", "portal/session/magics.py",
+          "tensorboard.notebook.start (replaced as the module is imported: onuse.after_import)",
           "tensorboard", "2.21.0", "%tensorboard in a kernel opens the session's own TensorBoard (a unix "
           "socket, through the session's server), not one on a TCP port of the node",
           (Definition("tensorboard.notebook", "_start_magic", "e831fbe4b36e6bd7"),
            Definition("tensorboard.notebook", "start", "e09c7483b1fa6ad7")),
-          lambda: getattr(sys.modules.get("tensorboard.notebook"), "start", None) is not None
-          and sys.modules["tensorboard.notebook"].start.__module__ == "portal.session.magics"),
+          lambda: importlib.import_module("tensorboard.notebook").start.__module__ == "portal.session.magics"),
     Patch("kernel-socket-names", "portal/session/kernelsockets.py",
           "jupyter_client's ConnectionFileMixin._ip_default (overridden by name: traitlets' dynamic default)",
           "jupyter_client", "8.10.0", "a kernel's unix sockets named short enough for sun_path (107 bytes)",
