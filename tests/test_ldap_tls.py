@@ -57,9 +57,11 @@ def test_an_untrusted_or_misnamed_ldap_certificate_is_refused_before_any_passwor
     port = tls_listener(key, cert)
     with pytest.raises(LDAPSocketOpenError, match="(?i)certificate verify failed|unable to open socket"):
         ldapconnect.open_connection(settings(port))  # the system's CAs never signed it: an impostor
-    # Its own CA named: past TLS (the listener, which speaks no LDAP, then hangs up).
+    # Its own CA named: past TLS (the listener, which speaks no LDAP, then hangs up on the first request).
+    connection = ldapconnect.open_connection(settings(port, ca_file=cert))
+    assert not connection.closed
     with pytest.raises(LDAPSessionTerminatedByServerError):
-        ldapconnect.open_connection(settings(port, ca_file=cert))
+        connection.bind()
     # Trusted, but for another name: refused too.
     other_key, other_cert = make_certificate(tmp_path, "ldap.example.org")
     other_port = tls_listener(other_key, other_cert)

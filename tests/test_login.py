@@ -24,6 +24,34 @@ def test_right_password_logs_in(portal):
     assert "/login" not in response.headers["location"]
 
 
+def test_a_login_binds_without_reading_the_servers_schema(portal):
+    """The hub's LDAP connection for a login (hub/upstream.ldap_connection, as PortalAuthenticator
+    makes it) against the real slapd: alice's bind and the allowed group's search answer, and none
+    of the server's schema is read (ldap3's default read and parsed all of it on every login)."""
+    import logging
+    from types import SimpleNamespace
+
+    from ldapauthenticator.ldapauthenticator import TlsStrategy
+
+    from portal import settings
+    from portal.hub import upstream
+
+    ldap = settings.load(CONFIG).ldap
+    hub_side = SimpleNamespace(server_address=ldap.server_address, server_port=ldap.server_port,
+                               tls_strategy=TlsStrategy[ldap.tls_strategy], tls_kwargs=ldap.tls_kwargs(),
+                               log=logging.getLogger("test"))
+    dn = ldap.bind_dn_template[0].format(username="alice")
+    conn = upstream.ldap_connection(hub_side, dn, PASSWORDS["alice"], 5, 5)
+    assert conn is not None and conn.bound
+    assert conn.server.schema is None and conn.server.info is None
+    group = ldap.allowed_groups[0]
+    assert conn.search(group, "(objectClass=*)", attributes=["member", "memberUid"])
+    members = conn.entries[0].entry_attributes_as_dict
+    assert dn in members.get("member", []) or "alice" in members.get("memberUid", []), members
+    conn.unbind()
+    assert upstream.ldap_connection(hub_side, dn, "wrong-password", 5, 5) is None
+
+
 @pytest.mark.parametrize(
     "name, password",
     [
