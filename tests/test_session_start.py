@@ -75,6 +75,36 @@ def test_hub_only_code_is_left_out_of_a_session_start_and_works_when_used():
     assert lines[4] == "None ['k1'] SchemaRegistryException jupyter_events.logger True", out.stdout
 
 
+AFTER_IMPORT = """
+import importlib, importlib.util, sys
+from portal.session.onuse import after_import
+seen = []
+after_import("pkg_x.mod", lambda m: (seen.append(m.__name__), setattr(m, "start", lambda: "ours")))
+print("pkg_x.mod" in sys.modules, importlib.util.find_spec("pkg_x.mod") is not None, "pkg_x.mod" in sys.modules, seen)
+from pkg_x import mod
+print(mod.start(), seen, type(mod.__loader__).__name__, type(mod.__spec__.loader).__name__)
+importlib.import_module("pkg_x.mod")
+after_import("pkg_x.mod", lambda m: seen.append("again"))
+print(seen, any(type(f).__name__ == "AfterImport" for f in sys.meta_path))
+"""
+
+
+def test_a_change_made_after_import_waits_for_the_import_itself(tmp_path):
+    """onuse.after_import (how a kernel patches TensorBoard's notebook module): nothing is loaded for
+    it; a question that imports nothing (find_spec) leaves the change waiting; the import, from any
+    importer, makes it once, the module keeping its real loader; on an imported module it is made
+    at once."""
+    (tmp_path / "pkg_x").mkdir()
+    (tmp_path / "pkg_x" / "__init__.py").write_text("")
+    (tmp_path / "pkg_x" / "mod.py").write_text("def start():\n    return 'theirs'\n")
+    out = subprocess.run([sys.executable, "-c", AFTER_IMPORT], capture_output=True, text=True, timeout=60, cwd="/",
+                         env={**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False True False []",
+                                       "ours ['pkg_x.mod'] SourceFileLoader SourceFileLoader",
+                                       "['pkg_x.mod', 'again'] False"], out.stdout
+
+
 # The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real
 # tornado server: what jupyterhub's session side sends and reads.
 HUB_CLIENT = """

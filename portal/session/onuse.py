@@ -105,7 +105,8 @@ class _ThenLoader(importlib.abc.Loader):
 class AfterImport(importlib.abc.MetaPathFinder):
     """On sys.meta_path until the module ``name`` is imported (by whatever imports it), then
     ``then(module)`` runs on it once: a change to a module that a session may never load, made
-    without loading it."""
+    without loading it. A question about the module that imports nothing (importlib.util.find_spec)
+    leaves it waiting."""
 
     def __init__(self, name: str, then):
         self.name, self.then = name, then
@@ -113,14 +114,20 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != self.name:
             return None
-        sys.meta_path.remove(self)  # once
         for finder in sys.meta_path:  # the finders that would have answered without it
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, self.then)
+                    spec.loader = _ThenLoader(spec.loader, self._imported)
                 return spec
         return None
+
+    def _imported(self, module) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        self.then(module)
 
 
 def after_import(name: str, then) -> None:
