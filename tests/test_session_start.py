@@ -105,6 +105,66 @@ def test_a_change_made_after_import_waits_for_the_import_itself(tmp_path):
                                        "['pkg_x.mod', 'again'] False"], out.stdout
 
 
+EMPTY_COMMAND_LINE = """
+import sys
+from traitlets import Unicode
+from traitlets.config import Application, Config, loader
+from portal.session.upstream import nothing_to_parse_on_an_empty_command_line
+built = []
+real = loader.KVArgParseConfigLoader._create_parser
+loader.KVArgParseConfigLoader._create_parser = lambda self, *a, **k: (built.append(1), real(self, *a, **k))[1]
+class App(Application):
+    name = Unicode("x").tag(config=True)
+    aliases = {"name": "App.name"}
+nothing_to_parse_on_an_empty_command_line()
+nothing_to_parse_on_an_empty_command_line()
+sys.argv = ["app"]
+a = App(); a.parse_command_line(); print(len(built), a.argv, a.extra_args, a.name)
+b = App(); b.parse_command_line(["--name=y", "extra"]); print(len(built), b.argv, b.extra_args, b.name)
+sys.argv = ["app", "--name=z"]
+c = App(); c.parse_command_line(); print(len(built), c.name)
+d = App(config=Config({"App": {"name": "from-config"}})); d.parse_command_line([]); print(len(built), d.name)
+"""
+
+
+def test_an_empty_command_line_is_not_parsed_and_any_other_is():
+    """A session's server starts without arguments: traitlets builds no argparse parser for them
+    (it built 4, of every trait of every class, each start); arguments, from argv or sys.argv, are
+    parsed as before, and config still applies."""
+    out = subprocess.run([sys.executable, "-c", EMPTY_COMMAND_LINE], capture_output=True, text=True, timeout=60,
+                         cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["0 [] [] x", "1 ['--name=y', 'extra'] ['extra'] y", "2 z", "2 from-config"], out.stdout
+
+
+ENTRY_POINTS_ONCE = """
+import importlib.metadata as md
+real = [sorted(ep.name for ep in md.entry_points(group=g)) for g in ("console_scripts", "jupyterlab.extension_manager_v1")]
+reads = []
+distributions = md.distributions
+md.distributions = lambda **k: (reads.append(1), distributions(**k))[1]
+from portal.session.upstream import read_entry_points_once_while_starting, read_entry_points_again
+read_entry_points_once_while_starting()
+read_entry_points_once_while_starting()
+from importlib.metadata import entry_points  # as JupyterLab and jupyter-server-proxy take it
+starting = [sorted(ep.name for ep in entry_points(group=g)) for g in ("console_scripts", "jupyterlab.extension_manager_v1")]
+print(len(reads), starting == real, len(real[0]) > 5, real[1])
+read_entry_points_again()
+entry_points(group="console_scripts"); entry_points(group="console_scripts")
+print(len(reads))
+"""
+
+
+def test_entry_points_are_read_once_while_the_server_starts_and_afresh_after():
+    """While a session's server starts, every package's entry points are read once for all who ask
+    (JupyterLab, jupyter-server-proxy), with the same answers; once it serves, each call reads them
+    again (a package installed meanwhile is found)."""
+    out = subprocess.run([sys.executable, "-c", ENTRY_POINTS_ONCE], capture_output=True, text=True, timeout=60,
+                         cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["1 True True ['pypi', 'readonly']", "3"], out.stdout
+
+
 # The session's hub client (portal.session.hubhttp, in jupyterhub.httpclient's place) against a real
 # tornado server: what jupyterhub's session side sends and reads.
 HUB_CLIENT = """

@@ -57,6 +57,7 @@ SESSION_APPLIES = """
 import json
 from portal.session import singleuser
 singleuser.resolve_names_in_threads()
+singleuser.read_entry_points_once_while_starting()
 singleuser.call_the_hub_through_tornado()
 singleuser.leave_out_the_users_config_folders()
 singleuser.events_on_use()
@@ -64,6 +65,7 @@ singleuser.leave_out_the_hubs_database()
 singleuser.one_tls_context_for_the_hub()
 singleuser.system_store_on_first_use()
 singleuser.check_the_hub_once_serving()
+singleuser.nothing_to_parse_on_an_empty_command_line()
 singleuser.semver_on_use()
 singleuser.leave_out_the_pypi_extension_manager()
 singleuser.skip_yarn_config()

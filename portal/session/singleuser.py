@@ -36,7 +36,9 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     leave_out_the_hubs_database,
     leave_out_the_pypi_extension_manager,
     leave_out_the_users_config_folders,
+    nothing_to_parse_on_an_empty_command_line,
     one_tls_context_for_the_hub,
+    read_entry_points_once_while_starting,
     resolve_names_in_threads,
     semver_on_use,
     skip_yarn_config,
@@ -103,6 +105,7 @@ def main() -> None:
     else:
         sys.argv.append(f"--port={port}")
     resolve_names_in_threads()
+    read_entry_points_once_while_starting()
     call_the_hub_through_tornado()
     leave_out_the_users_config_folders()
     events_on_use()
@@ -110,6 +113,7 @@ def main() -> None:
     one_tls_context_for_the_hub()
     system_store_on_first_use()
     check_the_hub_once_serving()
+    nothing_to_parse_on_an_empty_command_line()
     semver_on_use()
     leave_out_the_pypi_extension_manager()
     skip_yarn_config()

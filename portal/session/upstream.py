@@ -373,6 +373,67 @@ def skip_yarn_config() -> None:
     jupyterlab.commands._yarn_config = _no_yarn_config
 
 
+# ------------------------------------------------------------------ entry points, read once while the server starts
+_ENTRY_POINT_SCAN: dict = {"starting": False, "all": None}
+
+
+def read_entry_points_once_while_starting() -> None:
+    """importlib.metadata.entry_points reads the entry points of every installed package (~150 here)
+    on each call. While a session's server starts, JupyterLab's extension managers and
+    jupyter-server-proxy's servers each asked for one group: two full reads. Until
+    :func:`read_entry_points_again` (the server serves) they are read once and each call selects
+    from that; afterwards every call reads afresh, so a package installed while the session runs is
+    found as before. Before jupyterlab.extensions and jupyter_server_proxy are imported (they take
+    the function by name). Idempotent."""
+    import importlib.metadata
+
+    if not getattr(importlib.metadata.entry_points, "_dsportal", False):
+        read = importlib.metadata.entry_points
+
+        def entry_points(**params):
+            if not _ENTRY_POINT_SCAN["starting"]:
+                return read(**params)
+            if _ENTRY_POINT_SCAN["all"] is None:
+                _ENTRY_POINT_SCAN["all"] = read()
+            return _ENTRY_POINT_SCAN["all"].select(**params)
+
+        entry_points._dsportal = True
+        entry_points.__doc__ = read.__doc__
+        importlib.metadata.entry_points = entry_points
+    _ENTRY_POINT_SCAN["starting"] = True
+
+
+def read_entry_points_again() -> None:
+    """The end of :func:`read_entry_points_once_while_starting`: each call reads them all again."""
+    _ENTRY_POINT_SCAN.update(starting=False, all=None)
+
+
+def _parse_nothing(parse):
+    def parse_command_line(self, argv=None):
+        if argv is None:
+            argv = sys.argv[1:]
+        if argv or "_ARGCOMPLETE" in os.environ:  # something to parse (or shell completion asking)
+            return parse(self, argv)
+        self.argv, self.extra_args = [], []
+        return None
+
+    parse_command_line._dsportal = True
+    return parse_command_line
+
+
+def nothing_to_parse_on_an_empty_command_line() -> None:
+    """traitlets' Application.parse_command_line builds an argparse parser of every alias and flag
+    and of every configurable trait of every class the application lists, to parse no arguments at
+    all: a session's server is started without any (its settings come from its environment and
+    config files) and parsed its empty command line 4 times (the server, JupyterLab and the other
+    extension apps). With an empty command line it now sets what
+    parsing it would have (no arguments, none left over) and builds nothing. Idempotent."""
+    from traitlets.config.application import Application
+
+    if not getattr(Application.parse_command_line, "_dsportal", False):
+        Application.parse_command_line = _parse_nothing(Application.parse_command_line)
+
+
 def check_the_hub_once_serving() -> None:
     """jupyterhub-singleuser asks the hub for its version (and exits when it cannot reach it after 5
     tries) inside its initialize(), before the server listens: a round trip to the hub on every
@@ -598,6 +659,20 @@ PATCHES = [
           (Mentions("jupyterlab.extensions", "PyPIExtensionManager", "9052f280873990f2"),
            Mentions("jupyterlab.extensions", "pypi", "e8e71efca1219a22")),
           lambda: type(getattr(sys.modules.get("jupyterlab.extensions"), "PyPIExtensionManager", None)) is OnUse),
+    Patch("entry-points-read-once", "portal/session/singleuser.py",
+          "importlib.metadata.entry_points (wrapped while the server starts: read once, then selected from)",
+          "jupyterlab", "4.6.6", "two reads of every installed package's entry points in every session's start "
+          "(JupyterLab's extension managers, jupyter-server-proxy's servers)",
+          (Mentions("jupyterlab.extensions", "entry_points", "ccbbc7f7be406b3a"),
+           Mentions("jupyter_server_proxy.config", "entry_points", "f796f100ea5032bb")),
+          lambda: getattr(sys.modules["importlib.metadata"].entry_points, "_dsportal", False)),
+    Patch("empty-command-line", "portal/session/singleuser.py",
+          "traitlets.config.application.Application.parse_command_line (wrapped: an empty command line is not "
+          "parsed)", "traitlets", "5.16.1", "every session server's start built 4 argparse parsers, of every "
+          "configurable trait, for a command line without arguments",
+          (Definition("traitlets.config.application", "Application.parse_command_line", "d727d4c3429ba771"),),
+          lambda: getattr(sys.modules["traitlets.config.application"].Application.parse_command_line,
+                          "_dsportal", False)),
     Patch("semver-on-use", "portal/session/singleuser.py",
           "jupyter_builder.jupyterlab_semver: a stand-in while jupyterlab.commands imports (its names OnUse)",
           "jupyterlab", "4.6.6", "~15 ms of every session start for version checks of builds sessions never run",
