@@ -27,7 +27,7 @@ from ldapauthenticator import LDAPAuthenticator
 from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 
-from ..ldapconnect import SERVER_INFO
+from .. import ldapconnect
 from ..patchcheck import CHP, Definition, Mentions, Patch
 
 
@@ -187,13 +187,12 @@ def explain_throttled_spawns(explain) -> None:
 # ------------------------------------------------------------------ ldapauthenticator
 def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int):
     """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts,
-    reading none of the server's schema (ldapconnect.SERVER_INFO)."""
+    its server as ldapconnect.new_server makes it (none of its schema read)."""
     use_ssl = authenticator.tls_strategy == TlsStrategy.on_connect
     auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if authenticator.tls_strategy == TlsStrategy.before_bind
                  else ldap3.AUTO_BIND_NO_TLS)
-    server = ldap3.Server(authenticator.server_address, port=authenticator.server_port, use_ssl=use_ssl,
-                          tls=ldap3.Tls(**authenticator.tls_kwargs), connect_timeout=connect_timeout,
-                          get_info=SERVER_INFO)
+    server = ldapconnect.new_server(authenticator.server_address, authenticator.server_port, use_ssl,
+                                    authenticator.tls_kwargs, connect_timeout)
     try:
         return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
                                 receive_timeout=receive_timeout)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
 
-from . import activity, gauges, jobs_api, nbtemplates, portguard, portreport, singleuser, tensorboards, upstream, walltime
+from . import activity, gauges, jobs_api, nbtemplates, portguard, portreport, singleuser, tensorboards, walltime
 
 
 def _load_jupyter_server_extension(server_app):
@@ -44,8 +44,7 @@ def _load_jupyter_server_extension(server_app):
 
 async def _start_jupyter_server_extension(server_app):
     # Runs once the event loop runs, after the server bound its port (queued before this hook).
-    singleuser.collect_garbage_from_now_on()
-    upstream.read_entry_points_again()
+    singleuser.started()
     walltime.listen(server_app)
     await portreport.report(server_app)
 

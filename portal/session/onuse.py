@@ -14,6 +14,16 @@ import sys
 import types
 
 
+def _spec_of_the_other_finders(finder, name, path, target):
+    """The spec with a loader that the finders on sys.meta_path other than ``finder`` give for
+    ``name`` (the first), or None."""
+    for other in sys.meta_path:
+        spec = None if other is finder or not hasattr(other, "find_spec") else other.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            return spec
+    return None
+
+
 class LoadOnUse(importlib.abc.MetaPathFinder):
     """On sys.meta_path: the modules named here, wherever they are imported, load on first use."""
 
@@ -23,12 +33,10 @@ class LoadOnUse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name not in self.names:
             return None
-        for finder in sys.meta_path:
-            spec = None if finder is self else finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = importlib.util.LazyLoader(spec.loader)
-                return spec
-        return None
+        spec = _spec_of_the_other_finders(self, name, path, target)
+        if spec is not None:
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
 
 
 def module_on_use(name: str) -> types.ModuleType:
@@ -114,15 +122,10 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != self.name:
             return None
-        for finder in sys.meta_path:  # the finders that would have answered without it
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, self._imported)
-                return spec
-        return None
+        spec = _spec_of_the_other_finders(self, name, path, target)
+        if spec is not None:
+            spec.loader = _ThenLoader(spec.loader, self._imported)
+        return spec
 
     def _imported(self, module) -> None:
         if self in sys.meta_path:

@@ -38,6 +38,7 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     leave_out_the_users_config_folders,
     nothing_to_parse_on_an_empty_command_line,
     one_tls_context_for_the_hub,
+    read_entry_points_again,
     read_entry_points_once_while_starting,
     resolve_names_in_threads,
     semver_on_use,
@@ -78,8 +79,8 @@ def collect_garbage_from_now_on() -> None:
     traits, routes) and hardly any garbage; with the collector on, it ran ~170 times while they
     were made, each time looking over all of them again (~0.04-0.07 CPU-s of every start). They are
     frozen (gc.freeze: left out of every later collection, which looks at what the server makes
-    while it serves) and the collector runs again. Called by the session's extension as the
-    server's loop starts; nothing if the collector runs already (a server not started by main)."""
+    while it serves) and the collector runs again (:func:`started`); nothing if the collector runs
+    already (a server not started by main)."""
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
@@ -87,12 +88,20 @@ def collect_garbage_from_now_on() -> None:
               "left out of it", flush=True)
 
 
-GC_PAUSED_AT_MOST = 300.0  # seconds: the collector runs again then even if the extension never started
+def started() -> None:
+    """The server's start is over (it serves): Python's garbage collector runs again and every
+    package's entry points are read afresh on each call. Called by the session's extension as the
+    server's loop starts, or by :func:`main`'s fallback timer."""
+    collect_garbage_from_now_on()
+    read_entry_points_again()
+
+
+GC_PAUSED_AT_MOST = 300.0  # seconds: the start counts as over then even if the extension never started
 
 
 def main() -> None:
-    gc.disable()  # until the server serves: collect_garbage_from_now_on
-    fallback = threading.Timer(GC_PAUSED_AT_MOST, collect_garbage_from_now_on)  # a server without the extension
+    gc.disable()  # until the server serves: started()
+    fallback = threading.Timer(GC_PAUSED_AT_MOST, started)  # a server without the extension
     fallback.daemon = True
     fallback.start()
     write_session_kernels()

@@ -8,8 +8,9 @@ keep the portal's policy, messages and logs. Three patches stay where they are, 
 the same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it
 cannot import this module; kerneldebugger.py and magics.py (%tensorboard) are loaded by every host
 kernel, whose start this module's imports would lengthen (the checklist's, importlib.metadata's).
-:data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it was written against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails,
-naming the patch, when the installed upstream no longer matches. The hub's patches are in
+:data:`PATCHES` is the upgrade checklist: for each patch, the upstream version it was written
+against and fingerprints of the upstream code it rests on. tests/test_upstream.py fails, naming the
+patch, when the installed upstream no longer matches. The hub's patches are in
 portal/hub/upstream.py.
 
 Imported at every session's start (singleuser.py): upstream modules are imported where used, not here.
@@ -381,7 +382,7 @@ def read_entry_points_once_while_starting() -> None:
     """importlib.metadata.entry_points reads the entry points of every installed package (~150 here)
     on each call. While a session's server starts, JupyterLab's extension managers and
     jupyter-server-proxy's servers each asked for one group: two full reads. Until
-    :func:`read_entry_points_again` (the server serves) they are read once and each call selects
+    :func:`read_entry_points_again` (the server serves: singleuser.started) they are read once and each call selects
     from that; afterwards every call reads afresh, so a package installed while the session runs is
     found as before. Before jupyterlab.extensions and jupyter_server_proxy are imported (they take
     the function by name). Idempotent."""
@@ -426,8 +427,8 @@ def nothing_to_parse_on_an_empty_command_line() -> None:
     and of every configurable trait of every class the application lists, to parse no arguments at
     all: a session's server is started without any (its settings come from its environment and
     config files) and parsed its empty command line 4 times (the server, JupyterLab and the other
-    extension apps). With an empty command line it now sets what
-    parsing it would have (no arguments, none left over) and builds nothing. Idempotent."""
+    extension apps). With an empty command line it now sets what parsing it would have (no
+    arguments, none left over) and builds nothing. Idempotent."""
     from traitlets.config.application import Application
 
     if not getattr(Application.parse_command_line, "_dsportal", False):
