@@ -19,7 +19,7 @@ LAYERS = {
 
 
 def layer(module: str) -> str:
-    if module in ("portal.defaults", "portal.sessionvars"):
+    if module in ("portal.defaults", "portal.sessionvars", "portal.compiledpatterns"):
         return "base"
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"

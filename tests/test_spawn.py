@@ -54,9 +54,13 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     seen = json.loads(alice.run_code(
         "import gc, json, sys; print(json.dumps({'on': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
         " 'launcher': sys.argv[0], 'managers': 'jupyter_client.manager' in sys.modules,"
-        " 'later': sorted(set(sys.modules) & {'tensorboard.notebook', 'portal.patchcheck', 'importlib.metadata'})}))"))
+        " 'later': sorted(set(sys.modules) & {'tensorboard.notebook', 'portal.patchcheck', 'importlib.metadata'}),"
+        " 'patterns': sys.modules['portal.compiledpatterns'].counts}))"))
     assert seen["on"] and seen["frozen"] > 10_000, seen
     assert seen["launcher"].endswith("portal/session/kernelstart.py"), seen
+    # Its regular expressions came compiled from the install (portal/compiledpatterns.py): those of
+    # its start, until a package upgraded since the list was made.
+    assert seen["patterns"]["from the install"] > 60 and seen["patterns"]["compiled"] < 30, seen
     # The kernel's jupyter_client without its kernel managers; all of it once a name asks for it.
     assert not seen["managers"], seen
     assert alice.run_code("import jupyter_client; print(jupyter_client.KernelManager.__name__)").strip() == "KernelManager"
@@ -65,8 +69,11 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     assert seen["later"] == [], seen
     assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.magics"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
-    served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out", log)
+    served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out of it; "
+                       r"(\d+) regular expressions compiled at install, (\d+) here", log)
     assert served and int(served.group(1)) > 10_000, log[-3000:]
+    # The server's too, all but those that name the user or her session (~80: her URLs, her folders).
+    assert int(served.group(2)) > 150 and int(served.group(3)) < int(served.group(2)), served.group(0)
 
 
 def test_stopping_the_server_ends_the_job(alice):

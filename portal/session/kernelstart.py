@@ -19,7 +19,8 @@ Otherwise this is ipykernel_launcher: the kernelspec runs it as
 ``python -P -m portal.session.kernelstart -f {connection_file}`` (-P: the notebook's folder is not
 searched for this module; IPython puts it on sys.path for the user's imports, as it does with
 ipykernel_launcher). Written into every session by portal.session.kernels.write_host_kernel.
-Self-contained (standard library and ipykernel): listed in portal/session/upstream.py's PATCHES.
+Self-contained (standard library, ipykernel, and portal.compiledpatterns, itself standard library
+only): listed in portal/session/upstream.py's PATCHES.
 """
 
 import gc
@@ -62,6 +63,9 @@ def jupyter_client_without_its_managers() -> None:
 
 def main() -> None:
     gc.disable()
+    from portal import compiledpatterns  # standard library only
+
+    compiledpatterns.use()  # the regular expressions the kernel's imports compile, from the install's
     jupyter_client_without_its_managers()
     from ipykernel.kernelapp import IPKernelApp  # what ipykernel_launcher's launch_new_instance runs
 

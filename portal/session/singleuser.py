@@ -16,6 +16,10 @@ back-off for a server that is still importing; and it needs a second Python for 
 
 from __future__ import annotations
 
+from .. import compiledpatterns
+
+compiledpatterns.use()  # before the imports below compile their regular expressions
+
 import gc
 import json
 import os
@@ -85,7 +89,7 @@ def collect_garbage_from_now_on() -> None:
         gc.freeze()
         gc.enable()
         print(f"dsportal: serving; garbage collection on, the {gc.get_freeze_count()} objects of the start "
-              "left out of it", flush=True)
+              f"left out of it; {compiledpatterns.report()}", flush=True)
 
 
 def started() -> None:
