@@ -253,6 +253,7 @@ class Report(web.RequestHandler):
     def post(self):
         print("hub got", self.request.body.decode(), flush=True)
         self.set_status(201)
+        self.set_header("X-JupyterHub-Version", sys.argv[2])  # as every answer of JupyterHub's
         self.finish("{}")
 
 async def main():
@@ -270,9 +271,12 @@ asyncio.run(main())
 """
 
 
-def _report(tries_for: float):
-    return subprocess.run([sys.executable, "-c", REPORT, str(tries_for)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd="/")
+def _report(tries_for: float, hub_version: str | None = None):
+    from jupyterhub import __version__
+
+    return subprocess.run([sys.executable, "-c", REPORT, str(tries_for), hub_version or __version__],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          cwd="/")
 
 
 def test_a_session_asks_a_hub_that_does_not_answer_again_and_reports_once_it_does():
@@ -283,6 +287,17 @@ def test_a_session_asks_a_hub_that_does_not_answer_again_and_reports_once_it_doe
     assert lines[-2:] == ["dsportal: port 8888 reported to the hub", "reported"], out.stdout
     assert lines[0].startswith("dsportal: the hub did not take this session's port (599: ") and \
         "trying again in 0.5 s" in lines[0], out.stdout
+
+
+def test_the_port_reports_answer_tells_a_session_of_another_hub_version_as_jupyterhub_singleuser_did():
+    """The session asks the hub for nothing else as it starts (upstream.check_the_hub_once_serving):
+    the report's answer carries the hub's version, checked as jupyterhub-singleuser checked its own."""
+    from jupyterhub import __version__
+
+    out = _report(60, hub_version="1.0.0")
+    assert out.returncode == 0, out.stderr
+    assert f"jupyterhub version 1.0.0 != jupyterhub-singleuser version {__version__}." in out.stdout, out.stdout
+    assert "!=" not in _report(60).stdout
 
 
 def test_a_session_whose_hub_never_answers_ends_its_job_in_words():

@@ -76,6 +76,24 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     assert int(served.group(2)) > 150 and int(served.group(3)) < int(served.group(2)), served.group(0)
 
 
+def test_a_starting_session_asks_its_hub_only_to_take_its_port(alice):
+    """jupyterhub-singleuser asked the hub for its version and posted the server's start as activity:
+    two requests of every session's start (~200 while a class of 100 starts). The port report's
+    answer carries the version, and the hub records the start itself as the session becomes ready."""
+    from portal.cluster import demo
+
+    hub_log = demo.paths().log / "hub.log"
+    before = hub_log.stat().st_size
+    alice.spawn({"profile": "gpu"})
+    assert alice.run_code("print(6 * 7)").strip() == "42"
+    with hub_log.open() as log:
+        log.seek(before)
+        from_nodes = re.findall(r"\] (\d{3} [A-Z]+ \S+) \(alice@198\.51\.100\.\d+\)", log.read())
+    assert "201 POST /hub/api/batchspawner" in from_nodes, from_nodes
+    assert not [line for line in from_nodes if line.endswith(("GET /hub/api", "/activity"))], from_nodes
+    assert alice.model()["servers"][""]["last_activity"], alice.model()
+
+
 def test_stopping_the_server_ends_the_job(alice):
     alice.spawn()
     assert len(active_jobs("alice")) == 1

@@ -40,6 +40,7 @@ from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, 
     leave_out_the_hubs_database,
     leave_out_the_pypi_extension_manager,
     leave_out_the_users_config_folders,
+    no_activity_post_for_the_start,
     nothing_to_parse_on_an_empty_command_line,
     one_tls_context_for_the_hub,
     read_entry_points_again,
@@ -126,6 +127,7 @@ def main() -> None:
     one_tls_context_for_the_hub()
     system_store_on_first_use()
     check_the_hub_once_serving()
+    no_activity_post_for_the_start()
     nothing_to_parse_on_an_empty_command_line()
     semver_on_use()
     leave_out_the_pypi_extension_manager()

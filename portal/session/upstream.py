@@ -26,6 +26,7 @@ import sys
 import types
 from pathlib import Path
 
+from .. import sessionvars
 from ..patchcheck import Definition, Mentions, Patch
 from .onuse import LoadOnUse, ModuleOnUse, OnUse
 
@@ -439,8 +440,10 @@ def check_the_hub_once_serving() -> None:
     """jupyterhub-singleuser asks the hub for its version (and exits when it cannot reach it after 5
     tries) inside its initialize(), before the server listens: a round trip to the hub on every
     session's way to ready, 60 ms on an idle hub and the hub's whole queue while a class starts.
-    Here the same check runs as soon as the event loop runs, beside the port report (which needs the
-    hub too, and ends the job if it refuses). Idempotent."""
+    A session that reports its port asks nothing more: the hub's answer to the report carries its
+    version (every hub response does), which the report checks as jupyterhub-singleuser did
+    (portal.session.portreport), and a hub that never answers the report ends the job in words.
+    Any other server runs the same check as soon as its event loop runs. Idempotent."""
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
     if getattr(JupyterHubSingleUser.check_hub_version, "_dsportal", False):
@@ -448,11 +451,39 @@ def check_the_hub_once_serving() -> None:
     check = JupyterHubSingleUser.check_hub_version
 
     async def check_hub_version(self):
+        if os.environ.get(sessionvars.REPORT_PORT):  # set until the report goes
+            return
         # initialize() runs this in run_sync: the task runs when the server's loop runs.
         self._dsportal_hub_check = asyncio.ensure_future(check(self))
 
     check_hub_version._dsportal = True
     JupyterHubSingleUser.check_hub_version = check_hub_version
+
+
+def no_activity_post_for_the_start() -> None:
+    """jupyterhub-singleuser posts the server's last activity to the hub as it starts, then every
+    JUPYTERHUB_ACTIVITY_INTERVAL. The first post only says that the server started, which the hub
+    wrote itself as the server became ready (User.spawn sets last_activity): a request and a
+    database write on the hub for every session, ~100 while a class of 100 starts. Here it is not
+    sent when nothing happened since the start; every later post, and a first one after any
+    activity, goes as before. Idempotent."""
+    from jupyterhub.singleuser.extension import JupyterHubSingleUser
+
+    if getattr(JupyterHubSingleUser.notify_activity, "_dsportal", False):
+        return
+    notify = JupyterHubSingleUser.notify_activity
+
+    async def notify_activity(self):
+        if self._last_activity_sent is None:
+            web_app = self.serverapp.web_app
+            started, last = web_app.settings.get("started"), web_app.last_activity()
+            if started is not None and last is not None and last <= started:
+                self._last_activity_sent = last  # the next post goes as the one after the first did
+                return
+        await notify(self)
+
+    notify_activity._dsportal = True
+    JupyterHubSingleUser.notify_activity = notify_activity
 
 
 # ------------------------------------------------------------------ jupyter_server's API activity
@@ -732,12 +763,26 @@ PATCHES = [
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
            Mentions("jupyterlab.commands", "_yarn_config", "4e060257b14c8809")),
           lambda: getattr(sys.modules.get("jupyterlab.commands"), "_yarn_config", None) is _no_yarn_config),
-    Patch("hub-check-once-serving", "portal/session/singleuser.py",
-          "jupyterhub.singleuser.extension.JupyterHubSingleUser.check_hub_version (wrapped: run as a task)",
+    Patch("hub-check-once-serving", "portal/session/singleuser.py, portal/session/portreport.py",
+          "jupyterhub.singleuser.extension.JupyterHubSingleUser.check_hub_version (wrapped: none where the session "
+          "reports its port, whose answer's version is checked with jupyterhub._version._check_version; "
+          "else run as a task)",
           JUPYTERHUB, "6.1.1", "a round trip to the hub before the server listens, on every session's way to ready",
           (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.check_hub_version", "764fa5905b909d4e"),
-           Mentions("jupyterhub.singleuser.extension", "check_hub_version", "cfdb3449332846c7")),
+           Mentions("jupyterhub.singleuser.extension", "check_hub_version", "cfdb3449332846c7"),
+           Definition("jupyterhub._version", "_check_version", "48525574bec54b79")),
           _hub_check_deferred),
+    Patch("no-activity-post-for-the-start", "portal/session/singleuser.py",
+          "jupyterhub.singleuser.extension.JupyterHubSingleUser.notify_activity (wrapped: the first post is not "
+          "sent when nothing happened since the server started)", JUPYTERHUB, "6.1.1",
+          "a hub request and database write for every session's start, which the hub records itself as the "
+          "server becomes ready (~100 while a class of 100 starts)",
+          (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.notify_activity", "dbd120d14f99a02c"),
+           Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.keep_activity_updated",
+                      "ba5bd3bce1223bac"),
+           Mentions("jupyterhub.user", "last_activity", "7341abcb9434f45c")),
+          lambda: getattr(sys.modules["jupyterhub.singleuser.extension"].JupyterHubSingleUser.notify_activity,
+                          "_dsportal", False)),
     Patch("api-activity", "portal/session/activity.py",
           "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
           "an open tab's polling and layout saves must not count as use (idle limits)",
