@@ -9,8 +9,8 @@ installed Python's own compiler (re's parser and code generator: nothing of it i
 the results, per Python build, into the environment, next to the bytecode it also compiles:
 ``<prefix>/share/dsportal/compiled-patterns-<python build>.marshal``. A process that calls
 :func:`use` then builds a pattern of that list from its compiled form (``_sre.compile``, as re does
-last); any other pattern, or any pattern at all without a file for this exact Python, is compiled
-as before. A stale list (a package upgraded since) costs only the compiling it no longer saves.
+last); any other pattern, or any pattern at all without a file for this exact Python (its version,
+and the size and time of its re modules), is compiled as before. A stale list (a package upgraded since) costs only the compiling it no longer saves.
 
 The list (``compiled-patterns.json`` beside this module) holds only patterns common to the starts
 of two different users: nothing of one user's (her name, her URLs, her folders) is in it. To make
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 import _sre
-from re import _compiler, _parser
+from re import _casefix, _compiler, _constants, _parser
 
 LIST = Path(__file__).with_name("compiled-patterns.json")  # [[pattern, flags], ...], bytes as {"bytes": latin-1 text}
 RECORD = "DSPORTAL_RECORD_PATTERNS"  # a file: every pattern this process compiles is appended to it (record)
@@ -63,12 +63,16 @@ def compiled_form(pattern, flags: int) -> tuple:
             tuple(indexgroup))
 
 
+def _key(pattern, flags: int) -> tuple:
+    """A pattern's key: its kind first, so that a str and a bytes pattern are never compared
+    (their hashes can be equal)."""
+    return (type(pattern) is bytes, pattern, flags)
+
+
 def _compile(p, flags=0):
     """re._compiler.compile, from the compiled form when the pattern is one of the list's."""
-    try:
-        form = _compiled.get((p, flags))
-    except TypeError:  # a parsed pattern (re.Scanner), not a string
-        form = None
+    kind = type(p)  # only str and bytes themselves: not a subclass, nor a parsed pattern (re.Scanner)
+    form = _compiled.get(_key(p, flags)) if kind is str or kind is bytes else None
     if form is None:
         counts["compiled"] += 1
         return _real_compile(p, flags)
@@ -92,9 +96,16 @@ def _trusted(info: os.stat_result) -> bool:
         and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _compiler_files() -> list:
+    """The size and modification time of the re modules that compile: an update of the system's
+    Python that keeps its version number but changes how patterns compile makes the file stale."""
+    return [[info.st_size, info.st_mtime_ns] for info in
+            (os.stat(module.__file__) for module in (_parser, _compiler, _constants, _casefix))]
+
+
 def use(path: Path | None = None) -> int:
     """Build the list's patterns from their compiled forms from now on in this process; how many
-    it has (0: no file for this Python, or one that cannot be trusted: all compiled as before)."""
+    it has (0: no file for this Python, one that cannot be trusted or is stale: all compiled as before)."""
     if os.environ.get(RECORD):
         _record(os.environ[RECORD])
         return 0
@@ -103,10 +114,11 @@ def use(path: Path | None = None) -> int:
         with open(path, "rb") as handle:
             if not _trusted(os.fstat(handle.fileno())):
                 return 0
-            forms = marshal.loads(handle.read())  # one read: load() reads the file piece by piece
-    except (OSError, EOFError, ValueError, TypeError):
-        return 0
-    if not isinstance(forms, dict):
+            written = marshal.loads(handle.read())  # one read: load() reads the file piece by piece
+        if written["compiler"] != _compiler_files():
+            return 0
+        forms = dict(written["forms"])
+    except Exception:  # noqa: BLE001 - unreadable, broken or of another shape: compiled as before
         return 0
     _compiled.update(forms)
     _compiler.compile = _compile
@@ -123,15 +135,15 @@ def build(patterns: list[tuple], path: Path | None = None) -> int:
         if flags & re.DEBUG:
             continue
         try:
-            forms[(pattern, flags)] = compiled_form(pattern, flags)
+            forms[_key(pattern, flags)] = compiled_form(pattern, flags)
         except (re.error, TypeError, ValueError, OverflowError, RecursionError):
             continue
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     for old in path.parent.glob("compiled-patterns-*.marshal"):  # an earlier Python build's
         if old != path:
             old.unlink()
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_bytes(marshal.dumps(forms))
+    partial.write_bytes(marshal.dumps({"compiler": _compiler_files(), "forms": forms}))
     partial.chmod(0o644)
     partial.replace(path)
     return len(forms)
@@ -170,7 +182,7 @@ def common_patterns(*recordings: Path) -> list[tuple]:
     first's order, once each."""
     import json
 
-    seen = [[_key(json.loads(line)) for line in r.read_text().splitlines()] for r in recordings]
+    seen = [[_entry(json.loads(line)) for line in r.read_text().splitlines()] for r in recordings]
     everywhere = set(seen[0]).intersection(*map(set, seen[1:]))
     kept, out = set(), []
     for key in seen[0]:
@@ -180,7 +192,7 @@ def common_patterns(*recordings: Path) -> list[tuple]:
     return out
 
 
-def _key(entry: list) -> tuple:
+def _entry(entry: list) -> tuple:
     pattern, flags = entry
     return (_decoded(pattern), flags)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def fresh_python(code: str, **env) -> str:
+def fresh_python(code: str, *options: str, **env) -> str:
     """Run ``code`` in a new Python with the checkout's portal: use() changes the process's re."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, *options, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO), **env})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
@@ -69,9 +69,29 @@ print(cp.use(path), re._compiler.compile is cp._real_compile, re.compile(r"(?P<a
     assert fresh_python(code).split() == ["0", "True", "1"]
     path.unlink()  # none for this Python (another build's name is never opened)
     assert fresh_python(code).split() == ["0", "True", "1"]
+    # Written by a Python whose re compiled differently (an update that kept the version number).
+    fresh_python(f"import marshal; from pathlib import Path; from portal import compiledpatterns as cp; "
+                 f"path = Path({str(path)!r}); cp.build({listed!r}, path); written = marshal.loads(path.read_bytes()); "
+                 f"written['compiler'][1][1] += 1; path.write_bytes(marshal.dumps(written))")
+    assert fresh_python(code).split() == ["0", "True", "1"]
     assert fresh_python("from portal import compiledpatterns as cp; print(cp.cache_file('/x').name)").strip() \
         == f"compiled-patterns-{sys.implementation.cache_tag}-{sys.hexversion:x}-" \
            f"{__import__('_sre').MAGIC}-{__import__('_sre').CODESIZE}.marshal"
+
+
+def test_a_str_and_a_bytes_pattern_of_the_same_text_each_get_their_own(tmp_path):
+    """Their hashes are equal: they are told apart by kind, never compared (which -bb makes an error)."""
+    out = fresh_python(f"""
+from pathlib import Path
+from portal import compiledpatterns as cp
+path = Path({str(tmp_path / 'p.marshal')!r})
+cp.build([("([*?[])", 0), (b"([*?[])", 0)], path)
+print(cp.use(path))
+import re
+print(type(re.compile("([*?[])").pattern).__name__, type(re.compile(b"([*?[])").pattern).__name__,
+      re.compile("([*?[])").match("?").group(1), re.compile(b"([*?[])").match(b"[").group(1).decode(), cp.counts["from the install"])
+""", "-bb")
+    assert out.split() == ["2", "str", "bytes", "?", "[", "2"], out
 
 
 def test_the_list_holds_nothing_of_any_users_start():

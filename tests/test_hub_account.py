@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
 import yaml
 
 from portal.settings import load
@@ -19,6 +20,7 @@ SETTINGS = yaml.safe_load(CONFIG.read_text())
 ACCOUNT = SETTINGS["hub"]["account"]
 DATA_DIR = Path(SETTINGS["hub"]["data_dir"])
 MEDIATOR = "/usr/local/libexec/dsportal/mediator"
+REPO = Path(__file__).resolve().parent.parent
 HUB_PIDFILE = Path("/var/lib/dsportal-demo/run/dsportal-hub.pid")
 
 
@@ -235,3 +237,31 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
     finally:
         OLD_MEDIATOR.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", f"{home}/.dsportal/certs/test-one-run", f"{home}/.dsportal/certs/test-two-runs"])
+
+
+def test_the_mediator_hands_sbatch_its_script_in_a_memory_file_or_a_pipe_where_those_are_refused(monkeypatch):
+    """The mediator becomes sbatch (execve) with the batch script on its input: a file in memory,
+    or a pipe on kernels that refuse those (vm.memfd_noexec=2); more than a pipe holds is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mediator_under_test", REPO / "portal/cluster/mediator.py")
+    mediator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mediator)
+
+    def read_all(fd: int) -> bytes:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        os.close(fd)
+        return b"".join(chunks)
+
+    script = b"#!/bin/bash\n#SBATCH --job-name=x\necho started\n" * 2000  # ~100 KiB
+    assert read_all(mediator.readable(script)) == script
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(mediator.os, "memfd_create", refused)
+    assert read_all(mediator.readable(script)) == script
+    with pytest.raises(mediator.Refused, match="more than a pipe holds"):
+        mediator.readable(b"x" * (4 << 20))

@@ -7,6 +7,7 @@ import re
 import subprocess
 import time
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
@@ -63,10 +64,15 @@ def test_a_queued_session_waits_past_the_hubs_start_timeout_as_one_job_and_start
 
         # Past the hub's start_timeout (BOOT_SECONDS) and still waiting; the GPUs come free: it starts.
         assert time.monotonic() - started > BOOT_SECONDS
+        released = datetime.now(timezone.utc)
         subprocess.run(["scancel", str(holder)], check=True)
         server = again.wait_ready(timeout=120)
         assert server["ready"]
         assert [j["job_id"] for j in active_jobs("alice")] == [job_id]
+        # Its idle clock starts as its server does: the time in the queue is not time left unused
+        # (an idle limit shorter than the wait would stop it at once).
+        last_activity = datetime.fromisoformat(server["last_activity"].replace("Z", "+00:00"))
+        assert last_activity >= released - timedelta(seconds=1), (server["last_activity"], released)
 
 
 def test_a_session_queued_past_its_profiles_limit_is_taken_out_in_words(second_hub):

@@ -143,11 +143,7 @@ def become(command: list[str], env: dict[str, str], stdin: bytes | None = None, 
     """Replace this process with ``command`` (execve): what it prints and its exit status are the
     hub's answer. ``stdin`` is handed to it as a file in memory. Raises OSError if it cannot start."""
     if stdin is not None:
-        held = os.memfd_create("dsportal-stdin")
-        view = memoryview(stdin)
-        while view:
-            view = view[os.write(held, view):]
-        os.lseek(held, 0, os.SEEK_SET)
+        held = readable(stdin)
         os.dup2(held, 0)  # the copy on 0 stays open across execve
         os.close(held)
     if cwd is not None:
@@ -155,6 +151,30 @@ def become(command: list[str], env: dict[str, str], stdin: bytes | None = None, 
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)
+
+
+def readable(data: bytes) -> int:
+    """A descriptor to read ``data`` from: a file in memory; a pipe where the kernel refuses those
+    (vm.memfd_noexec=2), as long as a pipe can hold it (a batch script is a few KiB)."""
+    try:
+        held = os.memfd_create("dsportal-stdin")
+    except OSError:
+        import fcntl
+
+        held, feed = os.pipe()
+        capacity = fcntl.fcntl(feed, 1031, 1 << 20)  # F_SETPIPE_SZ: as much as the kernel lets us
+        if len(data) > capacity:
+            raise Refused(f"input of {len(data)} bytes is more than a pipe holds ({capacity})") from None
+    else:
+        feed = held
+    view = memoryview(data)
+    while view:
+        view = view[os.write(feed, view):]
+    if feed == held:
+        os.lseek(held, 0, os.SEEK_SET)
+    else:
+        os.close(feed)
+    return held
 
 
 def certs(me: pwd.struct_passwd, folder: str, encoded: dict | None = None) -> int:

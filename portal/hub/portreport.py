@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from jupyterhub.apihandlers import APIHandler
+from jupyterhub.utils import utcnow
 from tornado import web
 
 from ..settings import json_kind
@@ -49,8 +50,21 @@ class SessionPortHandler(APIHandler):
             metrics.PORT_REPORTS_REFUSED.inc()
             raise web.HTTPError(409, refusal)
         self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
+        self.started_is_activity(user, spawner)
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
+
+
+    def started_is_activity(self, user, spawner) -> None:
+        """The session's server listens: its first activity. The idle clock
+        (PartitionSpawner.idle_seconds) counts from here, not from the spawn request, which is what
+        JupyterHub recorded before the job waited in Slurm's queue. The session does not post this
+        itself (portal.session.upstream.no_activity_post_for_the_start): one request fewer per start."""
+        now = utcnow(with_tz=False)  # naive UTC, as JupyterHub's activity API stores it
+        for record in (user, spawner.orm_spawner):
+            if record.last_activity is None or record.last_activity < now:
+                record.last_activity = now
+        self.db.commit()
 
 
 def install_port_handler() -> None:

@@ -463,10 +463,10 @@ def check_the_hub_once_serving() -> None:
 def no_activity_post_for_the_start() -> None:
     """jupyterhub-singleuser posts the server's last activity to the hub as it starts, then every
     JUPYTERHUB_ACTIVITY_INTERVAL. The first post only says that the server started, which the hub
-    wrote itself as the server became ready (User.spawn sets last_activity): a request and a
-    database write on the hub for every session, ~100 while a class of 100 starts. Here it is not
-    sent when nothing happened since the start; every later post, and a first one after any
-    activity, goes as before. Idempotent."""
+    now records itself as it takes the session's port report (portal.hub.portreport: the idle clock
+    starts there, not at the spawn request, before the queue): a request on the hub for every
+    session, ~100 while a class of 100 starts. Here it is not sent when nothing happened since the
+    start; every later post, and a first one after any activity, goes as before. Idempotent."""
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
     if getattr(JupyterHubSingleUser.notify_activity, "_dsportal", False):
@@ -775,8 +775,8 @@ PATCHES = [
     Patch("no-activity-post-for-the-start", "portal/session/singleuser.py",
           "jupyterhub.singleuser.extension.JupyterHubSingleUser.notify_activity (wrapped: the first post is not "
           "sent when nothing happened since the server started)", JUPYTERHUB, "6.1.1",
-          "a hub request and database write for every session's start, which the hub records itself as the "
-          "server becomes ready (~100 while a class of 100 starts)",
+          "a hub request for every session's start, which the hub records itself as it takes the port report "
+          "(portal/hub/portreport.py; ~100 while a class of 100 starts)",
           (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.notify_activity", "dbd120d14f99a02c"),
            Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.keep_activity_updated",
                       "ba5bd3bce1223bac"),
