@@ -763,7 +763,7 @@ PATCHES = [
           (Definition("jupyterlab.commands", "_yarn_config", "e9a6caa29a0f204f"),
            Mentions("jupyterlab.commands", "_yarn_config", "4e060257b14c8809")),
           lambda: getattr(sys.modules.get("jupyterlab.commands"), "_yarn_config", None) is _no_yarn_config),
-    Patch("hub-check-once-serving", "portal/session/singleuser.py, portal/session/portreport.py",
+    Patch("hub-check-once-serving", "portal/session/singleuser.py (and portreport.py: the report's answer checked)",
           "jupyterhub.singleuser.extension.JupyterHubSingleUser.check_hub_version (wrapped: none where the session "
           "reports its port, whose answer's version is checked with jupyterhub._version._check_version; "
           "else run as a task)",
