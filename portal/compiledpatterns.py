@@ -39,7 +39,7 @@ from re import _casefix, _compiler, _constants, _parser
 LIST = Path(__file__).with_name("compiled-patterns.json")  # [[pattern, flags], ...], bytes as {"bytes": latin-1 text}
 RECORD = "DSPORTAL_RECORD_PATTERNS"  # a file: every pattern this process compiles is appended to it (record)
 _real_compile = _compiler.compile
-_compiled: dict = {}  # (pattern, flags) -> the arguments _sre.compile takes after the pattern
+_compiled: dict = {}  # _key(pattern, flags) -> the arguments _sre.compile takes after the pattern
 counts = {"from the install": 0, "compiled": 0}  # since use(): what the session's log reports
 
 
