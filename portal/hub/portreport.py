@@ -54,7 +54,6 @@ class SessionPortHandler(APIHandler):
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
 
-
     def started_is_activity(self, user, spawner) -> None:
         """The session's server listens: its first activity. The idle clock
         (PartitionSpawner.idle_seconds) counts from here, not from the spawn request, which is what

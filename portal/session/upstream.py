@@ -379,6 +379,20 @@ def skip_yarn_config() -> None:
 _ENTRY_POINT_SCAN: dict = {"starting": False, "all": None}
 
 
+def _replace_once(owner, name: str, replacement_of) -> None:
+    """``owner.name`` replaced by ``replacement_of(the original)``, marked as the portal's
+    (:func:`_is_replaced`); nothing if it is already: each patch below is idempotent so."""
+    if _is_replaced(owner, name):
+        return
+    replacement = replacement_of(getattr(owner, name))
+    replacement._dsportal = True
+    setattr(owner, name, replacement)
+
+
+def _is_replaced(owner, name: str) -> bool:
+    return getattr(getattr(owner, name, None), "_dsportal", False)
+
+
 def read_entry_points_once_while_starting() -> None:
     """importlib.metadata.entry_points reads the entry points of every installed package (~150 here)
     on each call. While a session's server starts, JupyterLab's extension managers and
@@ -389,20 +403,20 @@ def read_entry_points_once_while_starting() -> None:
     the function by name). Idempotent."""
     import importlib.metadata
 
-    if not getattr(importlib.metadata.entry_points, "_dsportal", False):
-        read = importlib.metadata.entry_points
-
-        def entry_points(**params):
-            if not _ENTRY_POINT_SCAN["starting"]:
-                return read(**params)
-            if _ENTRY_POINT_SCAN["all"] is None:
-                _ENTRY_POINT_SCAN["all"] = read()
-            return _ENTRY_POINT_SCAN["all"].select(**params)
-
-        entry_points._dsportal = True
-        entry_points.__doc__ = read.__doc__
-        importlib.metadata.entry_points = entry_points
+    _replace_once(importlib.metadata, "entry_points", _read_once)
     _ENTRY_POINT_SCAN["starting"] = True
+
+
+def _read_once(read):
+    def entry_points(**params):
+        if not _ENTRY_POINT_SCAN["starting"]:
+            return read(**params)
+        if _ENTRY_POINT_SCAN["all"] is None:
+            _ENTRY_POINT_SCAN["all"] = read()
+        return _ENTRY_POINT_SCAN["all"].select(**params)
+
+    entry_points.__doc__ = read.__doc__
+    return entry_points
 
 
 def read_entry_points_again() -> None:
@@ -419,7 +433,6 @@ def _parse_nothing(parse):
         self.argv, self.extra_args = [], []
         return None
 
-    parse_command_line._dsportal = True
     return parse_command_line
 
 
@@ -432,8 +445,7 @@ def nothing_to_parse_on_an_empty_command_line() -> None:
     arguments, none left over) and builds nothing. Idempotent."""
     from traitlets.config.application import Application
 
-    if not getattr(Application.parse_command_line, "_dsportal", False):
-        Application.parse_command_line = _parse_nothing(Application.parse_command_line)
+    _replace_once(Application, "parse_command_line", _parse_nothing)
 
 
 def check_the_hub_once_serving() -> None:
@@ -446,18 +458,16 @@ def check_the_hub_once_serving() -> None:
     Any other server runs the same check as soon as its event loop runs. Idempotent."""
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
-    if getattr(JupyterHubSingleUser.check_hub_version, "_dsportal", False):
-        return
-    check = JupyterHubSingleUser.check_hub_version
+    def deferred(check):
+        async def check_hub_version(self):
+            if os.environ.get(sessionvars.REPORT_PORT):  # set until the report goes
+                return
+            # initialize() runs this in run_sync: the task runs when the server's loop runs.
+            self._dsportal_hub_check = asyncio.ensure_future(check(self))
 
-    async def check_hub_version(self):
-        if os.environ.get(sessionvars.REPORT_PORT):  # set until the report goes
-            return
-        # initialize() runs this in run_sync: the task runs when the server's loop runs.
-        self._dsportal_hub_check = asyncio.ensure_future(check(self))
+        return check_hub_version
 
-    check_hub_version._dsportal = True
-    JupyterHubSingleUser.check_hub_version = check_hub_version
+    _replace_once(JupyterHubSingleUser, "check_hub_version", deferred)
 
 
 def no_activity_post_for_the_start() -> None:
@@ -469,21 +479,19 @@ def no_activity_post_for_the_start() -> None:
     start; every later post, and a first one after any activity, goes as before. Idempotent."""
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
-    if getattr(JupyterHubSingleUser.notify_activity, "_dsportal", False):
-        return
-    notify = JupyterHubSingleUser.notify_activity
+    def after_the_start(notify):
+        async def notify_activity(self):
+            if self._last_activity_sent is None:
+                web_app = self.serverapp.web_app
+                started, last = web_app.settings.get("started"), web_app.last_activity()
+                if started is not None and last is not None and last <= started:
+                    self._last_activity_sent = last  # the next post goes as the one after the first did
+                    return
+            await notify(self)
 
-    async def notify_activity(self):
-        if self._last_activity_sent is None:
-            web_app = self.serverapp.web_app
-            started, last = web_app.settings.get("started"), web_app.last_activity()
-            if started is not None and last is not None and last <= started:
-                self._last_activity_sent = last  # the next post goes as the one after the first did
-                return
-        await notify(self)
+        return notify_activity
 
-    notify_activity._dsportal = True
-    JupyterHubSingleUser.notify_activity = notify_activity
+    _replace_once(JupyterHubSingleUser, "notify_activity", after_the_start)
 
 
 # ------------------------------------------------------------------ jupyter_server's API activity
@@ -492,16 +500,14 @@ def count_api_activity_only(counts) -> None:
     ``counts(handler)`` is true. Idempotent."""
     from jupyter_server.base.handlers import APIHandler
 
-    if getattr(APIHandler.update_api_activity, "_dsportal", False):
-        return
-    tracked = APIHandler.update_api_activity
+    def counted(tracked):
+        def update_api_activity(self) -> None:
+            if counts(self):
+                tracked(self)
 
-    def update_api_activity(self) -> None:
-        if counts(self):
-            tracked(self)
+        return update_api_activity
 
-    update_api_activity._dsportal = True
-    APIHandler.update_api_activity = update_api_activity
+    _replace_once(APIHandler, "update_api_activity", counted)
 
 
 # ------------------------------------------------------------------ jupyter-server-proxy's /proxy/ routes
@@ -629,13 +635,13 @@ def _debugger_waits_for_first_use() -> bool:
 def _hub_check_deferred() -> bool:
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
-    return getattr(JupyterHubSingleUser.check_hub_version, "_dsportal", False)
+    return _is_replaced(JupyterHubSingleUser, "check_hub_version")
 
 
 def _api_activity_wrapped() -> bool:
     from jupyter_server.base.handlers import APIHandler
 
-    return getattr(APIHandler.update_api_activity, "_dsportal", False)
+    return _is_replaced(APIHandler, "update_api_activity")
 
 
 JUPYTERHUB, PROXY = "jupyterhub", "jupyter-server-proxy"
@@ -697,14 +703,13 @@ PATCHES = [
           "(JupyterLab's extension managers, jupyter-server-proxy's servers)",
           (Mentions("jupyterlab.extensions", "entry_points", "ccbbc7f7be406b3a"),
            Mentions("jupyter_server_proxy.config", "entry_points", "f796f100ea5032bb")),
-          lambda: getattr(sys.modules["importlib.metadata"].entry_points, "_dsportal", False)),
+          lambda: _is_replaced(sys.modules["importlib.metadata"], "entry_points")),
     Patch("empty-command-line", "portal/session/singleuser.py",
           "traitlets.config.application.Application.parse_command_line (wrapped: an empty command line is not "
           "parsed)", "traitlets", "5.16.1", "every session server's start built 4 argparse parsers, of every "
           "configurable trait, for a command line without arguments",
           (Definition("traitlets.config.application", "Application.parse_command_line", "d727d4c3429ba771"),),
-          lambda: getattr(sys.modules["traitlets.config.application"].Application.parse_command_line,
-                          "_dsportal", False)),
+          lambda: _is_replaced(sys.modules["traitlets.config.application"].Application, "parse_command_line")),
     Patch("semver-on-use", "portal/session/singleuser.py",
           "jupyter_builder.jupyterlab_semver: a stand-in while jupyterlab.commands imports (its names OnUse)",
           "jupyterlab", "4.6.6", "~15 ms of every session start for version checks of builds sessions never run",
@@ -781,8 +786,8 @@ PATCHES = [
            Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.keep_activity_updated",
                       "ba5bd3bce1223bac"),
            Mentions("jupyterhub.user", "last_activity", "7341abcb9434f45c")),
-          lambda: getattr(sys.modules["jupyterhub.singleuser.extension"].JupyterHubSingleUser.notify_activity,
-                          "_dsportal", False)),
+          lambda: _is_replaced(sys.modules["jupyterhub.singleuser.extension"].JupyterHubSingleUser,
+                               "notify_activity")),
     Patch("api-activity", "portal/session/activity.py",
           "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
           "an open tab's polling and layout saves must not count as use (idle limits)",
