@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import time
 from pathlib import Path
 
 from conftest import HUB
@@ -23,6 +24,18 @@ TRAIN = "train"  # alice's named GPU session
 
 def jobs_by_name(user: str) -> dict[str, dict]:
     return {job["name"]: job for job in active_jobs(user)}
+
+
+def train_job_is_ending(job_id: int, timeout: float = 30) -> bool:
+    """Once its stop returns, the job is at most COMPLETING (Slurm still ending its steps), never
+    running; wait, bounded, until Slurm has let it go."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = {job["job_id"]: job["job_state"] for job in active_jobs("alice")}.get(job_id)
+        assert state in (None, "COMPLETING"), f"job {job_id} still {state} after its session was stopped"
+        if state is None or time.monotonic() > deadline:
+            return state is None
+        time.sleep(0.25)
 
 
 def environment_of(user, server: str = "") -> dict:
@@ -98,7 +111,7 @@ def test_a_cpu_session_beside_a_gpu_session_each_its_own_job_and_slice(alice, bo
 
     # Stopping one leaves the other running; the stopped one is accounted as a session of its own.
     alice.stop_server(server=TRAIN)
-    assert list(jobs_by_name("alice")) == ["dsportal-alice"]
+    assert train_job_is_ending(gpu_job["job_id"]) and list(jobs_by_name("alice")) == ["dsportal-alice"]
     assert environment_of(alice)["SLURM_JOB_ID"] == str(cpu_job["job_id"])
     record = sacct(gpu_job["job_id"])
     assert record["JobName"] == f"dsportal-alice:{TRAIN}", record
