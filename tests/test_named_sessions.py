@@ -26,12 +26,13 @@ def jobs_by_name(user: str) -> dict[str, dict]:
     return {job["name"]: job for job in active_jobs(user)}
 
 
-def train_job_is_ending(job_id: int, timeout: float = 30) -> bool:
-    """Once its stop returns, the job is at most COMPLETING (Slurm still ending its steps), never
-    running; wait, bounded, until Slurm has let it go."""
+def stopped_job_leaves(user: str, job_id: int, timeout: float = 30) -> bool:
+    """Once its session's stop returns, the job is at most COMPLETING (Slurm still ending its steps),
+    never running; wait, bounded, until Slurm has let it go. (conftest.wait_no_jobs waits for all of
+    a user's jobs; her other sessions run on here.)"""
     deadline = time.monotonic() + timeout
     while True:
-        state = {job["job_id"]: job["job_state"] for job in active_jobs("alice")}.get(job_id)
+        state = {job["job_id"]: job["job_state"] for job in active_jobs(user)}.get(job_id)
         assert state in (None, "COMPLETING"), f"job {job_id} still {state} after its session was stopped"
         if state is None or time.monotonic() > deadline:
             return state is None
@@ -111,7 +112,7 @@ def test_a_cpu_session_beside_a_gpu_session_each_its_own_job_and_slice(alice, bo
 
     # Stopping one leaves the other running; the stopped one is accounted as a session of its own.
     alice.stop_server(server=TRAIN)
-    assert train_job_is_ending(gpu_job["job_id"]) and list(jobs_by_name("alice")) == ["dsportal-alice"]
+    assert stopped_job_leaves("alice", gpu_job["job_id"]) and list(jobs_by_name("alice")) == ["dsportal-alice"]
     assert environment_of(alice)["SLURM_JOB_ID"] == str(cpu_job["job_id"])
     record = sacct(gpu_job["job_id"])
     assert record["JobName"] == f"dsportal-alice:{TRAIN}", record
