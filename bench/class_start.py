@@ -1,7 +1,10 @@
 """A class starts at once: N students log in and start a session at the same moment (9:00, the first
 lecture), each runs one cell, then all stop. Used by spawn_bench.py on each hub.
 
-Each student waits as her browser does, on the hub's progress stream of her start.
+Each student waits as her browser does, on the hub's progress stream of her start; or (``poll_every``)
+as scripts and dashboards do, asking the hub for her own model (GET /hub/api/users/<name>) every
+``poll_every`` seconds until it shows her session ready, whatever the hub answers meanwhile (a 429
+does not slow such a script down).
 
 Reported: logins, last and median ready (from the moment all asked), sessions lost, starts the hub
 refused past its concurrent_spawn_limit (429: the student waits as told, Retry-After, and asks again;
@@ -87,10 +90,12 @@ class Bystander:
             stdout=subprocess.PIPE, text=True,
             env={**os.environ, "DSPORTAL_BENCH_TOKEN": admin.token, "PYTHONPATH": os.path.dirname(hubclient.__file__)})
         self.latencies: list[float] = []
+        self.shed = 0  # calls answered 429 (the hub shedding reads that can wait)
 
     def stop(self) -> None:
         out, _ = self.process.communicate("stop\n", timeout=60)
-        self.latencies = json.loads(out)
+        answer = json.loads(out)
+        self.latencies, self.shed = answer["latencies"], answer["shed"]
 
 
 def bystander_main(base: str, name: str) -> None:
@@ -98,16 +103,16 @@ def bystander_main(base: str, name: str) -> None:
     stopping = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stopping.set()), daemon=True).start()
     admin = HubUser(base, name, token=os.environ["DSPORTAL_BENCH_TOKEN"])
-    latencies = []
+    latencies, shed = [], 0
     while not stopping.is_set():
         started = time.monotonic()
         try:
-            admin.api("GET", f"/hub/api/users/{name}")
+            shed += admin.api("GET", f"/hub/api/users/{name}").status_code == 429
         except requests.RequestException:  # a failed call counts as slow as it was
             pass
         latencies.append(time.monotonic() - started)
         stopping.wait(0.2)
-    print(json.dumps(latencies))
+    print(json.dumps({"latencies": latencies, "shed": shed}))
 
 
 @contextmanager
@@ -122,10 +127,34 @@ def deprioritized(nice: int = 10):
         os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
+def poll_until_ready(user: HubUser, every: float, deadline: float) -> tuple[bool, int, int]:
+    """(ready, polls, polls refused 429): her model asked for every ``every`` s until her session is ready."""
+    polls = refused = 0
+    while time.monotonic() < deadline:
+        polls += 1
+        try:
+            response = user.api("GET", f"/hub/api/users/{user.name}")
+        except requests.RequestException:
+            response = None
+        if response is not None and response.status_code == 429:
+            refused += 1
+        elif response is not None and response.ok:
+            model = response.json()
+            server = model.get("servers", {}).get("")
+            if server and server.get("ready"):
+                user._learn_server_origins(model)
+                return True, polls, refused
+            if not server and not model.get("pending"):
+                return False, polls, refused  # failed: no server, none starting
+        time.sleep(every)
+    return False, polls, refused
+
+
 def class_start(login, students: list[str], options: dict, admin: HubUser, timeout: float,
-                hub_pid: int | None = None, steady: float = 0, on_start=None) -> dict:
+                hub_pid: int | None = None, steady: float = 0, on_start=None, poll_every: float = 0.0) -> dict:
     """``login(name)`` -> a logged-in HubUser of the hub under test; ``hub_pid``: its process, for its
-    CPU and memory; ``on_start()``: called (time.time()) as the students press Start."""
+    CPU and memory; ``on_start()``: called (time.time()) as the students press Start; ``poll_every``:
+    students poll their model instead of waiting on the progress stream."""
     started = time.monotonic()
     with ThreadPoolExecutor(min(len(students), 32)) as pool:  # as fast as the hub's logins go
         users = list(pool.map(login, students))
@@ -138,6 +167,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     clients_before = sum(os.times()[:2])  # this process: the students' clients (threads)
     start, start_wall = time.monotonic(), time.time()
     refused: list[str] = []  # 429s: the message of each
+    polled: list[tuple[int, int]] = []  # (polls, of them refused 429) of each polling student
 
     def one(user: HubUser) -> tuple[float | None, float | None]:
         """(ready, first cell answered), seconds from the start; None for what did not happen."""
@@ -150,14 +180,24 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
                 time.sleep(min(float(response.headers.get("Retry-After", 30)), 120))  # as the message says
             if response.status_code not in (201, 202):
                 return None, None
+            if poll_every:
+                ready, polls, shed = poll_until_ready(user, poll_every, start + timeout)
+                polled.append((polls, shed))
+                if not ready:
+                    return None, None
+                return cell(user)
             # As her browser's pending page does: the hub's progress stream, one request that the hub
             # writes to until the session is ready. (Asking for her model every second, as before, was
             # 100 API requests a second for a class of 100: the largest share of the hub's CPU.)
             events = user.progress_events(timeout=max(1.0, timeout - (time.monotonic() - start)))
             if not (events and events[-1].get("ready")):  # failed, or the stream ended: what the hub says now
-                user.wait_ready(max(1.0, timeout - (time.monotonic() - start)))
+                if not poll_until_ready(user, 1.0, start + timeout)[0]:
+                    return None, None
         except Exception:  # noqa: BLE001 - a lost session is counted, not raised
             return None, None
+        return cell(user)
+
+    def cell(user: HubUser) -> tuple[float, float | None]:
         ready = time.monotonic() - start
         try:
             user.run_code("print(6 * 7)", timeout=60)
@@ -198,7 +238,9 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "lost": len(students) - len(ready), "first_cell_last": max(cells) if cells else float("nan"),
         "cells_failed": len(ready) - len(cells), "told_to_retry": len(refused),
         "retry_message": refused[0] if refused else "",
+        "polls": sum(p for p, _ in polled), "polls_refused": sum(r for _, r in polled),
         "api_p50": percentile(bystander.latencies, 0.5), "api_p99": percentile(bystander.latencies, 0.99),
+        "api_calls": len(bystander.latencies), "api_shed": bystander.shed,
         "rpcs": delta,
         "job_queries_per_min_starting": job_queries_in(delta) * 60 / (ended - start),
         "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
@@ -231,8 +273,11 @@ def describe(result: dict) -> str:
                if "machine_busy" in result else "")
     return (f"{result['students']} students: logins {result['logins']:.1f} s; last ready {result['last_ready']:.1f} s, "
             f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "
+            + (f"{result['polls']} polls of their models, {result['polls_refused']} answered 429; " if result.get("polls") else "")
+            + 
             f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed); "
-            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms{resources}{machine}; "
+            f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms"
+            f" ({result.get('api_shed', 0)} of {result.get('api_calls', 0)} answered 429){resources}{machine}; "
             f"slurmctld job queries {result['job_queries_per_min_starting']:.0f}/min while starting"
             + (f", {running:.0f}/min while all run" if running is not None else "")
             + f"; RPCs {top}; all jobs gone {result['all_gone']:.1f} s after the stop")

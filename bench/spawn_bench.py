@@ -86,7 +86,7 @@ c.JupyterHub.bind_url = {bind!r}
 c.JupyterHub.hub_bind_url = {hub!r}
 c.ConfigurableHTTPProxy.api_url = {proxy!r}
 c.ConfigurableHTTPProxy.command = {chp!r}
-c.JupyterHub.db_url = "sqlite:///{data}/jupyterhub.sqlite"
+c.JupyterHub.db_url = {db_url!r}
 c.JupyterHub.cookie_secret_file = "{data}/cookie_secret"
 c.JupyterHub.pid_file = "{data}/jupyterhub.pid"
 c.ConfigurableHTTPProxy.pid_file = "{data}/proxy.pid"
@@ -110,16 +110,36 @@ STOCK_CLASS_SLICE = 'c.SlurmSpawner.req_partition = "cpu"\nc.SlurmSpawner.req_np
 CLASS_SLICE = {"profile": "class"}
 
 
+def server_database(name: str, data: Path) -> tuple[str, Path]:
+    """A fresh database of its own on the demo's MariaDB (as the demo hub's, in production: a server
+    database): (its SQLAlchemy URL without the password, the password's file)."""
+    from portal.cluster.demo.accounting import MARIADB_PORT
+    from portal.cluster.demo.hubdb import create_database, mariadb_socket
+
+    data.mkdir(parents=True, exist_ok=True)
+    database, account, password = f"bench_{name}".replace("-", "_"), "dsportal_bench", os.urandom(12).hex()
+    subprocess.run(["mariadb", f"--socket={mariadb_socket()}"], input=f"DROP DATABASE IF EXISTS `{database}`;\n",
+                   text=True, check=True)
+    create_database(mariadb_socket(), database, account, password)
+    secret = data / "db-password"
+    secret.write_text(password)
+    secret.chmod(0o600)
+    return f"mysql+pymysql://{account}@127.0.0.1:{MARIADB_PORT}/{database}", secret
+
+
 def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout: int, broken: bool,
-               for_class: bool = False) -> list[str]:
-    """The command that runs one hub: dsportal from an edited portal.yaml, or stock batchspawner."""
+               for_class: bool = False, database: str = "sqlite") -> list[str]:
+    """The command that runs one hub: dsportal from an edited portal.yaml, or stock batchspawner;
+    each on its own SQLite file, or (``database`` mariadb) its own database on the demo's MariaDB."""
     config = yaml.safe_load(CONFIG.read_text())
     # The hub API listens where the compute nodes reach it (the login node's address on the node network).
     login = urlparse(config["hub"]["hub_bind_url"]).hostname
     bind, proxy = (f"http://127.0.0.1:{p}" for p in (ports[0], ports[2]))
     hub = f"http://{login}:{ports[1]}"
+    db_url, db_password_file = server_database(data.name, data) if database == "mariadb" else (None, None)
     config["hub"].update(bind_url=bind, hub_bind_url=hub, proxy_api_url=proxy, data_dir=str(data),
-                         start_timeout=start_timeout, db_url=None, db_password_file=None)  # its own SQLite
+                         start_timeout=start_timeout, db_url=db_url,
+                         db_password_file=str(db_password_file) if db_password_file else None)
     if config["hub"].get("subdomain_host"):  # users' own origins, at this hub's port
         config["hub"]["subdomain_host"] = f"http://localhost:{ports[0]}"
     # Both hubs run as root, as stock batchspawner's does: dsportal's reaches users through the same
@@ -135,9 +155,12 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     if kind == "dsportal":
         return [str(ENV / "dsportal"), "--config", str(path), "hub"]
     chp = config["hub"]["proxy_command"]
+    stock_db = f"sqlite:///{data}/jupyterhub.sqlite"
+    if db_url:  # stock puts the password in the URL, as its docs do
+        stock_db = db_url.replace("@", f":{db_password_file.read_text()}@", 1)
     (data / "stock_config.py").write_text(textwrap.dedent(STOCK_CONFIG.format(
         config=str(path), bind=bind, hub=hub, proxy=proxy, chp=chp, data=data, start_timeout=start_timeout,
-        env=environment, slice=STOCK_CLASS_SLICE if for_class else STOCK_SLICE)))
+        env=environment, slice=STOCK_CLASS_SLICE if for_class else STOCK_SLICE, db_url=stock_db)))
     return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
 
 
@@ -166,24 +189,33 @@ def broken_environment(workdir: Path) -> Path:
 
 class Hub:
     def __init__(self, kind: str, index: int, workdir: Path, start_timeout: int, broken: bool = False,
-                 for_class: bool = False, label: str = ""):
+                 for_class: bool = False, label: str = "", database: str = "sqlite"):
         self.kind, self.base = kind, f"http://127.0.0.1:{8100 + 10 * index}"
         ports = (8100 + 10 * index, 8101 + 10 * index, 8102 + 10 * index)
         self.data = workdir / f"{kind}{'-broken' if broken else '-class' if for_class else ''}{label}"
-        command = hub_config(kind, ports, self.data, start_timeout, broken, for_class)
-        self.log = open(self.data / "hub.log", "wb")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.data)
+        self.command = hub_config(kind, ports, self.data, start_timeout, broken, for_class, database)
+        self.log = open(self.data / "hub.log", "ab")
+        self._start()
+
+    def kill_and_restart(self) -> None:
+        """kill -9 (a crash: no cleanup, its proxy left running), then the same hub started again."""
+        self.process.kill()
+        self.process.wait()
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.data)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise SystemExit(f"{kind} hub did not start:\n{(self.data / 'hub.log').read_text()[-3000:]}")
+                raise SystemExit(f"{self.kind} hub did not start:\n{(self.data / 'hub.log').read_text()[-3000:]}")
             try:
                 if requests.get(f"{self.base}/hub/api", timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass
             time.sleep(0.3)
-        raise SystemExit(f"{kind} hub did not answer in 60 s")
+        raise SystemExit(f"{self.kind} hub did not answer in 60 s")
 
     def user(self, name: str) -> HubUser:
         return HubUser(self.base, name).must_login(PASSWORDS[name])
@@ -429,6 +461,104 @@ def department(args, workdir: Path) -> list[dict]:
     return runs
 
 
+# One hub of each kind takes these in order, without a restart between them (but the one of "restart"):
+# an overload must leave nothing behind that slows the next class.
+STEPS = {
+    "browser": "a class waiting on the progress stream, as browsers do",
+    "polling": "a class whose clients each ask for their model every 0.5 s, as scripts and dashboards do",
+    "again": "right after, a class waiting on the progress stream again",
+    "clicking": "a class with --load-users people clicking through the hub",
+    "queued": "a class with --load-users people clicking and --queued other jobs held in the queue",
+    "restart": "a class right after the hub was killed (kill -9) and started again",
+    "slurmctld": "a class right after slurmctld was stopped (SIGSTOP) for 40 s while 5 sessions started",
+}
+
+
+def pause_slurmctld(hub: Hub, seconds: float, starters: list[str]) -> str:
+    """SIGSTOP slurmctld for ``seconds`` while ``starters`` ask for sessions, then SIGCONT; what the
+    first starter was told meanwhile. Their sessions are stopped before the class."""
+    pid = int(subprocess.run(["pgrep", "-o", "-x", "slurmctld"], capture_output=True, text=True, check=True).stdout)
+    users = [hub.user(name) for name in starters]
+    os.kill(pid, signal.SIGSTOP)
+    told = ""
+    try:
+        answers = [u.start_server(CLASS_SLICE if hub.kind == "dsportal" else {}) for u in users]
+        told = f"{answers[0].status_code} {answers[0].text[:200]}"
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for user in users:
+        try:
+            events = user.progress_events(timeout=120)
+            told += f"; then {events[-1].get('message', '')[:200]!r}" if user is users[0] and events else ""
+        except Exception as error:  # noqa: BLE001 - what happened is reported
+            told += f"; then {error}" if user is users[0] else ""
+        user.api("DELETE", f"/hub/api/users/{user.name}/server")
+    leftover_jobs(starters)
+    return told
+
+
+def sequence(args, workdir: Path) -> list[dict]:
+    """Each kind's hub takes --sequence's steps in order (STEPS), on one hub: stock batchspawner's
+    in the same run, after dsportal's, under the same load."""
+    students = course("class101")[:args.students]
+    members = course("dept")[:args.load_users]
+    starters = course("dept")[-5:]
+    steps = [{"step": step} for step in args.sequence]
+    for offset, kind in enumerate(args.kinds):
+        hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label="-sequence",
+                  database=args.database)
+        profiler = profile(hub, args.py_spy, f"{kind}-sequence") if args.py_spy else None
+        try:
+            for run in steps:
+                step, load, told = run["step"], None, ""
+                print(f"== {kind}: {STEPS[step]}", flush=True)
+                if step == "restart":
+                    hub.kill_and_restart()
+                if step == "slurmctld":
+                    told = pause_slurmctld(hub, 40, starters)
+                    print(f"  while slurmctld was stopped, a start was answered: {told}", flush=True)
+                with queued_jobs(args.queued, members) if step == "queued" else nullcontext(0) as held:
+                    try:
+                        if step in ("clicking", "queued"):
+                            load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
+                            print(f"  {load.wait_logged_in()} of {len(members)} people logged in and clicking",
+                                  flush=True)
+                        result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
+                                             hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
+                                             poll_every=0.5 if step == "polling" else 0.0)
+                    finally:
+                        if load:
+                            load.stop()
+                leftover_jobs(students)
+                if load:
+                    result["load"] = load.window(*result["window"])
+                result.update(queued=held, told=told)
+                run[kind] = result
+                print(f"  class start      {describe(result)}", flush=True)
+                if load:
+                    print(f"  {len(members)} clicking     {clicks(result['load'])}", flush=True)
+        finally:
+            if profiler:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(timeout=60)
+            hub.close()
+    return steps
+
+
+def sequence_summary(steps: list[dict]) -> str:
+    parts = []
+    for run in steps:
+        ours, stock = run["dsportal"], run["batchspawner"]
+        text = (f"{run['step']}: last ready {ours['last_ready']:.1f} vs {stock['last_ready']:.1f} s, lost {ours['lost']} "
+                f"vs {stock['lost']}, bystander p99 {ours['api_p99']:.2f} vs {stock['api_p99']:.2f} s "
+                f"({ours['api_shed']} vs {stock['api_shed']} shed), hub CPU {ours['hub_cpu']:.0f} vs {stock['hub_cpu']:.0f} s")
+        if "load" in ours:
+            text += f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s"
+        parts.append(text)
+    return " | ".join(parts)
+
+
 def leftover_jobs(users: list[str], timeout: float = 60) -> None:
     """Cancel what a run left of ``users``' jobs (a session its hub lost), so the next run starts on free nodes."""
     if not jobs_of(users):
@@ -504,6 +634,12 @@ def main(argv=None) -> int:
                         "in its folder)")
     parser.add_argument("--only-department", action="store_true", help="skip the single spawns, stops, queued and "
                         "dead-job rounds: only the department runs")
+    parser.add_argument("--sequence", type=lambda s: s.split(","), default=[],
+                        help=f"instead of everything else: one hub of each kind takes these steps in order "
+                        f"({','.join(STEPS)}): " + "; ".join(f"{k}: {v}" for k, v in STEPS.items()))
+    parser.add_argument("--database", choices=("sqlite", "mariadb"), default="sqlite",
+                        help="the hubs' database (--sequence): a SQLite file, or a database of each's own on the "
+                        "demo's MariaDB (as in production)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
@@ -519,6 +655,19 @@ def main(argv=None) -> int:
     # Not under /tmp: each job gets a /tmp of its own (job_container/tmpfs), where the broken environment is not.
     workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-", dir="/var/tmp"))
     results = {}
+    if args.sequence:
+        unknown = set(args.sequence) - set(STEPS)
+        if unknown or set(args.kinds) != set(KINDS):
+            raise SystemExit(f"--sequence takes {', '.join(STEPS)} (not {', '.join(sorted(unknown))}), with both --kinds")
+        try:
+            results["sequence"] = sequence(args, workdir)
+        finally:
+            leftover_jobs(course("class101") + course("dept"))
+            subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
+        (workdir / "results.json").write_text(json.dumps(results, indent=1))
+        print(f"(hub logs and results.json in {workdir})")
+        print(f"bench: one hub each, in order, {args.database}: {sequence_summary(results['sequence'])}")
+        return 0
     try:
         for index, kind in enumerate(() if args.only_department else KINDS):
             print(f"== {kind}", flush=True)

@@ -12,6 +12,7 @@ IDLE_LIMIT = "DSPORTAL_IDLE_LIMIT"  # seconds: the profile's idle limit for this
 SAVE_AHEAD = "DSPORTAL_SAVE_AHEAD"  # seconds: Slurm signals the walltime's end this long before it (--signal)
 LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
 TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
+REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start; its port report waits as long
 
 # Set by the session's batch script (templates/session.sbatch.j2).
 KERNEL_CATALOG = "DSPORTAL_KERNEL_CATALOG"  # JSON: the profile's images and data mounts, for kernelspecs

@@ -172,6 +172,9 @@ class _Model(BaseModel):
 
 
 class HubSettings(_Model):
+    """JupyterHub and its proxy: where they listen, the account they run as, their database, and how
+    many sessions start at once."""
+
     bind_url: str = Field("http://127.0.0.1:8000", description="Public URL users open.")
     hub_bind_url: str = Field(
         "http://127.0.0.1:8081", description="Where the hub's own API listens (jobs report to it)."
@@ -198,10 +201,13 @@ class HubSettings(_Model):
         None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="The system account the hub and its proxy run as "
         "(e.g. dsportal-hub; the demo makes it). It owns data_dir and the hub's secrets, and acts as users only "
         "through the mediator (slurm.submit_as: sudo, `dsportal hub sudoers`). Empty: the hub runs as root.")
-    admin_users: list[str] = []
+    admin_users: list[str] = Field([], description="JupyterHub's admins (account names): its admin page lists "
+                                   "every user's sessions and may stop them.")
     start_timeout: int = Field(300, gt=0, description="Seconds a session may take to come up once Slurm runs its "
                                "job (the wait in the queue is the profile's queue_limit).")
-    http_timeout: int = Field(60, gt=0)
+    http_timeout: int = Field(60, gt=0, description="Seconds JupyterHub waits for a session's server to answer once "
+                              "its job runs and its port is known (JupyterHub's Spawner.http_timeout); a hub that "
+                              "starts waits as long for each session it finds running.")
     session_names_per_user: int = Field(
         8, ge=0, le=100, description="How many named sessions (beside the default one) a user may keep, running or "
         "not (JupyterHub's named_server_limit_per_user); how many may run at once is each profile's "
@@ -215,7 +221,15 @@ class HubSettings(_Model):
         (30, 60), description="The range of seconds a start refused by concurrent_spawn_limit is told to wait "
         "before trying again (a random one from it, rounded in the message; Retry-After), so a refused class "
         "does not come back all at the same second.")
-    proxy_command: list[str] = ["configurable-http-proxy"]
+    shed_after_lag: float = Field(
+        0.2, ge=0, description="Seconds late the hub's event loop may run a timer before the hub sheds reads that "
+        "can wait (its pages and the REST API's users, groups and info: polling, page views) with HTTP 429, a "
+        "Retry-After and a sentence, until it keeps time again. What keeps a session alive (port reports, "
+        "activity, starts, stops and their progress, logins, sessions' token checks) is always served. 0: never shed.")
+    proxy_command: list[str] = Field(
+        ["configurable-http-proxy"], description="configurable-http-proxy's command and options. With internal_ssl it "
+        "must be the bin script of the configurable-http-proxy package, which the portal runs through its proxy.js "
+        "(a route reaches its own user's session only).")
     external_proxy: bool = Field(
         False, description="configurable-http-proxy runs as its own service (config/systemd/dsportal-proxy.service) "
         "and the hub never starts or stops it: restarting the hub drops no route (JupyterHub #5107). The hub reads the "
@@ -224,7 +238,7 @@ class HubSettings(_Model):
     proxy_token_file: Path | None = Field(
         None, description="With external_proxy: the file (the hub account's, mode 0600) holding the token the hub and "
         "the proxy share; never on a command line. `openssl rand -hex 32 > FILE`.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="The hub's log level.")
     db_url: str | None = Field(
         None, description="The hub's database as an SQLAlchemy URL without a password, e.g. "
         "mysql+pymysql://dsportal_hub@db.example.org:3306/jupyterhub or postgresql://dsportal_hub@db/jupyterhub "
@@ -267,8 +281,11 @@ class HubSettings(_Model):
 
 
 class SlurmSettings(_Model):
+    """How the hub reaches Slurm: its client commands, the mediator it runs as users, how often it asks."""
+
     conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF).")
-    bin_dir: Path = Path(defaults.SLURM_BIN_DIR)
+    bin_dir: Path = Field(Path(defaults.SLURM_BIN_DIR), description="The folder of Slurm's client commands "
+                          "(sbatch, squeue, sinfo, scancel, sacct), for the hub, the mediator and the admin's commands.")
     submit_as: Literal["runuser", "sudo"] = Field(
         defaults.SUBMIT_AS, description="How the hub runs the mediator (submit, cancel, certificates, log tail) as "
         "a user: 'sudo' for an unprivileged hub (`dsportal hub sudoers` writes its one rule), 'runuser' for a hub "
@@ -304,18 +321,24 @@ class LoginThrottleSettings(_Model):
 
 
 class LdapSettings(_Model):
+    """Logins: the LDAP directory that checks passwords and groups, and how long it may take."""
+
     def tls_kwargs(self) -> dict:
         """ldap3.Tls's arguments: the server's certificate checked against ca_file (else the system's
         CAs), its name too (ldap3 checks it once the certificate is required)."""
         return {"validate": ssl.CERT_REQUIRED, "ca_certs_file": str(self.ca_file) if self.ca_file else None}
 
-    server_address: str = "127.0.0.1"
-    server_port: int = Field(389, gt=0, lt=65536)
-    tls_strategy: Literal["before_bind", "on_connect", "insecure"] = "before_bind"
+    server_address: str = Field("127.0.0.1", description="The LDAP server's host name or address.")
+    server_port: int = Field(389, gt=0, lt=65536, description="The LDAP server's port.")
+    tls_strategy: Literal["before_bind", "on_connect", "insecure"] = Field(
+        "before_bind", description="before_bind: StartTLS before the password is sent; on_connect: LDAPS; "
+        "insecure: no TLS, passwords in the clear (the demo's loopback only).")
     ca_file: Path | None = Field(
         None, description="PEM file of the CA certificates that sign the LDAP server's certificate; empty: the "
         "system's. With TLS the server's certificate and name are always checked: passwords go to no impostor.")
-    bind_dn_template: list[str] = Field(min_length=1)
+    bind_dn_template: list[str] = Field(
+        min_length=1, description="DN templates a login binds as, tried in order; {username} is replaced by the "
+        "escaped account name, e.g. uid={username},ou=people,dc=example,dc=org.")
     allowed_groups: list[str] = Field(
         default_factory=list, description="Group DNs whose members may log in (empty: any account)."
     )
@@ -341,14 +364,16 @@ class JobSettings(_Model):
     torchrun: bool = Field(True, description="Offer torch.distributed jobs (launcher 'torchrun'): srun starts one "
                            "torchrun per node, which starts one process per GPU (rendezvous c10d on the first node).")
     max_nodes: int | None = Field(None, gt=0, description="Most nodes one job may ask for (default: the partition's).")
-    default_walltime: str = "01:00:00"
+    default_walltime: str = Field("01:00:00", description="Walltime (HH:MM:SS) of a job that names none; at most "
+                                  "the profile's max_walltime.")
     container_binds: list[str] = Field(
         [], description="Host folders bound at the same path into every rank's container, e.g. what srun "
         "--mpi=pmix hands the ranks: Slurm's TmpFS where it is not /tmp (Apptainer binds /tmp itself).")
     env: dict[str, str] = Field(
         default_factory=lambda: {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "^lo,docker0",
                                  "HOROVOD_LOG_LEVEL": "warning"},
-        description="NCCL/Horovod environment of every rank; a job may override each.")
+        description="Every rank's environment (NCCL_*, HOROVOD_*, OMPI_MCA_*, ...); a job may override each but "
+        "those Slurm, MPI and torchrun set for each rank (SLURM_, SBATCH_, SRUN_, OMPI_, PMIX_, PMI_, RANK, ...).")
 
     @field_validator("env")
     @classmethod
@@ -377,22 +402,29 @@ class JobSettings(_Model):
 class Profile(_Model):
     """A partition as offered to users: what a session there may ask for."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
-    partition: str = Field(pattern=SLURM_TOKEN.pattern)
-    display_name: str
-    description: str = ""
-    gpu_choices: list[int] = [0, 1, 2, 4]
-    default_gpus: int = 1
-    cpus_per_gpu: int = Field(8, gt=0)
-    mem_per_gpu: str = "48G"
-    cpus_without_gpu: int = Field(4, gt=0)
-    mem_without_gpu: str = "16G"
-    default_walltime: str = "08:00:00"
-    max_walltime: str = "12:00:00"
-    account: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
-    qos: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
-    reservation: str | None = Field(None, pattern=SLURM_TOKEN.pattern)
-    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|\[\]*()!-]+$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="The profile's name in requests "
+                      "(\"profile\": \"gpu\"), links and the jobs' comment (dsportal-profile=NAME).")
+    partition: str = Field(pattern=SLURM_TOKEN.pattern, description="The Slurm partition its sessions and jobs run in.")
+    display_name: str = Field(description="Its name on the spawn form.")
+    description: str = Field("", description="A sentence under it on the spawn form.")
+    gpu_choices: list[int] = Field([0, 1, 2, 4], description="The GPU counts a session may ask for (0: a session "
+                                   "without GPUs).")
+    default_gpus: int = Field(1, description="The GPU count the form starts from; one of gpu_choices.")
+    cpus_per_gpu: int = Field(8, gt=0, description="CPUs a session gets per GPU.")
+    mem_per_gpu: str = Field("48G", description="Memory a session gets per GPU (48G, 4096M): the job's memory limit.")
+    cpus_without_gpu: int = Field(4, gt=0, description="CPUs of a session without GPUs.")
+    mem_without_gpu: str = Field("16G", description="Memory of a session without GPUs.")
+    default_walltime: str = Field("08:00:00", description="The walltime (HH:MM:SS or D-HH:MM:SS) the form starts from.")
+    max_walltime: str = Field("12:00:00", description="The longest walltime a session may ask for, and extend to "
+                              "(never past the partition's or QoS's own limit in Slurm).")
+    account: str | None = Field(None, pattern=SLURM_TOKEN.pattern, description="The Slurm account sessions and jobs "
+                                "are charged to (sbatch --account).")
+    qos: str | None = Field(None, pattern=SLURM_TOKEN.pattern, description="The Slurm QoS (sbatch --qos); its limits "
+                            "live in Slurm (sacctmgr), and Slurm's refusals reach the user in words.")
+    reservation: str | None = Field(None, pattern=SLURM_TOKEN.pattern, description="A Slurm reservation "
+                                    "(sbatch --reservation), e.g. to hold a class's cores.")
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|\[\]*()!-]+$", description="Node features "
+                                   "(sbatch --constraint).")
     extra_sbatch: list[str] = Field(default_factory=list, description="Extra '#SBATCH' options.")
     groups: list[str] = Field(default_factory=list, description="LDAP groups allowed (empty: all).")
     jobs: JobSettings = Field(default_factory=JobSettings, description="Multi-node jobs launched from sessions.")
@@ -464,13 +496,18 @@ class Profile(_Model):
 
 
 class Image(_Model):
-    """A container image users may pick for their kernels (and, later, multi-node jobs)."""
+    """A container image users may pick for their kernels and their multi-node jobs' ranks."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    display_name: str
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="The image's name in the catalog, in job "
+                      "requests (--image) and in a kernel.json's dsportal metadata.")
+    display_name: str = Field(description="The kernel's name on JupyterLab's launcher.")
     source: str = Field(description="Where it is built from: docker://nvcr.io/nvidia/pytorch:24.05-py3, debootstrap:bookworm")
-    path: Path = Field(description="The built image: a .sif file (Apptainer/Singularity) or a directory (Charliecloud).")
-    runtime: Literal["apptainer", "singularity", "charliecloud"] = "apptainer"
+    path: Path = Field(description="The built image: a SIF file, or a sandbox folder (apptainer build --sandbox), "
+                       "which Charliecloud runs too. SIF needs /dev/fuse open to users on the nodes (Apptainer "
+                       "without setuid mounts it with squashfuse).")
+    runtime: Literal["apptainer", "singularity", "charliecloud"] = Field(
+        "apptainer", description="The container runtime that runs it: Apptainer (production and the demo), "
+        "Singularity, or Charliecloud.")
     runtime_binary: str | None = Field(None, description="Full path of the runtime, if not on PATH.")
     python: str = Field("python3", description="The image's Python that runs ipykernel.")
     profiles: list[str] = Field(default_factory=list, description="Profiles that may use it (empty: all).")
@@ -481,23 +518,29 @@ class Image(_Model):
 
 
 class DataMount(_Model):
-    source: Path
-    target: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$")
-    read_only: bool = True
+    """A host folder bound into every container kernel."""
+
+    source: Path = Field(description="The folder on the nodes.")
+    target: str = Field(pattern=r"^/[A-Za-z0-9_./-]*$", description="Where kernels see it.")
+    read_only: bool = Field(True, description="Bound read-only.")
 
 
 class SessionSettings(_Model):
+    """What every session job runs and how it behaves."""
+
     environment: Path = Field(
         Path(defaults.ENVIRONMENT),
         description="World-readable Python prefix with jupyterhub-singleuser, JupyterLab, ipykernel.",
     )
     log_dir: str = Field(defaults.SESSION_LOG_DIR, description="Per-user job logs; {home}, {user}. "
                          "Created private (0700) whatever the home's mode.")
-    workdir: str = defaults.SESSION_WORKDIR
+    workdir: str = Field(defaults.SESSION_WORKDIR, description="The session job's working folder (sbatch --chdir); "
+                         "{home}, {user}.")
     umask: str = Field(defaults.SESSION_UMASK, pattern=r"^0?[0-7]{3}$",
                        description="umask of everything the session job runs (files 0600, folders 0700 by "
                        "default): other users sharing the node cannot read what a session writes.")
-    default_profile: str | None = None
+    default_profile: str | None = Field(None, description="The profile of a request that names none "
+                                        "(empty: the first profile).")
     activity_interval: int = Field(
         defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
         "and busy GPUs count); the idle limits of profiles are measured from the last report.")
@@ -515,8 +558,8 @@ class TemplateSource(_Model):
 
     name: str = Field(pattern=_FOLDER, description="Its folder name under templates/ in every session.")
     path: Path = Field(description="The folder (on a filesystem the compute nodes share), readable by users.")
-    display_name: str = ""
-    description: str = ""
+    display_name: str = Field("", description="Its title in the templates folder's README.")
+    description: str = Field("", description="A sentence about it there.")
     owner: str | None = Field(None, description="The instructor account that edits it (checked, and made "
                                                 "owner by `make demo`); empty for admin-managed folders.")
     groups: list[str] = Field(default_factory=list, description="Unix/LDAP groups that see it (empty: everybody).")
@@ -535,7 +578,8 @@ class TemplateSettings(_Model):
     folder: str = Field("templates", pattern=_FOLDER, description="Read-only folder in each user's home.")
     copies: str = Field("notebooks", pattern=_FOLDER,
                         description="Folder in the user's home where opening a template puts the user's copy.")
-    sources: list[TemplateSource] = Field(default_factory=list)
+    sources: list[TemplateSource] = Field(default_factory=list, description="The template folders, one "
+                                          "subfolder each of every session's templates folder.")
 
     @model_validator(mode="after")
     def _distinct(self) -> "TemplateSettings":
@@ -548,12 +592,15 @@ class TemplateSettings(_Model):
 
 
 class Settings(_Model):
+    """portal.yaml, the one file an admin edits: the hub, the spawn form, the batch scripts, the kernels
+    and the job launcher are all derived from it."""
+
     hub: HubSettings = HubSettings()
     slurm: SlurmSettings = SlurmSettings()
     ldap: LdapSettings
     session: SessionSettings = SessionSettings()
-    profiles: list[Profile] = Field(min_length=1)
-    images: list[Image] = Field(default_factory=list)
+    profiles: list[Profile] = Field(min_length=1, description="The partitions as offered to users, at least one.")
+    images: list[Image] = Field(default_factory=list, description="Container images for kernels and job ranks.")
     data_mounts: list[DataMount] = Field(default_factory=list, description="Bound into every container kernel.")
     templates: TemplateSettings = TemplateSettings()
     source: Path | None = Field(None, exclude=True)

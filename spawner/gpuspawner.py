@@ -34,8 +34,7 @@ ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "N
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
-# Seconds a port report that arrives while its start's sbatch has not returned waits for it (a session
-# asks for as long again: portal.session.portreport.REPORT_TRIES_FOR).
+# Seconds a port report that arrives while its start's sbatch has not returned waits for it.
 REPORT_WAITS_FOR_SUBMISSION = 120.0
 
 
@@ -232,6 +231,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
         env[sessionvars.ACTIVITY_INTERVAL] = str(self.activity_interval)
         env[sessionvars.SAVE_AHEAD] = str(self.save_ahead)
+        env[sessionvars.REPORT_WAIT] = str(int(self.start_timeout))
         env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
         if limit := self.idle_limit():
             env[sessionvars.IDLE_LIMIT] = str(limit)

@@ -90,3 +90,34 @@ def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_l
     job = active_jobs("bob")
     assert len(job) == 1 and re.fullmatch(r"dsportal-bob", job[0]["name"]), job
     bob.stop_server()
+
+
+def test_a_slow_squeue_serves_everyone_who_waited_for_it(portal, tmp_path):
+    """A class's port reports each ask for a snapshot taken after they arrived. While slurmctld is slow
+    (each squeue longer than the snapshot's cache time), those who came during one squeue share the
+    next: a burst costs two squeues, not one each, one after another (reports waited 430-510 s so)."""
+    import asyncio
+    import os
+    import time
+    from pathlib import Path
+
+    from portal.cluster.slurmclient import Slurm
+
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    for tool in ("squeue", "sinfo", "scontrol"):
+        (slow / tool).write_text(f"#!/bin/sh\nsleep 1.5\nexec /usr/bin/{tool} \"$@\"\n")
+        (slow / tool).chmod(0o755)
+    slurm = Slurm(Path(os.environ["SLURM_CONF"]), slow, cache_seconds=1.0)
+
+    async def burst():
+        async def report(delay: float):
+            await asyncio.sleep(delay)
+            return await slurm.jobs(fresh_after=time.monotonic())
+
+        # 30 reports arriving over 1.2 s, while the first squeue (1.5 s) runs
+        return await asyncio.gather(*(report(i * 0.04) for i in range(30)))
+
+    answers = asyncio.run(burst())
+    assert all(isinstance(a, dict) for a in answers)
+    assert slurm._squeue.calls == 2, slurm._squeue.calls

@@ -241,8 +241,7 @@ with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     hub_port = probe.getsockname()[1]
 os.environ.update({"JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api", "JUPYTERHUB_API_TOKEN": "t",
-                   "SLURM_JOB_ID": "42", sessionvars.REPORT_PORT: "1"})
-portreport.REPORT_TRIES_FOR = float(sys.argv[1])
+                   "SLURM_JOB_ID": "42", sessionvars.REPORT_PORT: "1", sessionvars.REPORT_WAIT: sys.argv[1]})
 logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
 
 class Server:  # what report() reads of the ServerApp
@@ -250,8 +249,9 @@ class Server:  # what report() reads of the ServerApp
     log = logging.getLogger("session")
 
 class Report(web.RequestHandler):
-    def post(self):
+    async def post(self):
         print("hub got", self.request.body.decode(), flush=True)
+        await asyncio.sleep(float(sys.argv[3]))  # a hub slow to answer
         self.set_status(201)
         self.set_header("X-JupyterHub-Version", sys.argv[2])  # as every answer of JupyterHub's
         self.finish("{}")
@@ -271,10 +271,10 @@ asyncio.run(main())
 """
 
 
-def _report(tries_for: float, hub_version: str | None = None):
+def _report(tries_for: float, hub_version: str | None = None, answers_after: float = 0.0):
     from jupyterhub import __version__
 
-    return subprocess.run([sys.executable, "-c", REPORT, str(tries_for), hub_version or __version__],
+    return subprocess.run([sys.executable, "-c", REPORT, str(tries_for), hub_version or __version__, str(answers_after)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
                           cwd="/")
 
@@ -304,8 +304,18 @@ def test_a_session_whose_hub_never_answers_ends_its_job_in_words():
     out = _report(1)  # gives up before the hub comes up
     assert out.returncode == 1, out.stdout + out.stderr
     assert "hub got" not in out.stdout
-    assert "dsportal: the hub did not answer this session's report for 1 s (" in out.stderr, out.stderr
+    assert "dsportal: the hub did not answer this session's report for 1 s, the longest it waits for a session " \
+        "to start (" in out.stderr, out.stderr
     assert out.stderr.strip().endswith("this job ends"), out.stderr
+
+
+def test_a_session_waits_for_a_hub_slow_to_answer_and_reports_once():
+    """The hub decides when a start failed: an answer that takes long (an overloaded hub) is waited
+    for, not given up on, and not asked for twice."""
+    out = _report(20, answers_after=6)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("hub got") == 1, out.stdout
+    assert out.stdout.splitlines()[-2:] == ["dsportal: port 8888 reported to the hub", "reported"], out.stdout
 
 
 # The session's TLS contexts: one for its calls to the hub, trusting the hub's CA bundle only;

@@ -414,30 +414,47 @@ def sacct_argv(sacct: str, fields: tuple[str, ...], *, job_ids: Iterable[int] = 
 
 
 class _Snapshot:
-    """One shared, briefly cached result of a Slurm query: concurrent callers wait for a single call."""
+    """One shared, briefly cached result of a Slurm query: concurrent callers share a single call.
+
+    A caller takes the cached value if it is fresh enough, else joins the call in flight if that
+    call started recently enough for it, else waits for that call to end and takes the next one,
+    which serves everyone who came meanwhile. So a burst of callers costs at most two calls, and a
+    call slower than ``max_age`` (slurmctld busy) is still good for everyone who waited on it:
+    judging its age on arrival instead made each waiter call again, one after another.
+    """
 
     def __init__(self, fetch, empty):
         self._fetch = fetch
         self.value = empty
         self.taken_at = 0.0
         self.calls = 0
-        self._lock = asyncio.Lock()
+        self._flight: tuple[float, asyncio.Future] | None = None
 
     def _usable(self, max_age: float, fresh_after: float) -> bool:
         return self.taken_at > fresh_after and time.monotonic() - self.taken_at < max_age
 
-    async def get(self, max_age: float, fresh_after: float = 0.0):
-        if self._usable(max_age, fresh_after):
-            return self.value
-        async with self._lock:
-            # Whoever waited on the lock finds the snapshot the first caller just took.
-            if self._usable(max_age, fresh_after):
-                return self.value
-            started = time.monotonic()
+    async def _take(self, started: float):
+        try:
             value = await self._fetch()
             self.calls += 1
             self.value, self.taken_at = value, started
             return value
+        finally:
+            self._flight = None
+
+    async def get(self, max_age: float, fresh_after: float = 0.0):
+        if self._usable(max_age, fresh_after):
+            return self.value
+        asked = time.monotonic()
+        while True:
+            if self._flight is None:
+                started = time.monotonic()
+                self._flight = (started, asyncio.ensure_future(self._take(started)))
+            started, call = self._flight
+            # shield: one caller cancelled (its request gone) does not cancel the call for the others
+            value = await asyncio.shield(call)
+            if started > fresh_after and started >= asked - max_age:
+                return value
 
 
 ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")

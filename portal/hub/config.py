@@ -18,7 +18,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from .. import hubdatabase
 from .. import settings as settings_module
 from .. import templating
-from . import metrics, proxyservice, upstream
+from . import loadshed, metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from . import sessions, spawnlimit
@@ -128,6 +128,9 @@ def configure(c, settings=None) -> None:
     c.Authenticator.admin_users = set(hub.admin_users)
 
     install_port_handler()
+    # An overloaded hub answers page views and polling 429 + Retry-After, never a session's lifeline.
+    if hub.shed_after_lag:
+        loadshed.install(loadshed.LoopLag(threshold=hub.shed_after_lag))
     c.JupyterHub.extra_handlers = [(r"/api/dsportal/extend", ExtendHandler)]
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]

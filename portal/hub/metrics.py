@@ -23,6 +23,10 @@ LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, lda
 PORT_REPORTS_REFUSED = Counter(
     "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
 
+REQUESTS_SHED = Counter(
+    "dsportal_requests_shed", "Reads that could wait (page views, polling) answered 429 while the hub's event loop "
+    "lagged (portal/hub/loadshed.py).")
+
 SESSION_JOB = re.compile(r"^dsportal-")
 class SlurmCollector:
     """Session jobs and GPUs by partition and state, and each partition's GPUs, at scrape time."""

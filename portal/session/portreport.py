@@ -4,9 +4,11 @@ The hub's start() returns when the report arrives, and JupyterHub then checks th
 HTTP with a growing back-off (0.2 s, 0.4 s, ... in practice up to ~1.5 s were lost waiting for
 its next try). Reported from the running server, the first check finds it answering.
 
-A hub that does not answer (a restart, connections refused while a class starts) is asked again,
-with a growing pause, for two minutes; then the job ends, saying so, rather than serve a session
-nobody routes to.
+The hub, not the session, decides when a start has failed. A hub that answers slowly (a class
+starting, an overload) is waited for; one that does not answer at all (a restart, connections
+refused) is asked again, with a growing pause. Only once the hub's own limit for this start
+(hub.start_timeout, which the hub passes in sessionvars.REPORT_WAIT) has passed with no answer has
+the hub given up on it: then the job ends, saying so, rather than serve a session nobody routes to.
 
 The report names the Slurm job it comes from: the hub accepts one report, from the job it is
 starting, and refuses later ones (409). A refused report ends the session with the hub's reason
@@ -36,8 +38,9 @@ def refusal(response) -> str:
 
 
 PORT_RETRIES = 50  # jupyter_server's own default
-REPORT_TRIES_FOR = 120.0  # seconds a session keeps trying to reach its hub (a restart, refused connections)
-UNANSWERED = frozenset({599, 502, 503, 504})  # no answer, or none from the hub itself
+REPORT_WAIT = 300.0  # seconds, where the hub did not say (its hub.start_timeout default)
+# No answer, none from the hub itself, or the hub asking to be asked again later.
+UNANSWERED = frozenset({599, 502, 503, 504, 429})
 
 
 def take_another_port_if_taken(server_app) -> None:
@@ -52,22 +55,33 @@ def take_another_port_if_taken(server_app) -> None:
         server_app.port_retries = PORT_RETRIES
 
 
+def _report_wait() -> float:
+    try:
+        return max(1.0, float(os.environ.get(sessionvars.REPORT_WAIT, REPORT_WAIT)))
+    except ValueError:
+        return REPORT_WAIT
+
+
 async def report(server_app) -> None:
     if not os.environ.pop(sessionvars.REPORT_PORT, ""):
         return
     port = server_app.port  # the one it bound (the chosen one, unless taken meanwhile)
     body = {"port": port, "job_id": os.environ.get("SLURM_JOB_ID", "")}
-    deadline, pause = time.monotonic() + REPORT_TRIES_FOR, 0.5
-    response = await hubapi.post("batchspawner", body)
-    while response.code in UNANSWERED and time.monotonic() + pause < deadline:
+    waits_for = _report_wait()
+    deadline, pause = time.monotonic() + waits_for, 0.5
+    while True:
+        # A slow answer is waited for, to the end: sent again, the report would only queue twice.
+        response = await hubapi.post("batchspawner", body, timeout=max(1.0, deadline - time.monotonic()))
+        if response.code not in UNANSWERED or time.monotonic() + pause >= deadline:
+            break
         server_app.log.warning("dsportal: the hub did not take this session's port (%s: %s); trying again in %.1f s",
                                response.code, hubapi.message_of(response), pause)
         await asyncio.sleep(pause)
         pause = min(pause * 2, 8.0)
-        response = await hubapi.post("batchspawner", body)
     if response.code in UNANSWERED:
-        sys.stderr.write(f"dsportal: the hub did not answer this session's report for {REPORT_TRIES_FOR:.0f} s "
-                         f"({hubapi.message_of(response)}); this job ends\n")
+        sys.stderr.write(f"dsportal: the hub did not answer this session's report for {waits_for:.0f} s, "
+                         f"the longest it waits for a session to start ({hubapi.message_of(response)}); "
+                         "this job ends\n")
         sys.stderr.flush()
         os._exit(1)
     if response.code == 201:

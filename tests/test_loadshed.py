@@ -1,0 +1,115 @@
+"""An overloaded hub sheds reads that can wait (polling, page views) with 429, Retry-After and a
+sentence, never what keeps a session alive, and serves everything again once the load is gone.
+
+Real hub, real proxy, real Slurm; the overload is dozens of clients asking for a user model as
+fast as they can, as scripts and dashboards do."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+from conftest import login, wait_no_jobs
+from portal.hub.loadshed import LoopLag, Sheddable
+
+LIFELINES = [
+    ("POST", "/hub/api/batchspawner"),  # a session's port report
+    ("POST", "/hub/api/users/alice/activity"),
+    ("POST", "/hub/api/users/alice/server"),  # a start ...
+    ("POST", "/hub/api/users/alice/servers/prep"),
+    ("DELETE", "/hub/api/users/alice/server"),  # ... a stop
+    ("GET", "/hub/api/users/alice/server/progress"),  # ... and its progress
+    ("GET", "/hub/api/users/alice/servers/prep/progress"),
+    ("GET", "/hub/spawn-pending/alice"),
+    ("POST", "/hub/spawn"),
+    ("GET", "/hub/api/user"),  # a session checking a browser's token
+    ("POST", "/hub/api/oauth2/token"),
+    ("GET", "/hub/api/oauth2/authorize"),
+    ("GET", "/hub/login"),
+    ("POST", "/hub/login"),
+    ("GET", "/hub/user/alice/lab"),
+    ("GET", "/hub/static/css/style.min.css"),
+    ("GET", "/hub/health"),
+    ("GET", "/hub/api/"),
+]
+CAN_WAIT = [
+    ("GET", "/hub/api/users/alice"), ("GET", "/hub/api/users"), ("HEAD", "/hub/api/users/alice/"),
+    ("GET", "/hub/api/groups"), ("GET", "/hub/api/info"), ("GET", "/hub/home"), ("GET", "/hub/admin"),
+    ("GET", "/hub/token"), ("GET", "/hub/spawn"), ("GET", "/hub/spawn/alice/prep"), ("GET", "/hub/metrics"),
+]
+
+
+class Overloaded(LoopLag):
+    overloaded = True
+
+
+def request(method: str, path: str) -> HTTPServerRequest:
+    return HTTPServerRequest(headers=HTTPHeaders({"Host": "127.0.0.1:8000"}), start_line=RequestStartLine(method, path, "HTTP/1.1"))
+
+
+@pytest.mark.parametrize("method,path", LIFELINES)
+def test_what_keeps_a_session_alive_is_never_shed(method, path):
+    assert Sheddable(Overloaded(), "/hub/").match(request(method, path)) is None
+
+
+@pytest.mark.parametrize("method,path", CAN_WAIT)
+def test_reads_that_can_wait_are_shed_only_while_the_hub_lags(method, path):
+    assert Sheddable(Overloaded(), "/hub/").match(request(method, path)) == {}
+    assert Sheddable(LoopLag(), "/hub/").match(request(method, path)) is None
+
+
+def shed_early(config):
+    config["hub"]["shed_after_lag"] = 0.05
+
+
+def test_a_flood_of_polls_is_shed_in_words_while_a_session_starts_and_the_hub_recovers(second_hub):
+    base = second_hub(shed_early)
+    alice, bob = login(base, "alice"), login(base, "bob")
+    answers: list[requests.Response] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # a script asking for bob's model as fast as the hub answers, for at most 90 s
+        session = requests.Session()
+        deadline = time.monotonic() + 90
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                answers.append(session.get(f"{base}/hub/api/users/bob", timeout=60,
+                                           headers={"Authorization": f"token {bob.token}"}))
+            except requests.RequestException:
+                pass
+
+    with ThreadPoolExecutor(40) as pool:
+        for _ in range(40):
+            pool.submit(poll)
+        try:
+            # alice's start, her session's port report and her progress stream go through the flood.
+            assert alice.start_server({"profile": "cpu"}).status_code in (201, 202)
+            events = alice.progress_events(timeout=120)
+            page = bob.web.get(f"{base}/hub/home")  # a page view, shed too while the flood lasts
+        finally:
+            stop.set()
+    assert events and events[-1].get("ready"), events[-3:]
+
+    shed = [a for a in answers if a.status_code == 429]
+    assert shed, f"none of {len(answers)} polls was shed"
+    assert {a.status_code for a in answers} <= {200, 429}, {a.status_code for a in answers}
+    said = shed[0].json()["message"]
+    assert said.startswith("The portal is very busy right now") and "Sessions starting or running are not " \
+        "affected" in said, said
+    assert 2 <= int(shed[0].headers["Retry-After"]) <= 30, shed[0].headers
+    if page.status_code == 429:
+        assert "This page reloads by itself" in page.text and 'http-equiv="refresh"' in page.text, page.text
+
+    # The flood is over: the hub serves polls again, and remembers nothing of it.
+    for _ in range(40):
+        again = bob.api("GET", "/hub/api/users/bob")
+        if again.status_code == 200:
+            break
+        time.sleep(0.5)
+    assert again.status_code == 200, again.text
+    assert alice.run_code("print(6 * 7)").strip() == "42"  # her session came through the flood whole
+    alice.stop_server()
+    wait_no_jobs("alice")
