@@ -1,7 +1,7 @@
 """What the slice's gauges parse: /proc/self/cgroup, mountinfo, cgroup files, the job's GPUs.
 
 The measurement itself runs against real cgroups and a real server in test_slice_usage_local.py,
-on the demo in test_gauges.py, and on a real GPU in docs/gpu-validation.md; these pin the parsing."""
+on the demo in test_gauges.py, and on a real GPU in bench/results/gpu-validation.md; these pin the parsing."""
 
 from pathlib import Path
 

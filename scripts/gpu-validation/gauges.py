@@ -1,4 +1,4 @@
-"""The slice's gauges on a real GPU (docs/gpu-validation.md, "Gauges"): run as root on the device machine.
+"""The slice's gauges on a real GPU (bench/results/gpu-validation.md, "Gauges"): run as root on the device machine.
 
 A job-like cgroup v2 (memory.max, cpu.max, as Slurm's task/cgroup sets them) holds this process; the
 job's environment names GPU 0 as Slurm would. portal.session.sliceusage reads memory, CPU and the

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Slices that share a real GPU node (run on the `device` machine, see docs/gpu-validation.md):
+# Slices that share a real GPU node (run on the `device` machine, see bench/results/gpu-validation.md):
 # Debian bookworm's Slurm 22.05 with the demo cluster's confinement (CONFINE=1 in slurm-up.sh:
 # proctrack/cgroup, task/cgroup with ConstrainDevices/ConstrainRAMSpace, job_container/tmpfs) on
 # cgroup v2, GRES on the real /dev/nvidia0. alice holds the GPU in her slice; bob, in a CPU slice on

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Multi-GPU jobs through the portal's job path on real GPUs (run on the `device` machine, see
-# docs/gpu-scaling.md): real Slurm (slurm-up.sh), Horovod 0.28.1 built with NCCL for the machine's
+# bench/results/gpu-scaling.md): real Slurm (slurm-up.sh), Horovod 0.28.1 built with NCCL for the machine's
 # PyTorch, then bench/gpu_scaling.py run: ResNet-50, Horovod (mpirun) and DDP (torchrun), 1 and 2
 # GPUs, each as the portal's rendered batch job and bare. Log and results in $OUT.
 set -u

@@ -1,6 +1,6 @@
 #!/bin/bash
 # GPU validation of dsportal's slices on real NVIDIA GPUs (run on the `device` machine, see
-# docs/gpu-validation.md): real Slurm 22.05 (Debian's, carried as .devcarry/debs), GRES on the
+# bench/results/gpu-validation.md): real Slurm 22.05 (Debian's, carried as .devcarry/debs), GRES on the
 # real /dev/nvidiaN, session jobs with the portal's own #SBATCH lines, as a user; the
 # digits-pytorch template run through a Jupyter kernel inside each job.
 set -u
