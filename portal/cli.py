@@ -1,4 +1,5 @@
-"""The `dsportal` command: demo up|down|status, hub [move-database], check, images, templates list|check, firewall, usage."""
+"""The `dsportal` command: demo up|down|status, hub [move-database], check, images, templates list|check, firewall,
+usage, docs portal-yaml."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import settings as settings_module
+from . import settingsdoc
 from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
 from .cluster.check import run_checks
 from .cluster.slurmclient import SlurmCommands
@@ -51,7 +53,7 @@ def cmd_hub(args) -> int:
         return 0
     if settings.hub.account and os.geteuid() == 0:
         print(f"dsportal hub: run the hub as its account {settings.hub.account}, not as root "
-              f"(runuser -u {settings.hub.account} -- dsportal hub; docs/deploy.md)", file=sys.stderr)
+              f"(runuser -u {settings.hub.account} -- dsportal hub; docs/how-to/deploy.md)", file=sys.stderr)
         return 2
     os.environ[settings_module.CONFIG_ENV] = str(settings.source)
     data_dir = Path(settings.hub.data_dir)
@@ -182,9 +184,14 @@ def cmd_usage(args) -> int:
         rows = usage.collect(since, SlurmCommands.from_settings(settings), args.user)
     except usage.UsageUnavailable as error:
         print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
-              "(AccountingStorageType=accounting_storage/slurmdbd); see docs/admin.md.", file=sys.stderr)
+              "(AccountingStorageType=accounting_storage/slurmdbd); see docs/how-to/deploy.md.", file=sys.stderr)
         return 1
     print(usage.report(rows, since, by))
+    return 0
+
+
+def cmd_docs(args) -> int:
+    sys.stdout.write(settingsdoc.render())
     return 0
 
 
@@ -236,6 +243,10 @@ def main(argv=None) -> int:
                               help="rows per these, comma-separated: user, account, profile (default all three)")
     usage_parser.add_argument("--user", help="only this user's jobs")
     usage_parser.set_defaults(func=cmd_usage)
+    docs_parser = sub.add_parser("docs", help="print a reference written from the code: portal-yaml, every key of "
+                                 f"portal.yaml from the settings model (the file {settingsdoc.TARGET})")
+    docs_parser.add_argument("what", choices=["portal-yaml"])
+    docs_parser.set_defaults(func=cmd_docs)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

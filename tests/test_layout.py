@@ -1,4 +1,5 @@
-"""The code's layout holds: imports go downward only, with no circle (README, Layout). No cluster needed."""
+"""The code's layout holds: imports go downward only, with no circle (docs/explanation/architecture.md, Layout).
+No cluster needed."""
 
 import ast
 from pathlib import Path
@@ -24,13 +25,14 @@ def layer(module: str) -> str:
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"
     if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
-                  "portal.hubdatabase", "portal.ldapconnect"):
+                  "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
                          ("portal.cluster", "admin"), ("portal.cli", "cli")):
         if module == prefix or module.startswith(prefix + "."):
             return name
-    raise AssertionError(f"{module} is in no layer: add it to tests/test_layout.py and README's Layout")
+    raise AssertionError(f"{module} is in no layer: add it to tests/test_layout.py and the Layout of "
+                         "docs/explanation/architecture.md")
 
 
 def modules() -> dict[str, Path]:
