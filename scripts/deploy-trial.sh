@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tries docs/deploy.md as a new admin would (issue 29): two fresh Debian bookworm systems, a login
+# Tries docs/how-to/deploy.md as a new admin would (issue 29): two fresh Debian bookworm systems, a login
 # node and a compute node, each booting systemd as PID 1 in systemd-nspawn on a bridge of their own,
 # then the guide's sections in order, as root of those systems, and at the end a real login over
 # the network, a session as a Slurm job on the compute node, a kernel running code, and a hub
@@ -198,7 +198,7 @@ step_down() {
   say "down: systems stopped, $BRIDGE and $TRIAL removed"
 }
 
-# ---- docs/deploy.md, section by section -----------------------------------------------------------
+# ---- docs/how-to/deploy.md, section by section -----------------------------------------------------------
 step_munge() {  # section 3: login's key (the package made one) on cn1 too
   install -m 0400 "$TRIAL/login/etc/munge/munge.key" "$TRIAL/cn1/etc/munge/munge.key"  # the guide's scp -p
   local name
@@ -233,7 +233,7 @@ MpiDefault=none
 NodeName=cn1 NodeAddr=$CN1_ADDR CPUs=2 RealMemory=8000 State=UNKNOWN
 PartitionName=cpu Nodes=cn1 Default=YES MaxTime=04:00:00 DefaultTime=01:00:00 State=UP
 
-# docs/deploy.md, section 4
+# docs/how-to/deploy.md, section 4
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=4000
@@ -264,7 +264,7 @@ StorageUser=slurm
 StoragePass=$(cat "$TRIAL/slurmdb-password")
 LogFile=/var/log/slurm/slurmdbd.log
 PidFile=/run/slurmdbd.pid
-# docs/deploy.md, section 4
+# docs/how-to/deploy.md, section 4
 PrivateData=jobs,usage,users,accounts
 EOF
 }
@@ -497,7 +497,7 @@ EOF
   say "sudo: as root:  $(in_node login sudo -u dsportal-hub sudo -n true 2>&1 | head -1)"
 }
 
-portal_database() {  # 9. the hub's database: its own on login's MariaDB (docs/admin.md, "The hub's database")
+portal_database() {  # 9. the hub's database: its own on login's MariaDB (docs/how-to/move-the-database.md)
   script_in login <<'EOF'
 install -d -m 0755 /var/lib/dsportal
 install -d -m 0700 -o dsportal-hub -g dsportal-hub /var/lib/dsportal/hub

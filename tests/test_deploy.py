@@ -1,4 +1,4 @@
-"""A real cluster as docs/deploy.md brings it up: the shipped systemd units (checked by systemd itself,
+"""A real cluster as docs/how-to/deploy.md brings it up: the shipped systemd units (checked by systemd itself,
 no cluster needed), and the Slurm default the portal relies on: a job that names no memory gets
 memory per CPU, not a whole node's (on the demo cluster)."""
 

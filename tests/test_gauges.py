@@ -41,7 +41,7 @@ def test_cpu_slice_gauges_show_its_cgroup_limit_and_cores_and_no_gpu(alice):
     assert metrics["limits"]["memory"]["rss"] == 16 * GiB
     assert metrics["limits"]["cpu"]["cpu"] == 4
     # Its Prometheus loop is off: every second it walked every process of the node, for each session,
-    # to feed a /metrics nobody reads (docs/admin.md, "A department on one hub").
+    # to feed a /metrics nobody reads (bench/results/session-start.md).
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{usage['job_id']}.log").read_text()
     assert "Prometheus metrics reporting disabled in jupyter_resource_usage" in log
     # Reading the gauges is not use (an open JupyterLab reads them every few seconds).
@@ -61,7 +61,7 @@ def test_gpu_slice_gauges_show_each_of_its_gpus_and_its_limit(alice):
     assert [gpu["index"] for gpu in usage["gpus"]] == sorted(int(n) for n in mine.strip().split(","))
     for gpu in usage["gpus"]:
         # The demo's GPUs are device files without a driver: each is listed, with why it has no reading.
-        # (Real GPUs: utilisation and memory from NVML, docs/gpu-validation.md.)
+        # (Real GPUs: utilisation and memory from NVML, bench/results/gpu-validation.md.)
         assert gpu["utilization_percent"] is None and gpu["error"].startswith("NVML unavailable"), gpu
 
 

@@ -202,7 +202,7 @@ def check_firewall() -> Result:
     separated = firewall.users()
     if separated is None:
         return Result("node firewall", True, "not in place on this host: users' TCP ports are reachable from other "
-                      "users' processes (dsportal firewall up; see docs/admin.md)", warning=True)
+                      "users' processes (dsportal firewall up; see docs/how-to/deploy.md)", warning=True)
     hosts = firewall.cluster_hosts() or []
     return Result("node firewall", True, f"in place: TCP services of {len(separated)} portal user(s) are their own; "
                   f"cluster hosts: {', '.join(hosts) if hosts else 'none named (users reach no other host)'}")
@@ -234,7 +234,7 @@ def _job_confinement(config: dict[str, str]) -> Result:
     ) if not ok]
     if missing:
         return Result("job confinement", True, "Slurm does not confine jobs that share a node: "
-                      + "; ".join(missing) + " (see docs/admin.md)", warning=True)
+                      + "; ".join(missing) + " (see docs/how-to/deploy.md)", warning=True)
     return Result("job confinement", True, "Slurm keeps each job's processes, GPUs and memory "
                   "to itself (proctrack/cgroup, task/cgroup, ConstrainDevices, ConstrainRAMSpace)")
 
@@ -262,7 +262,7 @@ def _default_job_memory(config: dict[str, str]) -> Result:
     only_gpu = " DefMemPerGPU covers jobs with GPUs only;" if _is_amount(job_defaults.get("DefMemPerGPU")) else ""
     return Result("default job memory", True, f"no DefMemPerCPU or DefMemPerNode in slurm.conf:{only_gpu} a plain "
                   "sbatch without --mem takes a whole node's memory and blocks every session there (set "
-                  "DefMemPerCPU; see docs/deploy.md)", warning=True)
+                  "DefMemPerCPU; see docs/how-to/deploy.md)", warning=True)
 
 
 def check_confinement(settings) -> list[Result]:
@@ -282,7 +282,7 @@ def check_confinement(settings) -> list[Result]:
                               "processes but still see that they exist (hidepid=invisible hides them)"))
     else:
         results.append(Result("private processes", True, "users see each other's processes and command lines "
-                              "(mount /proc with hidepid=invisible, see docs/admin.md)", warning=True))
+                              "(mount /proc with hidepid=invisible, see docs/how-to/deploy.md)", warning=True))
     return results
 
 
@@ -295,7 +295,7 @@ def check_accounting(settings) -> Result:
     if problem:
         return Result("Slurm accounting", True, f"sacct does not answer ({problem.splitlines()[-1]}): finished "
                       "jobs show as UNKNOWN once slurmctld forgets them and `dsportal usage` has no data "
-                      "(slurmdbd; see docs/admin.md)", warning=True)
+                      "(slurmdbd; see docs/how-to/deploy.md)", warning=True)
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
@@ -310,8 +310,8 @@ def check_hub_account(settings) -> Result:
     mediator = Path(settings.slurm.mediator)
     if not settings.hub.account:
         installed = mediator.is_file() and mediator.stat().st_uid == 0 and not mediator.stat().st_mode & 0o022
-        return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/deploy.md says how to "
-                      f"run it unprivileged); mediator {mediator} " + ("installed" if installed else
+        return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/how-to/deploy.md says "
+                      f"how to run it unprivileged); mediator {mediator} " + ("installed" if installed else
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
     user = a_portal_user()
     if user is None:

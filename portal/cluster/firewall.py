@@ -30,7 +30,7 @@ Tags are uids, so portal users' uids must be below 65535. A spoofed tag needs a 
 Root and system accounts (the hub, slurmd, slapd, munge) are not portal users: their services
 stay reachable, and they reach every session. Portal users are named in the table's sets:
 ``dsportal firewall up UID...`` sets them, ``dsportal firewall add-user NAME`` adds one (from the
-Slurm ``Prolog``, before a job starts on the node; see docs/admin.md). A host must know the users
+Slurm ``Prolog``, before a job starts on the node; see docs/how-to/deploy.md). A host must know the users
 whose listeners it protects and whose connections it sends: compute nodes the users of their jobs,
 login nodes every portal user. The demo cluster adds its accounts on every host.
 What it cannot separate: UDP (no handshake to refuse), and services of non-portal accounts.

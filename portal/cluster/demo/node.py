@@ -38,7 +38,7 @@ def remove_firewall() -> None:
 def ensure_private_processes() -> None:
     """/proc with hidepid=invisible: a user sees only their own processes (with their command
     lines and working folders), as on a machine of their own; root (slurmd, the hub) sees all.
-    A node setting, like the firewall; a cluster puts it in /etc/fstab (docs/admin.md)."""
+    A node setting, like the firewall; a cluster puts it in /etc/fstab (docs/how-to/deploy.md)."""
     if proc_hidepid() in HIDEPID_INVISIBLE:
         return
     result = subprocess.run(["mount", "-o", "remount,hidepid=invisible", "/proc"], capture_output=True, text=True)

@@ -37,7 +37,7 @@ SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.con
 # soon or sooner). Tasks outside the root cgroup are not autogrouped, so the weight holds.
 # Elsewhere (cgroup v2, where slurmd places its steps itself) slurmd runs under SCHED_IDLE, as
 # before: jobs inherit it (PropagatePrioProcess=0), but the kernel's autogroup weighs each job's
-# session as one ordinary task (docs/admin.md). A nice value is not enough: 30 sessions starting at
+# session as one ordinary task (bench/results/session-start.md). A nice value is not enough: 30 sessions starting at
 # nice 10 together outweigh the hub (CFS weights 30 x 110 against 1024).
 NODES_CPU_CGROUP = Path("/sys/fs/cgroup/cpu/dsportal-demo-nodes")
 NODES_CPU_SHARES = 64
