@@ -2,6 +2,7 @@
 
 - profiles and who may use them (by the user's Unix groups): :func:`may_use`;
 - the slice a session or a job's node gets (GPUs, and CPUs and memory per GPU, walltime): :func:`slice_for`;
+- how long a field may be, measured before anything reads or stores it: :func:`check_length`;
 - a spawn request (the form or the hub REST API's ``user_options``): :func:`parse_options`;
 - what a user may launch from her session (:class:`LaunchPolicy`: the profiles, images and data
   mounts that are hers, handed by the hub to the session) and a multi-node job request, typed
@@ -30,6 +31,33 @@ from .settings import (DataMount, Image, Profile, described, format_walltime, pa
 
 class RequestError(ValueError):
     """A request the rules do not allow; the message is meant for the user."""
+
+
+# ------------------------------------------------------------------------------ how long a field may be
+# Every field a user sends is measured before it is read or stored: int() of more than 4,300 digits is
+# an error, not a number, and the hub keeps a start's options in a TEXT column (64 KB on MariaDB).
+MAX_FIELD = 256  # characters of one field, but for the longer ones of a job below
+MAX_CODE = 1_000_000  # a job's Python source
+MAX_PATH = 4096  # a job's script: a file name (Linux's PATH_MAX)
+MAX_ITEMS = 256  # a job's args, or its environment variables
+MAX_ITEM = 4096  # characters of one of a job's args, or of an environment variable's name or value
+
+
+def check_length(name: str, value, most: int = MAX_FIELD) -> None:
+    """Refuse, naming the field, text longer than ``most`` characters, and a list or object of more
+    than MAX_ITEMS entries or with such text in it. Anything else is left to the field's own rules."""
+    if isinstance(value, str):
+        if len(value) > most:
+            raise RequestError(f"{name} is {len(value):,} characters long; at most {most:,} are allowed")
+        return
+    if not isinstance(value, (list, dict)):
+        return
+    if len(value) > MAX_ITEMS:
+        raise RequestError(f"{name} has {len(value):,} entries; at most {MAX_ITEMS} are allowed")
+    for text in [*value, *value.values()] if isinstance(value, dict) else value:
+        if isinstance(text, str) and len(text) > most:
+            raise RequestError(f"{name} holds text of {len(text):,} characters; at most {most:,} are allowed "
+                               "in each")
 
 
 # ------------------------------------------------------------------------------ who may use what
@@ -117,6 +145,8 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
     unknown = sorted(str(k) for k in options if k not in OPTIONS)
     if unknown:
         raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+    for key in OPTIONS:
+        check_length(key, options.get(key))
     for key in ("profile", "walltime"):
         if key in options and not isinstance(options[key], str):
             raise RequestError(f"{key} must be text, not {described(options[key])}")
@@ -192,7 +222,7 @@ class LaunchPolicy(BaseModel):
 REQUEST_FIELDS = ("script", "code", "args", "nodes", "gpus_per_node", "tasks_per_node", "image", "walltime",
                   "profile", "env", "name", "launcher")
 LAUNCHERS = ("mpi", "torchrun")  # mpi: the profile's MPI launcher (srun --mpi=... or mpirun)
-MAX_CODE = 1_000_000
+LONGEST = {"code": MAX_CODE, "script": MAX_PATH, "args": MAX_ITEM, "env": MAX_ITEM}  # others: MAX_FIELD
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_|TORCHELASTIC_)")
@@ -271,6 +301,8 @@ class JobRequest:
         if unknown:
             raise RequestError(f"unknown field(s) {', '.join(map(shown, unknown))}: allowed are "
                                f"{', '.join(REQUEST_FIELDS)}")
+        for name in REQUEST_FIELDS:
+            check_length(name, raw.get(name), LONGEST.get(name, MAX_FIELD))
         problems: dict[str, str] = {}
 
         def read(name, reader, *args):
@@ -287,8 +319,6 @@ class JobRequest:
         script, code = read("script", _text, raw, "script"), read("code", _text, raw, "code")
         if (script is None) == (code is None):
             problems["source"] = "give either 'script' (a Python file) or 'code' (Python source), not both or neither"
-        elif code is not None and len(code) > MAX_CODE:
-            problems["source"] = "code must be Python source text of at most 1 MB"
         elif script is not None and ("\0" in script or "\n" in script):
             problems["source"] = f"script must be a file name, not {shown(script)}"
         args = raw.get("args", [])

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from portal.rules import check_length
+from portal.settings import shown
+
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:
     """The chosen profile's own fields (each profile has its own 'gpus.NAME' and 'walltime.NAME'), and
-    the e-mail checkbox ('mail') shared by all profiles."""
+    the e-mail checkbox ('mail') shared by all profiles. Every field sent is measured first, those of
+    the other profiles too (RequestError names the field)."""
+    for key, values in formdata.items():
+        for value in values:
+            check_length(f"the form's field {shown(key)}", value)
     profile = (formdata.get("profile") or [""])[0]
     options = {"profile": profile}
     for key in ("gpus", "walltime"):

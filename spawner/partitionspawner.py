@@ -4,8 +4,9 @@ A wrapspawner.WrapSpawner subclass, as the design card asks, with the gaps wraps
 leaves on JupyterHub 6 filled in here:
 - ``progress`` raised before the child existed (the hub's progress stream then errored);
 - the options form was static text: ours is rendered per user from portal.yaml and live ``sinfo``;
-- options were not validated: ours refuse anything the profile does not allow, before a job exists,
-  for the form and the REST API alike (HTTP 400 with the reason);
+- options were not validated: ours refuse anything the profile does not allow, before JupyterHub
+  stores them and before a job exists, for the form and the REST API alike (HTTP 400 with the reason;
+  the hub asks for the REST API's: portal/hub/useroptions.py);
 - the chosen profile is kept in the hub's state so a hub restart rebuilds the same child.
 """
 
@@ -81,6 +82,23 @@ class PartitionSpawner(WrapSpawner):
                                  self.default_profile or self.profile_models()[0].name)
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
+
+    def judge_options(self, options: dict, start: bool = True) -> SessionSlice:
+        """The slice ``options`` ask for if the rules allow them, else RequestRefused (HTTP 400 and the
+        reason; counted as a refused start when ``start``). The hub asks before JupyterHub stores a
+        REST API request's options (portal/hub/useroptions.py): the user's spawners share the rules."""
+        try:
+            return self.validated_slice(options)
+        except RequestRefused:
+            if start:
+                self.count_refusal(options)
+            raise
+
+    def count_refusal(self, options) -> None:
+        asked = options.get("profile") if isinstance(options, dict) else None
+        known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
+        metrics.SPAWN_FAILURES.labels(asked if isinstance(asked, str) and asked in known else "(other)",
+                                      "invalid-request").inc()
 
     # ---------------------------------------------------- e-mail when the session starts
     async def mail_address(self) -> str | None:
@@ -175,8 +193,11 @@ class PartitionSpawner(WrapSpawner):
                              "(A link may preset this form: /hub/spawn#profile=NAME&gpus=N&walltime=HH:MM:SS.)")
 
     async def options_from_form(self, formdata):
-        options = options_from_form(formdata)
-        # Refuse now: the form comes back with the message.
+        try:
+            options = options_from_form(formdata)
+        except RequestError as error:
+            raise RequestRefused(f"Your session request was refused: {error}") from None
+        # Refuse now, before JupyterHub stores the options: the form comes back with the message.
         chosen = self.validated_slice(options)
         self.check_session_limit(chosen.profile)
         self.validated = (options, chosen, await self.mail_user_for(options))
@@ -282,23 +303,21 @@ class PartitionSpawner(WrapSpawner):
         self.child_profile = ""
 
     async def judge(self) -> tuple[SessionSlice, str]:
-        """The start's request checked (the form's, validated when it was sent, or the REST API's) and
+        """The start's request checked (the form's, validated when it was sent; else the options the start
+        was given, judged again, or those of an earlier start, which a start without options reuses) and
         the profile's session limit counted: (slice, mail address). Raises with the reason; nothing is
         made for a request that is refused. JupyterHub makes a session's certificates before start():
         create_certs asks first (no key made, no store record left for a refused request), start()
         again (cheap: the options are those judged)."""
         try:
             form, chosen, mail_user = self.validated or (None, None, "")
-            if form is None or form != self.user_options:  # the REST API's options: not seen yet
+            if form is None or form != self.user_options:  # the REST API's, or stored ones: not seen here yet
                 chosen = self.validated_slice(self.user_options)
                 mail_user = await self.mail_user_for(self.user_options)
         except RequestRefused:
-            asked = (self.user_options or {}).get("profile")
-            known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
-            label = asked if isinstance(asked, str) and asked in known else "(other)"
-            metrics.SPAWN_FAILURES.labels(label, "invalid-request").inc()
-            # JupyterHub already saved these options as the defaults of the next start;
-            # a refused request must not stick to the user's later plain starts.
+            self.count_refusal(self.user_options)
+            # JupyterHub keeps a start's options as the defaults of the next start (a plain one reuses
+            # them): options refused now (a profile withdrawn, no e-mail address) must not stick.
             if self.orm_spawner is not None and (session := object_session(self.orm_spawner)) is not None:
                 self.orm_spawner.user_options = {}
                 session.commit()

@@ -20,6 +20,8 @@ import batchspawner.api  # noqa: F401  (registers its own port handler on import
 import jupyterhub.user
 import ldap3
 from jupyterhub.apihandlers import default_handlers
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.app import JupyterHub
 from jupyterhub.handlers.base import BaseHandler
 from ldap3.core.exceptions import LDAPBindError
@@ -184,6 +186,38 @@ def explain_throttled_spawns(explain) -> None:
     BaseHandler.spawn_single_user = explained
 
 
+# ------------------------------------------------------------------ the REST API's requests for a user's server
+def judge_server_requests(judge) -> None:
+    """``judge(handler, user_name, options)`` runs on the ``user_options`` of each REST API request for one
+    of a user's servers (UserServerAPIHandler: POST starts it, PUT makes it, PATCH edits it) as the handler
+    reads its body: after the request's scopes were checked and its user found, before anything of it is
+    stored. It refuses the request by raising (an HTTPError: its status and message). Idempotent."""
+    if getattr(UserServerAPIHandler.get_server_json_body, "judges_user_options", False):
+        return
+    read_server_body = UserServerAPIHandler.get_server_json_body
+
+    def server_body(self):  # POST and PUT: {"user_options": ...} or the options alone
+        body = read_server_body(self)
+        if body.get("user_options") is not None:  # None: a start reuses the stored ones (start() judges them)
+            judge(self, self.path_args[0], body["user_options"])
+        return body
+
+    def body(self):  # PATCH (DELETE reads its body here too)
+        found = APIHandler.get_json_body(self)
+        if self.request.method == "PATCH" and isinstance(found, dict) and isinstance(found.get("user_options"), dict):
+            judge(self, self.path_args[0], found["user_options"])
+        return found
+
+    server_body.judges_user_options = body.judges_user_options = True
+    UserServerAPIHandler.get_server_json_body = server_body
+    UserServerAPIHandler.get_json_body = body
+
+
+def _judges_server_requests() -> bool:
+    return all(getattr(vars(UserServerAPIHandler).get(name), "judges_user_options", False)
+               for name in ("get_server_json_body", "get_json_body"))
+
+
 # ------------------------------------------------------------------ ldapauthenticator
 def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int):
     """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts,
@@ -283,6 +317,22 @@ PATCHES = [
            Mentions("jupyterhub.handlers.base", "Retry-After", "80267c7a399e7cee"),
            Definition("jupyterhub.handlers.pages", "SpawnHandler._wrap_spawn_single_user", "7e857fbad2ab0148")),
           lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False)),
+    Patch("server-request-options-judged", "portal/hub/useroptions.py",
+          "jupyterhub.apihandlers.users.UserServerAPIHandler.get_server_json_body (wrapped) and get_json_body "
+          "(APIHandler's, wrapped on UserServerAPIHandler): the user_options of POST, PUT and PATCH judged as "
+          "the body is read", JUPYTERHUB, "6.1.1",
+          "a request's options are judged, each field's length bounded, before JupyterHub stores them: a start "
+          "with a field of 1 MB was a 500 on MariaDB (its TEXT column) and kept whole on PostgreSQL and SQLite; "
+          "PUT and PATCH stored options no spawner saw (the spawn form's are judged by options_from_form)",
+          (Definition("jupyterhub.apihandlers.users", "UserServerAPIHandler.get_server_json_body", "cfe9e0a011e15563"),
+           Definition("jupyterhub.apihandlers.users", "UserServerAPIHandler.post", "0c05aee71afb55f8"),
+           Definition("jupyterhub.apihandlers.users", "UserServerAPIHandler.put", "4ba0a989a5fd8625"),
+           Definition("jupyterhub.apihandlers.users", "UserServerAPIHandler.patch", "89120be4271cc7d5"),
+           Definition("jupyterhub.apihandlers.base", "APIHandler.get_json_body", "25dc7e6f59a21fad"),
+           Mentions("jupyterhub.apihandlers.users", "user_options", "df29f8eae1974705"),
+           Mentions("jupyterhub.user", "user_options", "4c7aeee8b90636d3"),
+           Definition("jupyterhub.handlers.pages", "SpawnHandler._post", "fec2de3bec67e2e6")),
+          _judges_server_requests),
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts, no schema read)",
           LDAP, "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop; "

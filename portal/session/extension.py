@@ -24,8 +24,9 @@ def _load_jupyter_server_extension(server_app):
     base = web_app.settings["base_url"]
     routes = [
         ("dsportal/api/jobs", jobs_api.JobsHandler),
-        (r"dsportal/api/jobs/(\d+)", jobs_api.JobHandler),
-        (r"dsportal/api/jobs/(\d+)/stream", jobs_api.JobStreamHandler),
+        # A Slurm job id: 32 bits (int() of a path of thousands of digits would be an error, not a 404).
+        (r"dsportal/api/jobs/(\d{1,10})", jobs_api.JobHandler),
+        (r"dsportal/api/jobs/(\d{1,10})/stream", jobs_api.JobStreamHandler),
         ("dsportal/api/policy", jobs_api.PolicyHandler),
         ("dsportal/api/slice", jobs_api.SliceHandler),
         ("dsportal/api/extend", jobs_api.ExtendHandler),

@@ -75,8 +75,11 @@ class JobsHandler(_JobsAPI):
     async def post(self):
         try:
             body = json.loads(self.request.body or b"{}")
-        except ValueError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise web.HTTPError(400, "Your job request was refused: the body is not JSON") from None
+        except ValueError:  # Python reads no number of more than 4,300 digits
+            raise web.HTTPError(400, "Your job request was refused: it holds a number of more than 4,300 "
+                                "digits") from None
         try:
             policy = await asyncio.to_thread(_policy)
             plan = jobs.plan(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
