@@ -21,7 +21,7 @@ from .. import templating
 from . import loadshed, metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
-from . import sessions, spawnlimit
+from . import sessions, spawnlimit, useroptions
 from .extend import ExtendHandler
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
@@ -143,6 +143,8 @@ def configure(c, settings=None) -> None:
     # Not a configurable trait of JupyterHub 6.1: its handlers read it from the tornado settings.
     c.JupyterHub.tornado_settings = {"spawn_throttle_retry_range": tuple(hub.spawn_retry_seconds)}
     spawnlimit.explain_refused_starts()
+    # The REST API's options are judged by the portal's rules before JupyterHub stores them.
+    useroptions.judge_before_storing()
     c.Spawner.http_timeout = hub.http_timeout
     c.Spawner.default_url = "/lab"
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:

@@ -10,7 +10,6 @@ tries again. The message here says why and when, on the spawn form and in the RE
 from __future__ import annotations
 
 from ..settings import human_duration
-from . import useroptions
 from .upstream import explain_throttled_spawns
 
 
@@ -29,7 +28,5 @@ def _explain(handler, retry_seconds: int) -> str:
 
 
 def explain_refused_starts() -> None:
-    """Installed by portal/hub/config.py; idempotent. With it, the REST API's requests whose options the
-    rules refuse are refused before JupyterHub stores them (useroptions.py)."""
+    """Installed by portal/hub/config.py; idempotent."""
     explain_throttled_spawns(_explain)
-    useroptions.judge_before_storing()

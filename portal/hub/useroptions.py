@@ -25,5 +25,5 @@ def _judge(handler, user_name: str, options: dict) -> None:
 
 
 def judge_before_storing() -> None:
-    """Installed once the hub is configured (portal/hub/spawnlimit.py calls it); idempotent."""
+    """Installed by portal/hub/config.py; idempotent."""
     judge_server_requests(_judge)
