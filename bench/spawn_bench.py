@@ -15,15 +15,18 @@ Measured, per hub:
   queued      the same while a job holds every GPU for --hold s: the job queries made while
               the sessions wait (each stock spawner polls squeue every 0.5 s; dsportal's hub
               shares one squeue per poll_interval among all sessions)
-  department  a hub for a whole department (issue 33), on a fresh hub of each kind per run, in turn:
-              class start: --students (100) log in and start a one-core session at once, each runs a
-                cell, all stop (bench/class_start.py): last and median ready, lost, told to retry (429),
-                first cell, a bystander's hub API latency, the hub's CPU seconds and the peak memory of
-                hub and proxy, slurmctld RPCs by type and job queries per minute (while starting, and
-                for --steady s while all run), time until every job is gone;
-              the same while --load-users (300) other people of the department are logged in and
-                click through the hub (locust, bench/department.py): their requests' p50/p99, failures;
-              the same again with --queued (5,000) other users' jobs held in Slurm's queue
+  department  a hub for a whole department, one of each kind, in turn; each takes --sequence's steps in
+              order without a restart between them (but the kill -9 of the step restart): a class of
+              --students (100) logs in and starts a one-core session at once, each runs a cell, all stop
+              (bench/class_start.py), waiting on the progress stream as browsers do (browser, again),
+              or polling their model every 0.5 s (polling), with --load-users (300) other people clicking
+              through the hub (clicking, locust: bench/department.py), with --queued (5,000) jobs held in
+              Slurm's queue as well (queued), right after a kill -9 and restart of the hub (restart), and
+              after a 40 s SIGSTOP of slurmctld while 5 students start (slurmctld). Each: last and median
+              ready, lost, told to retry (429), polls answered 429, first cell, a bystander's hub API
+              latency and how many of its calls were shed, the hub's CPU seconds and the peak memory of
+              hub and proxy, slurmctld RPCs and job queries per minute, time until every job is gone.
+              The hubs' database: their own on the demo's MariaDB (--database), as in production.
   dead job    the session job runs, then its server crashes before answering (a broken user
               environment): time until the hub reports the failure (capped by --start-timeout)
   CPU         a session's start in CPU seconds (its job's processes, read when the hub sees it
@@ -37,6 +40,7 @@ Measured, per hub:
 Usage (as root, with `make demo` up; `make bench` does both):
   python bench/spawn_bench.py [--rounds 5] [--users alice,bob,carol,dave] [--start-timeout 90]
                               [--students 100] [--load-users 300] [--queued 5000] [--only-department]
+                              [--sequence browser,polling,again,...] [--database mariadb|sqlite]
 
 The last line is the one-line summary.
 """
@@ -407,60 +411,6 @@ def nodes_unavailable() -> dict[str, str]:
     return found
 
 
-def department(args, workdir: Path) -> list[dict]:
-    """The class of --students at once, alone, with --load-users clicking, and with --queued jobs
-    held in the queue as well: each on a fresh hub of each kind (stock: the class slice in its config),
-    one kind after the other under the same load and queue."""
-    students = course("class101")[:args.students]
-    members = course("dept")[:args.load_users]
-    if len(students) < args.students or len(members) < args.load_users:
-        raise SystemExit(f"the demo has {len(students)} students and {len(members)} other members: "
-                         "config/demo/users.yaml declares them (make demo makes them)")
-    scenarios = [("class", 0, 0)]
-    if args.load_users:
-        scenarios.append(("clicking", args.load_users, 0))
-        if args.queued:
-            scenarios.append(("queued", args.load_users, args.queued))
-    scenarios = [s for s in scenarios if s[0] in args.runs]
-    runs = []
-    for label, people, queued in scenarios:
-        with queued_jobs(queued, members) if queued else nullcontext(0) as held:
-            run = {"label": label, "people": people, "queued": held}
-            for offset, kind in enumerate(args.kinds):
-                print(f"== {kind}: class of {len(students)}" + (f", {people} people clicking" if people else "")
-                      + (f", {held} other jobs queued" if queued else ""), flush=True)
-                hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label=f"-{label}")
-                load = profiler = None
-                try:
-                    if people:
-                        load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
-                        print(f"  {load.wait_logged_in()} of {people} people logged in and clicking", flush=True)
-                    profiler = profile(hub, args.py_spy, f"{kind}-{label}") if args.py_spy else None
-                    result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
-                                         hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
-                                         steady=args.steady if label == "class" else 0)
-                finally:
-                    if load:
-                        load.stop()
-                    if profiler:
-                        profiler.send_signal(signal.SIGINT)  # py-spy writes its samples as it stops
-                        profiler.wait(timeout=60)
-                    hub.close()
-                leftover_jobs(students)
-                drained = nodes_unavailable()
-                if drained:  # the next runs' sessions would wait for these nodes: said, not hidden
-                    print("  NODES LOST by this run, the next runs are short of them: "
-                          + "; ".join(f"{node} {why}" for node, why in drained.items()), flush=True)
-                if load:
-                    result["load"] = load.window(*result["window"])
-                run[kind] = result
-                print(f"  class start      {describe(result)}", flush=True)
-                if load:
-                    print(f"  {people} clicking     {clicks(result['load'])}", flush=True)
-            runs.append(run)
-    return runs
-
-
 # One hub of each kind takes these in order, without a restart between them (but the one of "restart"):
 # an overload must leave nothing behind that slows the next class.
 STEPS = {
@@ -470,7 +420,7 @@ STEPS = {
     "clicking": "a class with --load-users people clicking through the hub",
     "queued": "a class with --load-users people clicking and --queued other jobs held in the queue",
     "restart": "a class right after the hub was killed (kill -9) and started again",
-    "slurmctld": "a class right after slurmctld was stopped (SIGSTOP) for 40 s while 5 sessions started",
+    "slurmctld": "a class right after slurmctld was stopped (SIGSTOP) for 40 s while 5 of its students started",
 }
 
 
@@ -503,7 +453,10 @@ def sequence(args, workdir: Path) -> list[dict]:
     in the same run, after dsportal's, under the same load."""
     students = course("class101")[:args.students]
     members = course("dept")[:args.load_users]
-    starters = course("dept")[-5:]
+    if len(students) < args.students or len(members) < args.load_users:
+        raise SystemExit(f"the demo has {len(students)} students and {len(members)} other members: "
+                         "config/demo/users.yaml declares them (make demo makes them)")
+    starters = students[:5]  # stopped again before the class starts
     steps = [{"step": step} for step in args.sequence]
     for offset, kind in enumerate(args.kinds):
         hub = Hub(kind, 6 + offset, workdir, args.class_timeout, for_class=True, label="-sequence",
@@ -526,7 +479,8 @@ def sequence(args, workdir: Path) -> list[dict]:
                                   flush=True)
                         result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
                                              hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
-                                             poll_every=0.5 if step == "polling" else 0.0)
+                                             poll_every=0.5 if step == "polling" else 0.0,
+                                             steady=args.steady if run is steps[0] else 0)
                     finally:
                         if load:
                             load.stop()
@@ -584,29 +538,6 @@ def clicks(load: dict) -> str:
             f"({load['logged_in']} of {load['people']} logged in)")
 
 
-def department_summary(runs: list[dict], students: int) -> str:
-    """The summary line's department part: ours vs stock, run by run."""
-    parts = []
-    for run in runs:
-        ours, stock = run["dsportal"], run["batchspawner"]
-        title = {"class": f"class of {students}", "clicking": f"+ {run['people']} clicking",
-                 "queued": f"+ {run['queued']} queued"}[run["label"]]
-        text = (f"{title}: last ready {ours['last_ready']:.1f} vs {stock['last_ready']:.1f} s, lost {ours['lost']} vs "
-                f"{stock['lost']}, hub API p99 {ours['api_p99']:.2f} vs {stock['api_p99']:.2f} s, hub CPU "
-                f"{ours['hub_cpu']:.0f} vs {stock['hub_cpu']:.0f} s, hub+proxy "
-                f"{ours['hub_rss_mb'] + ours['proxy_rss_mb']:.0f} vs {stock['hub_rss_mb'] + stock['proxy_rss_mb']:.0f} MB, "
-                f"job queries {ours['job_queries_per_min_starting']:.0f} vs {stock['job_queries_per_min_starting']:.0f}/min")
-        if ours.get("job_queries_per_min_running") is not None and stock.get("job_queries_per_min_running") is not None:
-            text += (f" ({ours['job_queries_per_min_running']:.0f} vs {stock['job_queries_per_min_running']:.0f}/min "
-                     "while all run)")
-        if "load" in ours:
-            text += f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s"
-            failed = ours["load"]["failures"] + stock["load"]["failures"]
-            text += f" ({ours['load']['failures']} vs {stock['load']['failures']} failed)" if failed else ""
-        parts.append(text)
-    return " | ".join(parts)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # Slurm allocates batch jobs on its scheduler's once-a-second pass: one spawn varies by up to 1 s
@@ -618,27 +549,23 @@ def main(argv=None) -> int:
     parser.add_argument("--students", type=int, default=100, help="class start: students starting at once (0: skip "
                         "the department runs)")
     parser.add_argument("--load-users", type=int, default=300, help="people clicking through the hub while the "
-                        "class starts, in a second run (0: skip it and the next)")
-    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue in a third "
-                        "run (0: skip it)")
+                        "class starts (steps clicking and queued)")
+    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue (step queued)")
     parser.add_argument("--class-timeout", type=int, default=300, help="both class hubs' start_timeout, and how long "
                         "a student waits for her session before it counts as lost (seconds)")
     parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
                         "slurmctld's job queries are counted (first run)")
-    parser.add_argument("--runs", default="class,clicking,queued", type=lambda s: s.split(","),
-                        help="which department runs (class: the class alone; clicking: with --load-users; queued: "
-                        "with --queued jobs as well)")
     parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
                         help="the department runs' hubs (dsportal,batchspawner); the summary needs both")
     parser.add_argument("--py-spy", default="", help="py-spy's path: sample each department hub (raw stacks "
                         "in its folder)")
     parser.add_argument("--only-department", action="store_true", help="skip the single spawns, stops, queued and "
                         "dead-job rounds: only the department runs")
-    parser.add_argument("--sequence", type=lambda s: s.split(","), default=[],
-                        help=f"instead of everything else: one hub of each kind takes these steps in order "
-                        f"({','.join(STEPS)}): " + "; ".join(f"{k}: {v}" for k, v in STEPS.items()))
-    parser.add_argument("--database", choices=("sqlite", "mariadb"), default="sqlite",
-                        help="the hubs' database (--sequence): a SQLite file, or a database of each's own on the "
+    parser.add_argument("--sequence", type=lambda s: s.split(","), default=list(STEPS),
+                        help=f"the department runs: one hub of each kind takes these steps in order, without a "
+                        f"restart between them ({','.join(STEPS)}): " + "; ".join(f"{k}: {v}" for k, v in STEPS.items()))
+    parser.add_argument("--database", choices=("sqlite", "mariadb"), default="mariadb",
+                        help="the department hubs' database: a SQLite file, or a database of each's own on the "
                         "demo's MariaDB (as in production)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -655,20 +582,9 @@ def main(argv=None) -> int:
     # Not under /tmp: each job gets a /tmp of its own (job_container/tmpfs), where the broken environment is not.
     workdir = Path(tempfile.mkdtemp(prefix="dsportal-bench-", dir="/var/tmp"))
     results = {}
-    if args.sequence:
-        unknown = set(args.sequence) - set(STEPS)
-        if unknown:
-            raise SystemExit(f"--sequence takes {', '.join(STEPS)}, not {', '.join(sorted(unknown))}")
-        try:
-            results["sequence"] = sequence(args, workdir)
-        finally:
-            leftover_jobs(course("class101") + course("dept"))
-            subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
-        (workdir / "results.json").write_text(json.dumps(results, indent=1))
-        print(f"(hub logs and results.json in {workdir})")
-        if set(args.kinds) == set(KINDS):
-            print(f"bench: one hub each, in order, {args.database}: {sequence_summary(results['sequence'])}")
-        return 0
+    unknown = set(args.sequence) - set(STEPS)
+    if unknown:
+        raise SystemExit(f"--sequence takes {', '.join(STEPS)}, not {', '.join(sorted(unknown))}")
     try:
         for index, kind in enumerate(() if args.only_department else KINDS):
             print(f"== {kind}", flush=True)
@@ -693,20 +609,19 @@ def main(argv=None) -> int:
                   f"holding every GPU; {r['queued_queries']} slurmctld job queries")
             print(f"  dead job         {r['dead_job']:6.2f} s until the user is told: {r['dead_job_message']!r}",
                   flush=True)
-        if args.students:
-            results["department"] = department(args, workdir)
+        if args.students and args.sequence:
+            results["department"] = sequence(args, workdir)
     finally:
-        students = [u["name"] for u in directory()["users"] if u.get("student")]
-        for user in args.users + students:  # nothing of the benchmark stays on the cluster
-            subprocess.run(["scancel", "-u", user], capture_output=True)
+        leftover_jobs(args.users + course("class101") + course("dept"))  # nothing of the bench stays on the cluster
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"(hub logs and results.json in {workdir})")
     both = set(args.kinds) == set(KINDS)
-    in_department = department_summary(results["department"], args.students) if args.students and both else ""
-    if args.students and not both:  # one kind: its figures alone (no comparison: not a summary)
-        in_department = "; ".join(f"{run['label']}: {describe(run[kind])}" for run in results["department"]
-                                  for kind in args.kinds)
+    in_department = ""
+    if "department" in results:
+        in_department = (f"one hub each, in order, {args.database}: {sequence_summary(results['department'])}" if both
+                         else "; ".join(f"{run['step']}: {describe(run[kind])}" for run in results["department"]
+                                        for kind in args.kinds))  # one kind: its figures alone, not a summary
     if args.only_department:
         print(f"bench: {in_department}")
         return 0
