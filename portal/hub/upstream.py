@@ -242,19 +242,6 @@ def ldap_login(authenticator, data):
 
 
 # ------------------------------------------------------------------ tornado's connection of a request
-def peer_certificate(request) -> dict | None:
-    """The TLS peer certificate of tornado's HTTP/1 stream under ``request`` ({} if the client sent
-    none); None over plain HTTP or once the connection is gone."""
-    connection = getattr(request.connection, "stream", None)  # tornado's HTTP/1 stream
-    tls = getattr(connection, "socket", None)
-    if not isinstance(tls, ssl.SSLSocket):  # plain HTTP: no certificate to tell by
-        return None
-    try:
-        return tls.getpeercert() or {}
-    except ValueError:  # not connected any more
-        return None
-
-
 def connection_address(request):
     """The address of the connection ``request`` came on (tornado's request context), or None."""
     return getattr(getattr(request.connection, "context", None), "address", None)
@@ -345,24 +332,13 @@ PATCHES = [
           "2.0.2", "each login off the hub's event loop, with a deadline; relies on it never awaiting",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.authenticate", "431a9f8eb7e737be"),),
           None),
-    Patch("request-tls-peer", "portal/hub/auth.py",
-          "tornado: request.connection.stream.socket (the ssl.SSLSocket) and request.connection.context.address",
-          TORNADO, "6.6.1", "a login straight from a session (its certificate) is refused; the throttle counts "
-          "the connection's address, not a client's own X-Real-Ip",
+    Patch("request-connection-address", "portal/hub/auth.py",
+          "tornado: request.connection.context.address (the address the connection came from)", TORNADO,
+          "6.6.1", "the login throttle counts the connection's address, not a client's own X-Real-Ip (JupyterHub "
+          "serves with xheaders, so request.remote_ip is the header's)",
           (Definition("tornado.http1connection", "HTTP1Connection.__init__", "adb55c9859f13691"),
            Definition("tornado.httpserver", "_HTTPRequestContext.__init__", "6ba522c6e6575b90"),
            Definition("tornado.tcpserver", "TCPServer._handle_connection", "0cd39c682850f93e")),
-          None),
-    Patch("spawner-pending-flags", "spawner/partitionspawner.py",
-          "jupyterhub.spawner.Spawner._spawn_pending, _stop_pending, _check_pending: read (partitionspawner.py "
-          "idle_seconds, gpuspawner.py poll) and _check_pending copied onto wrapspawner's child "
-          "(partitionspawner.py poll); the spawners' own, listed here", JUPYTERHUB, "6.1.1",
-          "an idle session is measured only while it runs, and the child knows the hub's startup check",
-          (Mentions("jupyterhub.spawner", "_spawn_pending", "36276cbbdee9eae0"),
-           Mentions("jupyterhub.spawner", "_stop_pending", "d99fbcb5e0b38ea2"),
-           Mentions("jupyterhub.spawner", "_check_pending", "f73f5e92327e173a"),
-           Mentions("jupyterhub.app", "_check_pending", "23f79da87bb04ae4"),
-           Mentions("jupyterhub.user", "_check_pending", "25f9ab51170bc21f")),
           None),
     Patch("batchspawner-job-state", "spawner/gpuspawner.py",
           "batchspawner's BatchSpawnerBase: start() and poll() replaced, its job_id / job_status state, "
