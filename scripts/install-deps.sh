@@ -67,9 +67,6 @@ fi
 bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
-# The regular expressions every session start compiles, compiled once here by this Python
-# (portal/compiledpatterns.py): ~6 % of a session's server start and of its kernel's.
-"$ENV/bin/python" -m portal.compiledpatterns build >/dev/null
 # make bench's load generator (locust: 300 people clicking through the hub while a class starts), in an
 # environment of its own: its gevent and Flask stay out of the hub's and the sessions' environment.
 BENCH_ENV=$PREFIX/bench-env

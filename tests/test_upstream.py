@@ -48,32 +48,18 @@ from portal.hub import origins, portreport, routeowner, spawnlimit, upstream
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
 spawnlimit.explain_refused_starts()
 portreport.install_port_handler()
-upstream.reuse_tls_contexts_for_session_checks()
 routeowner.check_sessions_by_their_certificate()
 print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and not p.applied()]))
 """
 
 SESSION_APPLIES = """
 import json
-from portal.session import singleuser
-singleuser.resolve_names_in_threads()
-singleuser.read_entry_points_once_while_starting()
-singleuser.call_the_hub_through_tornado()
-singleuser.leave_out_the_users_config_folders()
-singleuser.events_on_use()
-singleuser.leave_out_the_hubs_database()
-singleuser.one_tls_context_for_the_hub()
-singleuser.system_store_on_first_use()
-singleuser.check_the_hub_once_serving()
-singleuser.no_activity_post_for_the_start()
-singleuser.nothing_to_parse_on_an_empty_command_line()
-singleuser.semver_on_use()
-singleuser.leave_out_the_pypi_extension_manager()
-singleuser.skip_yarn_config()
-from portal.session import activity, kerneldebugger, kernelpipe, magics, upstream
+from portal.session import activity, kernelpipe, magics, singleuser, upstream
+# as singleuser.main does, then the session's extension and its kernels
+upstream.leave_out_the_users_config_folders()
+upstream.trust_the_hubs_ca_only()
 activity.count_only_changes_as_use()
 kernelpipe.private_iopub_pipe()
-kerneldebugger.debugger_on_first_use()
 class Kernel:  # what magics' load_ipython_extension uses of IPython's shell
     def register_magic_function(self, *args, **kwargs): pass
     def push(self, *args, **kwargs): pass
@@ -136,11 +122,11 @@ def test_a_login_from_a_session_is_told_by_its_certificate_through_tornados_publ
 # ------------------------------------------------------------------ nothing patches upstream elsewhere
 UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthenticator", "jupyter_server",
                      "jupyter_server_proxy", "jupyter_client", "ipykernel", "tornado", "ssl", "jupyter_core",
-                     "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug"}
+                     "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug", "traitlets",
+                     "jupyter_events", "notebook_shim", "sqlalchemy", "importlib", "re"}
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
 PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
-               "portal/session/onuse.py",  # onuse: the lazy loading itself; session/upstream.py uses it
-               "portal/session/kerneldebugger.py",  # kernels import it alone (their start is what it saves)
+               "portal/session/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
                "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
 SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
                  if str(p.relative_to(REPO)) not in PATCH_HOMES)

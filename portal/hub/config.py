@@ -18,7 +18,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from .. import hubdatabase
 from .. import settings as settings_module
 from .. import templating
-from . import loadshed, metrics, proxyservice, upstream
+from . import loadshed, metrics, proxyservice
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from . import sessions, spawnlimit, useroptions
@@ -38,7 +38,6 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     each session's names its node (spawner/gpuspawner.py) and its user: the proxy and the hub's checks
     talk to a user's route only if its certificate is that user's (portal/hub/routeowner.py)."""
     c.JupyterHub.internal_ssl = True
-    upstream.reuse_tls_contexts_for_session_checks()
     check_sessions_by_their_certificate()
     c.ConfigurableHTTPProxy.command = proxy_command(_proxy_command(hub.proxy_command))
     c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")

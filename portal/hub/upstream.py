@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import ssl
 
 import batchspawner.api  # noqa: F401  (registers its own port handler on import; replace_api_handler takes its place)
@@ -31,42 +30,6 @@ from tornado import web
 
 from .. import ldapconnect
 from ..patchcheck import CHP, Definition, Mentions, Patch
-
-
-# ------------------------------------------------------------------ jupyterhub.user.make_ssl_context
-def reuse_tls_contexts_for_session_checks() -> None:
-    """Wrap ``jupyterhub.user.make_ssl_context`` (used only by ``User._wait_up``) with
-    :func:`_one_tls_context_for_session_checks`, unless it is wrapped so already. (config.py
-    calls this before routeowner's pinning, which wraps it in turn.)"""
-    if not _make_ssl_context_patched("reuses_tls_contexts"):
-        jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
-
-
-def _one_tls_context_for_session_checks(make_ssl_context):
-    """JupyterHub builds a new TLS context, reading and parsing the hub's key, certificate and CA
-    bundle, for each check that a started session answers: ~40 ms of the hub's event loop per spawn
-    (py-spy, a class of 30 starting). The files change only when the hub restarts; one context per
-    set of files (and their modification times) serves every check."""
-    contexts = {}
-
-    def reused(keyfile, certfile, cafile=None, **kwargs):
-        if kwargs or not keyfile or not certfile:
-            return make_ssl_context(keyfile, certfile, cafile=cafile, **kwargs)
-        key = tuple((path, os.stat(path).st_mtime_ns if path else 0) for path in (keyfile, certfile, cafile))
-        if key not in contexts:
-            contexts.clear()
-            contexts[key] = make_ssl_context(keyfile, certfile, cafile=cafile)
-        return contexts[key]
-
-    reused.original = make_ssl_context
-    reused.reuses_tls_contexts = True
-    return reused
-
-
-def _wrappers(function):
-    while function is not None:
-        yield function
-        function = getattr(function, "original", None)
 
 
 # ------------------------------------------------------------------ session certificate pinning
@@ -248,24 +211,18 @@ def connection_address(request):
 
 
 # ------------------------------------------------------------------ the checklist
-def _make_ssl_context_patched(marker: str) -> bool:
-    return any(getattr(f, marker, False) for f in _wrappers(jupyterhub.user.make_ssl_context))
+def _pins_session_certificates() -> bool:
+    return getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False)
 
 
 JUPYTERHUB, LDAP, TORNADO = "jupyterhub", "jupyterhub-ldapauthenticator", "tornado"
 PATCHES = [
-    Patch("tls-context-reuse", "portal/hub/config.py", "jupyterhub.user.make_ssl_context (wrapped)",
-          JUPYTERHUB, "6.1.1", "one TLS context for every check of a started session, not one per check "
-          "(~40 ms of the hub's event loop each)",
-          (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
-           Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
-          lambda: _make_ssl_context_patched("reuses_tls_contexts")),
     Patch("session-certificate-context", "portal/hub/routeowner.py",
           "jupyterhub.user.make_ssl_context (wrapped: its contexts' sslobject_class)", JUPYTERHUB, "6.1.1",
           "the hub's checks of a session accept only the certificate issued to the session's user",
           (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
            Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
-          lambda: _make_ssl_context_patched("pins_session_certificates")),
+          _pins_session_certificates),
     Patch("session-certificate-wait-up", "portal/hub/routeowner.py", "jupyterhub.user.User._wait_up (wrapped)",
           JUPYTERHUB, "6.1.1", "sets the certificate expected of the session being checked, around the check",
           (Definition("jupyterhub.user", "User._wait_up", "891931869bfd0f23"),
@@ -278,7 +235,7 @@ PATCHES = [
            Definition("ssl", "SSLObject.do_handshake", "a91ffb8fde2bcfbf"),
            Definition("ssl", "SSLContext.wrap_bio", "518c85ca731f0b14"),
            Mentions("asyncio.sslproto", "wrap_bio", "fb462d8e3fd88860")),
-          lambda: _make_ssl_context_patched("pins_session_certificates")),
+          _pins_session_certificates),
     Patch("hub-pages-on-hub-host", "portal/hub/origins.py",
           "jupyterhub.app.JupyterHub.init_tornado_application (wrapped; a rule put first in its wildcard_router)",
           JUPYTERHUB, "6.1.1", "with subdomain_host, the hub's pages opened at another host redirect to the hub's",
