@@ -1,6 +1,7 @@
 """The portal's patches of upstream internals still fit the installed upstream (the checklist of an
 upgrade: portal/hub/upstream.py and portal/session/upstream.py), are all applied where the portal
-applies them, and are all listed there. No cluster needed."""
+applies them, are all listed there, each with the public hook that would let it go; a hub or session
+whose upstream changed under a patch that guards users does not start. No cluster needed."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_patch_names_are_unique():
     assert len(names) == len(set(names)), names
 
 
+def test_every_patch_names_the_public_hook_that_would_let_it_go():
+    assert [p.name for p in PATCHES if len(p.hook) < 20] == []
+
+
 def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/",
                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
@@ -56,6 +61,7 @@ SESSION_APPLIES = """
 import json
 from portal.session import activity, kernelpipe, magics, singleuser, upstream
 # as singleuser.main does, then the session's extension and its kernels
+singleuser.check_patches()
 upstream.leave_out_the_users_config_folders()
 upstream.trust_the_hubs_ca_only()
 activity.count_only_changes_as_use()
@@ -296,3 +302,58 @@ def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
     assert out[0] == "[]", out
     assert out[1] == "RequestError %%horovod: argument --nodes: invalid int value: 'x'"
     assert out[2] == "True"
+
+
+# ------------------------------------------------------------------ failing closed as the hub or a session starts
+CHANGED_UNDER = """
+import dataclasses, sys
+from portal.hub import upstream as hub_upstream
+from portal.session import upstream as session_upstream
+side, name = sys.argv[1], sys.argv[2]
+patches = (hub_upstream if side == "hub" else session_upstream).PATCHES
+index = next(i for i, p in enumerate(patches) if p.name == name)
+first, *rest = patches[index].relies_on
+patches[index] = dataclasses.replace(patches[index], relies_on=(dataclasses.replace(first, sha256="0" * 16), *rest))
+if side == "hub":
+    from traitlets.config import Config
+    from portal.hub import config
+    config.configure(Config(), settings=object())  # stops before it reads any setting
+else:
+    from portal.session import singleuser
+    sys.argv = ["singleuser", sys.argv[3]]  # a server that exits at once
+    singleuser.main()
+    from portal.session import activity, upstream
+    activity.count_only_changes_as_use()
+    print("started; api-activity wrapped:", upstream._api_activity_wrapped())
+"""
+
+
+def _start_with_upstream_changed_under(side: str, patch: str, folder: Path) -> subprocess.CompletedProcess:
+    server = folder / "server.py"
+    server.write_text("")
+    return subprocess.run([sys.executable, "-c", CHANGED_UNDER, side, patch, str(server)], capture_output=True,
+                          text=True, timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("side, patch, package", [("hub", "port-report-handler", "batchspawner"),
+                                                  ("hub", "session-certificate-wait-up", "jupyterhub"),
+                                                  ("session", "proxy-own-services", "jupyter-server-proxy"),
+                                                  ("session", "kernel-private-pipe", "ipykernel")])
+def test_a_security_patch_whose_upstream_changed_stops_the_start_in_one_line(side, patch, package, tmp_path):
+    from importlib.metadata import version
+
+    out = _start_with_upstream_changed_under(side, patch, tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"dsportal: not starting: the security patch {patch!r} ("), line
+    assert f"; the code it rests on changed in the installed {package} {version(package)} (" in line, line
+    assert "started" not in out.stdout
+
+
+def test_a_feature_patch_whose_upstream_changed_stands_aside_and_the_session_starts(tmp_path):
+    out = _start_with_upstream_changed_under("session", "api-activity", tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("dsportal: standing aside: the patch 'api-activity' (portal/session/activity.py) "
+                               "was checked against jupyter_server 2.21.1"), lines
+    assert lines[-1] == "started; api-activity wrapped: False", lines

@@ -11,14 +11,15 @@ from urllib.parse import urlparse, urlunparse
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from traitlets.log import get_logger
 
 from spawner.partitionspawner import PartitionSpawner
 from spawner.gpuspawner import SlurmGPUSpawner
 
-from .. import hubdatabase
+from .. import hubdatabase, patchcheck
 from .. import settings as settings_module
 from .. import templating
-from . import loadshed, metrics, proxyservice
+from . import loadshed, metrics, proxyservice, upstream
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from . import sessions, spawnlimit, useroptions
@@ -88,7 +89,9 @@ def _is_address(name: str) -> bool:
 
 
 def configure(c, settings=None) -> None:
-    """Fill the traitlets config ``c`` from portal.yaml."""
+    """Fill the traitlets config ``c`` from portal.yaml. Exits first, in one line, where a patch of
+    upstream internals that guards users no longer fits the installed upstream (portal/hub/upstream.py)."""
+    patchcheck.check_at_start(upstream.PATCHES, get_logger().warning)
     settings = settings or settings_module.load()
     hub = settings.hub
     data_dir = Path(hub.data_dir)

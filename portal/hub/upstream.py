@@ -4,8 +4,10 @@ ssl, configurable-http-proxy), in one place, with what each rests on.
 Each function here replaces, wraps or reads something upstream keeps private; the hub's modules
 call them (config.py, routeowner.py, origins.py, portreport.py, auth.py) and keep the portal's
 policy, messages and logs. :data:`PATCHES` is the upgrade checklist: for each patch, the upstream
-version it was written against and fingerprints of the upstream code it rests on.
-tests/test_upstream.py fails, naming the patch, when the installed upstream no longer matches.
+version it was written against, fingerprints of the upstream code it rests on, whether it guards
+users (the hub does not start while such a patch is unchecked: config.configure) and the public hook
+upstream would need to offer for it to go. tests/test_upstream.py fails, naming the patch, when the
+installed upstream no longer matches.
 The session's patches are in portal/session/upstream.py.
 """
 
@@ -29,7 +31,7 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 
 from .. import ldapconnect
-from ..patchcheck import CHP, Definition, Mentions, Patch
+from ..patchcheck import CHP, Definition, Mentions, Patch, stands_aside
 
 
 # ------------------------------------------------------------------ session certificate pinning
@@ -126,9 +128,10 @@ def replace_api_handler(pattern: str, handler) -> None:
 def explain_throttled_spawns(explain) -> None:
     """Wrap ``BaseHandler.spawn_single_user`` (every start: the spawn form's and the REST API's): the
     HTTP 429 it raises past ``concurrent_spawn_limit`` (the one with a Retry-After header) is raised again
-    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept. Idempotent."""
+    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept (unless the
+    patch stands aside: JupyterHub's own message). Idempotent."""
     spawn_single_user = BaseHandler.spawn_single_user
-    if getattr(spawn_single_user, "explains_throttled_spawns", False):
+    if getattr(spawn_single_user, "explains_throttled_spawns", False) or stands_aside("throttled-spawn-message"):
         return
 
     async def explained(self, user, *args, **kwargs):
@@ -216,18 +219,21 @@ def _pins_session_certificates() -> bool:
 
 
 JUPYTERHUB, LDAP, TORNADO = "jupyterhub", "jupyterhub-ldapauthenticator", "tornado"
+PINNING = ("JupyterHub checking a session's certificate against the one issued to its user (a spawner's TLS "
+           "context for the checks of its server)")
 PATCHES = [
     Patch("session-certificate-context", "portal/hub/routeowner.py",
           "jupyterhub.user.make_ssl_context (wrapped: its contexts' sslobject_class)", JUPYTERHUB, "6.1.1",
           "the hub's checks of a session accept only the certificate issued to the session's user",
           (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
            Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
-          _pins_session_certificates),
+          _pins_session_certificates, guards=True, hook=PINNING),
     Patch("session-certificate-wait-up", "portal/hub/routeowner.py", "jupyterhub.user.User._wait_up (wrapped)",
           JUPYTERHUB, "6.1.1", "sets the certificate expected of the session being checked, around the check",
           (Definition("jupyterhub.user", "User._wait_up", "891931869bfd0f23"),
            Mentions("jupyterhub.user", "_wait_up", "807309172012753b")),
-          lambda: getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False)),
+          lambda: getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False),
+          guards=True, hook=PINNING),
     Patch("session-certificate-sslobject", "portal/hub/routeowner.py",
           "ssl.SSLObject._create (private classmethod, overridden) and do_handshake", "python", "3.11.2",
           "fails the handshake with a session whose certificate is not the expected one, before a request",
@@ -235,13 +241,15 @@ PATCHES = [
            Definition("ssl", "SSLObject.do_handshake", "a91ffb8fde2bcfbf"),
            Definition("ssl", "SSLContext.wrap_bio", "518c85ca731f0b14"),
            Mentions("asyncio.sslproto", "wrap_bio", "fb462d8e3fd88860")),
-          _pins_session_certificates),
+          _pins_session_certificates, guards=True, hook=PINNING),
     Patch("hub-pages-on-hub-host", "portal/hub/origins.py",
           "jupyterhub.app.JupyterHub.init_tornado_application (wrapped; a rule put first in its wildcard_router)",
           JUPYTERHUB, "6.1.1", "with subdomain_host, the hub's pages opened at another host redirect to the hub's",
           (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
            Mentions("jupyterhub.app", "init_tornado_application", "792efb197480a68f")),
-          lambda: hasattr(JupyterHub.init_tornado_application, "original")),
+          lambda: hasattr(JupyterHub.init_tornado_application, "original"),
+          guards=True, hook="a JupyterHub hook run once its tornado application is built (also what the load "
+          "shedding and the garbage collector's freeze at start use)"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "
@@ -251,7 +259,9 @@ PATCHES = [
            Mentions("jupyterhub.apihandlers", "default_handlers", "644df771c172c4ce"),
            Mentions("jupyterhub.app", "default_handlers", "41012f0f852be04c")),
           lambda: [h[1].__module__ for h in default_handlers if h[0] == r"/api/batchspawner"]
-          == ["portal.hub.portreport"]),
+          == ["portal.hub.portreport"],
+          guards=True, hook="batchspawner letting the spawner judge a job's report (or JupyterHub taking a "
+          "started server's port itself)"),
     Patch("throttled-spawn-message", "portal/hub/spawnlimit.py",
           "jupyterhub.handlers.base.BaseHandler.spawn_single_user (wrapped: its 429 past concurrent_spawn_limit, "
           "told by its Retry-After header, raised again with the portal's message)", JUPYTERHUB, "6.1.1",
@@ -260,7 +270,9 @@ PATCHES = [
           (Definition("jupyterhub.handlers.base", "BaseHandler.spawn_single_user", "89ad7a1d6d9f3a0a"),
            Mentions("jupyterhub.handlers.base", "Retry-After", "80267c7a399e7cee"),
            Definition("jupyterhub.handlers.pages", "SpawnHandler._wrap_spawn_single_user", "7e857fbad2ab0148")),
-          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False)),
+          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False),
+          hook="a JupyterHub setting for the message of concurrent_spawn_limit's 429 (a custom error.html "
+          "template reaches the pages, not the REST API's answer)"),
     Patch("server-request-options-judged", "portal/hub/useroptions.py",
           "jupyterhub.apihandlers.users.UserServerAPIHandler.get_server_json_body (wrapped) and get_json_body "
           "(APIHandler's, wrapped on UserServerAPIHandler): the user_options of POST, PUT and PATCH judged as "
@@ -276,19 +288,22 @@ PATCHES = [
            Mentions("jupyterhub.apihandlers.users", "user_options", "df29f8eae1974705"),
            Mentions("jupyterhub.user", "user_options", "4c7aeee8b90636d3"),
            Definition("jupyterhub.handlers.pages", "SpawnHandler._post", "fec2de3bec67e2e6")),
-          _judges_server_requests),
+          _judges_server_requests, guards=True, hook="a JupyterHub hook that judges a REST API request's "
+          "user_options before they are stored (options_from_form covers the spawn form only)"),
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts, no schema read)",
           LDAP, "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop; "
           "the server's schema was read and parsed on every login (~8 ms of the hub's CPU each)",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.get_connection", "47dfcc9f6096c325"),
            Mentions("ldapauthenticator.ldapauthenticator", "tls_kwargs", "97b4a4179824018c")),
-          None),
+          None, guards=True, hook="ldapauthenticator settings for connect and receive timeouts (and for "
+          "not reading the server's schema)"),
     Patch("ldap-login-in-thread", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.authenticate (its coroutine run on a worker thread)", LDAP,
           "2.0.2", "each login off the hub's event loop, with a deadline; relies on it never awaiting",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.authenticate", "431a9f8eb7e737be"),),
-          None),
+          None, guards=True, hook="ldapauthenticator running ldap3's blocking calls off the event loop, with a "
+          "deadline"),
     Patch("request-connection-address", "portal/hub/auth.py",
           "tornado: request.connection.context.address (the address the connection came from)", TORNADO,
           "6.6.1", "the login throttle counts the connection's address, not a client's own X-Real-Ip (JupyterHub "
@@ -296,7 +311,8 @@ PATCHES = [
           (Definition("tornado.http1connection", "HTTP1Connection.__init__", "adb55c9859f13691"),
            Definition("tornado.httpserver", "_HTTPRequestContext.__init__", "6ba522c6e6575b90"),
            Definition("tornado.tcpserver", "TCPServer._handle_connection", "0cd39c682850f93e")),
-          None),
+          None, guards=True, hook="tornado's HTTPServerRequest telling the connection's own address beside "
+          "remote_ip"),
     Patch("batchspawner-job-state", "spawner/gpuspawner.py",
           "batchspawner's BatchSpawnerBase: start() and poll() replaced, its job_id / job_status state, "
           "stop(), get_env() and startup_poll_interval kept; the spawner's own, listed here",
@@ -309,7 +325,8 @@ PATCHES = [
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.load_state", "4c43284fe8b179ae"),
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.clear_state", "33de487db292d82d"),
            Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
-          None),
+          None, hook="batchspawner's start() and poll() in overridable steps (submit; read the job's state) "
+          "rather than whole methods around squeue's text"),
     Patch("wrapspawner-child", "spawner/partitionspawner.py",
           "wrapspawner's WrapSpawner: child_config, child_spawner, its state and poll (start() replaced; "
           "construct_child replaced by a copy without Spawner.db, with the user's options); the spawner's own, "
@@ -321,7 +338,8 @@ PATCHES = [
            Definition("wrapspawner.wrapspawner", "WrapSpawner.get_state", "53b69a1cfe2e16db"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.load_state", "f7e1eb7cc20c44c8"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.clear_state", "a73b18b0a10fab2c")),
-          None),
+          None, hook="wrapspawner constructing its child with the user's options and without Spawner.db "
+          "(a hook for the child's arguments)"),
     Patch("proxy-route-owner", "portal/hub/proxy.js",
           "configurable-http-proxy's ConfigurableProxy (subclassed: targetForReq, this._routes, this.proxy[kind] "
           "wrapped, options.agent === this.httpsAgent), loaded from lib/configproxy.js before its bin script",
@@ -332,5 +350,6 @@ PATCHES = [
            Mentions("chp:lib/configproxy.js", "proxy[kind]", "67970d6864395a08"),
            Mentions("chp:lib/configproxy.js", "exports.ConfigurableProxy", "78c1897469bf584a"),
            Mentions("chp:bin/configurable-http-proxy", "configproxy.js", "7b4ad4a36080edde")),
-          None),
+          _pins_session_certificates, guards=True, hook="configurable-http-proxy checking each route's target "
+          "certificate (a TLS server name or fingerprint per route)"),
 ]

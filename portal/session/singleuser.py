@@ -1,12 +1,14 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
-1. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
+1. Checks the patches of upstream internals the session makes (portal/session/upstream.py): one that
+   guards users and rests on upstream code that changed stops the start, in one line.
+2. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
    JUPYTER_PATH): its Python 3 kernel's (portal.session.kernelstart) and its container images' (the
    catalog the batch script put in sessionvars.KERNEL_CATALOG).
-2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
+3. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
    process, with the user's config folders left out and TLS with the hub trusting the hub's CA only,
    without the cyclic garbage collector until it serves (below).
-3. Once the server listens, the session extension reports the port and the Slurm job id to the hub
+4. Once the server listens, the session extension reports the port and the Slurm job id to the hub
    (portal.session.portreport); a refused report ends the job with the hub's reason.
 
 batchspawner-singleuser reports first and then starts the server, so the hub waits on its HTTP
@@ -26,7 +28,7 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
-from .. import sessionvars
+from .. import patchcheck, sessionvars
 from . import upstream
 from .kernels import write_catalog, write_host_kernel
 
@@ -78,10 +80,17 @@ def started() -> None:
     collect_garbage_from_now_on()
 
 
+def check_patches() -> None:
+    """The session's patches of upstream internals against the installed upstream code: exits in one
+    line where a patch that guards users no longer fits (patchcheck.check_at_start)."""
+    patchcheck.check_at_start(upstream.PATCHES, lambda line: print(line, flush=True))
+
+
 GC_PAUSED_AT_MOST = 300.0  # seconds: the start counts as over then even if the extension never started
 
 
 def main() -> None:
+    check_patches()
     gc.disable()  # until the server serves: started()
     fallback = threading.Timer(GC_PAUSED_AT_MOST, started)  # a server without the extension
     fallback.daemon = True

@@ -7,9 +7,11 @@ keep the portal's policy, messages and logs. Three patches stay where they are, 
 the same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it
 cannot import this module; kernelstart.py and magics.py (%tensorboard) are loaded by every host
 kernel, which has no use for this checklist. :data:`PATCHES` is the upgrade checklist: for each
-patch, the upstream version it was written against and fingerprints of the upstream code it rests
-on. tests/test_upstream.py fails, naming the patch, when the installed upstream no longer matches.
-The hub's patches are in portal/hub/upstream.py.
+patch, the upstream version it was written against, fingerprints of the upstream code it rests on,
+whether it guards users (a session does not start while such a patch is unchecked: singleuser.main)
+and the public hook upstream would need to offer for it to go. tests/test_upstream.py fails, naming
+the patch, when the installed upstream no longer matches. The hub's patches are in
+portal/hub/upstream.py.
 
 Imported at every session's start (singleuser.py): upstream modules are imported where used, not here.
 """
@@ -22,7 +24,7 @@ import ssl
 import sys
 from pathlib import Path
 
-from ..patchcheck import Definition, Mentions, Patch
+from ..patchcheck import Definition, Mentions, Patch, stands_aside
 
 
 # ------------------------------------------------------------------ jupyter_core.paths.jupyter_config_path
@@ -103,7 +105,9 @@ def _is_replaced(owner, name: str) -> bool:
 
 def count_api_activity_only(counts) -> None:
     """jupyter_server's ``APIHandler.update_api_activity`` records a request as activity only where
-    ``counts(handler)`` is true. Idempotent."""
+    ``counts(handler)`` is true (unless the patch stands aside: every request counts). Idempotent."""
+    if stands_aside("api-activity"):
+        return
     from jupyter_server.base.handlers import APIHandler
 
     def counted(tracked):
@@ -248,7 +252,9 @@ PATCHES = [
           "with disable_user_config, ~/.jupyter's page config and frontend config are not read either",
           (Definition("jupyter_core.paths", "jupyter_config_path", "a6f7b5390a2dddff"),
            Definition("jupyterhub.singleuser._disable_user_config", "_disable_user_config", "3f60c9ed4d539c34")),
-          lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _the_paths.__code__)),
+          lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _the_paths.__code__),
+          guards=True, hook="jupyterhub-singleuser's disable_user_config leaving the home out of "
+          "jupyter_config_path too, as it does for jupyter_path"),
     Patch("hub-tls-context", "portal/session/singleuser.py",
           "make_ssl_context in jupyterhub.services.auth, .singleuser.extension and .singleuser.mixins (replaced "
           "by hub_tls_context: the hub's CA bundle only)", JUPYTERHUB, "6.1.1",
@@ -259,13 +265,16 @@ PATCHES = [
            Mentions("jupyterhub.singleuser.extension", "make_ssl_context", "00966b6ad1349966"),
            Mentions("jupyterhub.singleuser.mixins", "make_ssl_context", "00966b6ad1349966")),
           lambda: all(getattr(sys.modules.get(name), "make_ssl_context", hub_tls_context) is hub_tls_context
-                      for name in TLS_CONTEXT_MODULES)),
+                      for name in TLS_CONTEXT_MODULES),
+          guards=True, hook="JupyterHub's internal TLS contexts trusting the internal CA bundle alone (an option "
+          "of make_ssl_context, or of internal_ssl)"),
     Patch("api-activity", "portal/session/activity.py",
           "jupyter_server.base.handlers.APIHandler.update_api_activity (wrapped)", "jupyter_server", "2.21.1",
           "an open tab's polling and layout saves must not count as use (idle limits)",
           (Definition("jupyter_server.base.handlers", "APIHandler.update_api_activity", "5e2cc5032912d37e"),
            Mentions("jupyter_server.base.handlers", "update_api_activity", "4f5c34055e5c4950")),
-          _api_activity_wrapped),
+          _api_activity_wrapped,
+          hook="a jupyter_server setting that decides which API requests count as activity"),
     Patch("proxy-own-services", "portal/session/portguard.py",
           "jupyter-server-proxy's LocalProxyHandler / RemoteProxyHandler in the server's routes (subclassed, "
           "host_allowlist passed), handler.path_args, NamedLocalProxyHandler.port, unix_socket", PROXY, "4.6.0",
@@ -278,7 +287,8 @@ PATCHES = [
            Definition(PROXY_HANDLERS, "LocalProxyHandler", "994ea1a484db8103"),
            Definition(PROXY_HANDLERS, "RemoteProxyHandler", "84f07c33e86939d6"),
            Definition(PROXY_HANDLERS, "NamedLocalProxyHandler", "7d8057650eb43529")),
-          None),
+          None, guards=True, hook="jupyter-server-proxy asking host_allowlist (or a port allowlist) for "
+          "/proxy/<port>/ too"),
     Patch("tensorboard-unix-socket-proxy", "portal/session/tensorboards.py",
           "jupyter-server-proxy's ProxyHandler (subclassed: unix_socket, proxy_base, proxy(), proxy_open())",
           PROXY, "4.6.0", "TensorBoards listen on unix sockets in the session's private folder, never on TCP",
@@ -288,7 +298,8 @@ PATCHES = [
            Definition(PROXY_HANDLERS, "ProxyHandler.proxy_open", "4667bcfefce42ca4"),
            Definition(PROXY_HANDLERS, "ProxyHandler.http_get", "240b833c0c9545a6"),
            Definition(PROXY_HANDLERS, "ProxyHandler.open", "d0dae911ac23120a")),
-          None),
+          None, guards=True, hook="jupyter-server-proxy proxying to a unix socket for routes another "
+          "extension adds (today: only for the server processes it starts itself)"),
     Patch("tensorboard-info-file", "portal/session/tensorboards.py",
           "tensorboard.program.TensorBoard._register_info (overridden) and its server_class protocol",
           "tensorboard", "2.21.0", "the info file wants a TCP port; the boards serve on unix sockets",
@@ -296,20 +307,21 @@ PATCHES = [
            Definition("tensorboard.program", "TensorBoard._make_server", "efa5cd781a0f1780"),
            Mentions("tensorboard.program", "_register_info", "71df3b4f86194fa0"),
            Definition("tensorboard.program", "TensorBoardServer", "d79621e462ac5a31")),
-          None),
+          None, hook="TensorBoard's program serving on a unix socket (or without its info file)"),
     Patch("tensorboard-magic", "portal/session/magics.py",
           "tensorboard.notebook.start (replaced as the module is imported: onuse.after_import)",
           "tensorboard", "2.21.0", "%tensorboard in a kernel opens the session's own TensorBoard (a unix "
           "socket, through the session's server), not one on a TCP port of the node",
           (Definition("tensorboard.notebook", "_start_magic", "e831fbe4b36e6bd7"),
            Definition("tensorboard.notebook", "start", "e09c7483b1fa6ad7")),
-          lambda: importlib.import_module("tensorboard.notebook").start.__module__ == "portal.session.magics"),
+          lambda: importlib.import_module("tensorboard.notebook").start.__module__ == "portal.session.magics",
+          hook="%tensorboard opening a board that something else serves, at a URL given to it"),
     Patch("kernel-socket-names", "portal/session/kernelsockets.py",
           "jupyter_client's ConnectionFileMixin._ip_default (overridden by name: traitlets' dynamic default)",
           "jupyter_client", "8.10.0", "a kernel's unix sockets named short enough for sun_path (107 bytes)",
           (Definition("jupyter_client.connect", "ConnectionFileMixin._ip_default", "bafb83f4e900928c"),
            Mentions("jupyter_client.connect", "self.ip", "85195b931df3fa67")),
-          None),
+          None, guards=True, hook="jupyter_client naming a kernel's ipc sockets by a configurable prefix"),
     Patch("kernel-private-pipe", "portal/session/kernelpipe.py (self-contained: container kernels load a copy)",
           "ipykernel.kernelapp.IOPubThread (replaced by a subclass overriding _setup_pipe_in, _setup_pipe_out)",
           "ipykernel", "7.4.0", "the pipe for forked children's output on a private unix socket, not TCP",
@@ -317,11 +329,12 @@ PATCHES = [
            Definition("ipykernel.iostream", "IOPubThread._setup_pipe_out", "17f4168806073896"),
            Definition("ipykernel.iostream", "IOPubThread._handle_pipe_msg", "f4cf639f5692728e"),
            Mentions("ipykernel.kernelapp", "IOPubThread", "f14352462a48b92e")),
-          _kernel_pipe_in_place),
+          _kernel_pipe_in_place, guards=True, hook="ipykernel's pipe for forked output over the kernel's own "
+          "transport (ipc) rather than TCP"),
     Patch("kernel-launcher", "portal/session/kernelstart.py (self-contained: the Python 3 kernel's launcher)",
           "ipykernel_launcher (replaced in the session's python3 kernelspec: the same launch, with the GC paused "
           "while it loads and what it loaded frozen)", "ipykernel", "7.4.0",
           "while a kernel loads, the GC looks again and again over the objects it keeps for its life",
           (Mentions("ipykernel_launcher", "launch_new_instance", "c8d786b7a45713b9"),),
-          None),
+          None, hook="a hook of ipykernel's launcher between the kernel's initialize() and start()"),
 ]
