@@ -4,10 +4,22 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 # The checkout's config is the one admins edit (the installed package carries a copy).
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 
-.PHONY: deps demo stop clean test check bench
+.PHONY: deps lock upgrade-check demo stop clean test check bench
 
+# The environment, from requirements.lock (every package's version and hashes).
 deps:
 	bash scripts/install-deps.sh
+
+# requirements.lock anew from pyproject.toml's ranges, keeping each pin that still fits; a release is
+# taken with UV_ARGS="--upgrade-package NAME" (docs/how-to/take-a-security-release.md).
+lock:
+	bash scripts/uv.sh pip compile -q pyproject.toml --extra test --generate-hashes --python-version 3.11 \
+	  --custom-compile-command "make lock" -o requirements.lock $(UV_ARGS)
+
+# The newest versions the ranges allow, tried in a scratch environment: pip check, the patch checks
+# (tests/test_upstream.py), and what would change. Changes nothing here.
+upgrade-check:
+	bash scripts/upgrade-check.sh $(UV_ARGS)
 
 demo: deps
 	/opt/dsportal/env/bin/dsportal demo up

@@ -5,7 +5,3 @@ c.InteractiveShellApp.extensions.append("portal.session.magics")  # noqa: F821
 from portal.session.kernelpipe import private_iopub_pipe  # noqa: E402
 
 private_iopub_pipe()
-# ... and loads the debugger (debugpy, a third of a kernel's start) when the user first opens it.
-from portal.session.kerneldebugger import debugger_on_first_use  # noqa: E402
-
-debugger_on_first_use()

@@ -7,11 +7,16 @@ against and fingerprints of the upstream code it rests on: the sha256 of a defin
 (:class:`Definition`) or of every line that names something (:class:`Mentions`). The sources are
 read from the installed files, not imported, so a patch already applied does not hide the original.
 tests/test_upstream.py fails, naming the patch to re-check, when a fingerprint no longer matches.
+
+The hub and every session check their patches as they start (:func:`check_at_start`): a security or
+isolation patch (``guards``) whose upstream changed stops the start with one line that names it, so
+that nothing runs unguarded; any other patch logs one line and stands aside (:func:`stands_aside`).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -37,13 +42,70 @@ def chp_folder() -> Path:
 
 
 def source_file(source: str) -> Path:
-    """The installed file of a Python module (``jupyterhub.user``) or of CHP (``chp:lib/configproxy.js``)."""
+    """The installed file of a Python module (``jupyterhub.user``) or of CHP (``chp:lib/configproxy.js``).
+    Found without importing anything (a session checks its patches before it loads upstream)."""
     if source.startswith("chp:"):
         return chp_folder() / source.removeprefix("chp:")
-    spec = importlib.util.find_spec(source)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    top, _, rest = source.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.origin:
         raise LookupError(f"no Python source for module {source}")
-    return Path(spec.origin)
+    if not rest:
+        found = [Path(spec.origin)]
+    elif spec.submodule_search_locations:
+        folder = Path(spec.submodule_search_locations[0], *rest.split("."))
+        found = [folder.with_suffix(".py"), folder / "__init__.py"]
+    else:
+        found = []
+    for path in found:
+        if path.suffix == ".py" and path.is_file():
+            return path
+    raise LookupError(f"no Python source for module {source}")
+
+
+def _read(path: Path) -> str:
+    return _read_version(path, *_stamp(path))
+
+
+def _parsed(path: Path) -> ast.Module:
+    return _parse_version(path, *_stamp(path))
+
+
+def _lines(path: Path) -> list[str]:
+    return _lines_version(path, *_stamp(path))
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """ast.get_source_segment(code, node), from the file's lines split once (it splits them per call)."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    return "".join([lines[first].encode()[node.col_offset:].decode(), *lines[first + 1:last],
+                    lines[last].encode()[:node.end_col_offset].decode()])
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    status = path.stat()
+    return status.st_mtime_ns, status.st_size
+
+
+# A patch's fingerprints mostly share one file: it is read and parsed once (per version of it).
+@functools.lru_cache(maxsize=4)
+def _read_version(path: Path, *stamp) -> str:
+    return path.read_text()
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_version(path: Path, *stamp) -> ast.Module:
+    return ast.parse(_read_version(path, *stamp))
+
+
+@functools.lru_cache(maxsize=4)
+def _lines_version(path: Path, *stamp) -> list[str]:
+    return LINE_ENDS.split(_read_version(path, *stamp))  # as the parser counts lines: \r\n, \r or \n
+
+
+LINE_ENDS = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 
 
 def _digest(text: str) -> str:
@@ -59,8 +121,8 @@ class Definition:
     sha256: str
 
     def text(self) -> str:
-        code = source_file(self.source).read_text()
-        nodes = ast.parse(code).body
+        path = source_file(self.source)
+        nodes = _parsed(path).body
         node = None
         for part in self.name.split("."):
             node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -68,7 +130,7 @@ class Definition:
             if node is None:
                 raise LookupError(f"{self.name} is gone from {self.source}")
             nodes = node.body
-        return ast.get_source_segment(code, node)
+        return _segment(_lines(path), node)
 
     def current(self) -> str:
         return _digest(self.text())
@@ -87,7 +149,7 @@ class Mentions:
 
     def text(self) -> str:
         pattern = re.compile(rf"(?<![\w$]){re.escape(self.word)}(?![\w$])")
-        lines = [line.strip() for line in source_file(self.source).read_text().splitlines() if pattern.search(line)]
+        lines = [line.strip() for line in _read(source_file(self.source)).splitlines() if pattern.search(line)]
         if not lines:
             raise LookupError(f"{self.source} no longer mentions {self.word}")
         return "\n".join(lines)
@@ -111,16 +173,21 @@ class Patch:
     why: str
     relies_on: tuple[Definition | Mentions, ...]
     applied: Callable[[], bool] | None = None  # is it in place (after its module's callers ran)?
+    guards: bool = False  # security or isolation: nothing starts while its upstream code is unchecked
+    hook: str = ""  # the public hook upstream would need to offer for this patch to go
 
     def installed_version(self) -> str:
-        if self.package == "python":
-            return platform.python_version()
-        if self.package == CHP:
-            return json.loads((chp_folder() / "package.json").read_text())["version"]
-        return importlib.metadata.version(self.package)
+        try:
+            if self.package == "python":
+                return platform.python_version()
+            if self.package == CHP:
+                return json.loads((chp_folder() / "package.json").read_text())["version"]
+            return importlib.metadata.version(self.package)
+        except (OSError, ValueError, KeyError, importlib.metadata.PackageNotFoundError):
+            return "not installed"
 
-    def problems(self) -> list[str]:
-        """What changed under this patch, one sentence each for the admin; empty: nothing did."""
+    def changed(self) -> list[str]:
+        """Each fingerprint that no longer matches, with how: empty where the upstream code is unchanged."""
         found = []
         for fingerprint in self.relies_on:
             try:
@@ -129,9 +196,47 @@ class Patch:
                 now, why = None, str(error)
             if now != fingerprint.sha256:
                 found.append(f"{fingerprint}: " + (why if now is None else f"sha256 {now}, not {fingerprint.sha256}"))
+        return found
+
+    def problems(self) -> list[str]:
+        """What changed under this patch, one sentence each for the admin; empty: nothing did."""
+        found = self.changed()
         if not found:
             return []
         return [f"patch {self.name!r} ({self.where}: {self.patches}) was written against {self.package} "
                 f"{self.version}, installed is {self.installed_version()}, and the upstream code it rests on "
                 f"changed: {'; '.join(found)}. Re-check the patch against the new code, then update its "
                 "version and fingerprints (tests/test_upstream.py prints the new ones)."]
+
+    def summary(self, changed: list[str]) -> str:
+        """One line for the log: this patch, its upstream package, the versions, what changed."""
+        return (f"patch {self.name!r} ({self.where.split(' ')[0]}) was checked against {self.package} "
+                f"{self.version}; the code it rests on changed in the installed {self.package} "
+                f"{self.installed_version()} ({', '.join(c.split(': ')[0] for c in changed)}); re-check it "
+                "(docs/how-to/take-a-security-release.md)")
+
+
+STANDING_ASIDE: set[str] = set()  # the names of this process's patches left out at start (stands_aside)
+
+
+def check_at_start(patches: list[Patch], say: Callable[[str], None]) -> None:
+    """As the hub or a session starts: a security or isolation patch whose upstream code changed
+    stops the start (SystemExit, one line: the patch, the package, the versions), as it would
+    otherwise run unguarded; any other such patch says one line and stands aside (:func:`stands_aside`)."""
+    try:
+        for patch in patches:
+            changed = patch.changed()
+            if not changed:
+                continue
+            if patch.guards:
+                raise SystemExit(f"dsportal: not starting: the security {patch.summary(changed)}")
+            STANDING_ASIDE.add(patch.name)
+            say(f"dsportal: standing aside: the {patch.summary(changed)}")
+    finally:  # the sources are not needed again in this process
+        for cached in (_read_version, _parse_version, _lines_version):
+            cached.cache_clear()
+
+
+def stands_aside(name: str) -> bool:
+    """The patch ``name`` is left out: its upstream code changed (check_at_start said so in the log)."""
+    return name in STANDING_ASIDE

@@ -43,33 +43,25 @@ if [ ! -x "$ENV/bin/python" ]; then
   say "Python environment $ENV from /usr/bin/python3"
   /usr/bin/python3 -m venv "$ENV"
   fi
-"$ENV/bin/python" -c "import wheel" 2>/dev/null || "$ENV/bin/pip" install -q --upgrade pip wheel "setuptools>=68"
+# Every package at the version and with the hashes requirements.lock names (make lock, from
+# pyproject.toml's ranges); reinstalled when the lock changes.
 stamp="$ENV/.dsportal-deps"
-want=$(sha256sum pyproject.toml | cut -c1-16)
+want=$(sha256sum requirements.lock | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "Python packages (pyproject.toml changed)"
-  "$ENV/bin/pip" install -q --disable-pip-version-check ".[test]"
+  say "Python packages (requirements.lock changed)"
+  "$ENV/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements.lock
   echo "$want" > "$stamp"
 fi
-# A light session start: jsonschema compiles ~35 Lark grammars for the "iri"/"uri" formats when
-# rfc3987-syntax is installed (jupyter_events pulls it in with jsonschema[format-nongpl]), 1.7 of the
-# 2.4 s `import jupyter_server.serverapp` takes here; no Jupyter schema uses those formats
-# (jupyter-server/jupyter_server#1559, python-jsonschema/jsonschema#1428).
-# The same for isoduration and arrow (its only user here), 21 ms of that import for the "duration"
-# format, which no Jupyter schema uses either; and for rfc3986-validator, whose one huge regular
-# expression took ~25 ms of every session start to compile, for the "uri" format: jupyter_events
-# checks with it that an event schema's $id is a URI, as the server and the hub register their own
-# schemas (a schema author's slip, not anything a user sends).
-"$ENV/bin/pip" uninstall -q -y rfc3987-syntax isoduration arrow rfc3986-validator 2>/dev/null || true
-# Nor do sessions load jupyter_lsp's server extension: no language server is installed for it to run.
+# Sessions do not load jupyter_lsp's server extension: no language server is installed for it to run.
 "$ENV/bin/jupyter" server extension disable --sys-prefix jupyter_lsp >/dev/null 2>&1 || true
-# PyTorch (CPU) and Horovod for multi-node jobs: the wheel is built once and cached.
+# PyTorch (CPU) and Horovod for multi-node jobs, outside the lock: Horovod is built here (once, then
+# cached) against exactly that torch, PyTorch's CPU wheel, which comes from PyTorch's own index, not
+# PyPI; both pinned in build-horovod.sh.
 bash scripts/build-horovod.sh "$ENV"
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
-# The regular expressions every session start compiles, compiled once here by this Python
-# (portal/compiledpatterns.py): ~6 % of a session's server start and of its kernel's.
-"$ENV/bin/python" -m portal.compiledpatterns build >/dev/null
+# Every package's requirements met: nothing missing, nothing at a version another one excludes.
+"$ENV/bin/pip" check --disable-pip-version-check >/dev/null || { "$ENV/bin/pip" check; exit 1; }
 # make bench's load generator (locust: 300 people clicking through the hub while a class starts), in an
 # environment of its own: its gevent and Flask stay out of the hub's and the sessions' environment.
 BENCH_ENV=$PREFIX/bench-env

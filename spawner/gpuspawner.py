@@ -66,6 +66,7 @@ class RequestRefused(SpawnFailed):
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
+    hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
     python_prefix = Unicode(
         defaults.ENVIRONMENT,
         help="World-readable Python prefix holding jupyterhub-singleuser, JupyterLab and ipykernel; "
@@ -480,7 +481,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if not self.job_id:
             return 1
         status = await self.query_job_status()
-        if status in (JobStatus.RUNNING, JobStatus.PENDING) and self._check_pending and self.server:
+        checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
+        if status in (JobStatus.RUNNING, JobStatus.PENDING) and checking and self.server:
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None

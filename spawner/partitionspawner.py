@@ -345,7 +345,7 @@ class PartitionSpawner(WrapSpawner):
     async def poll(self):
         # The hub's startup check is flagged on this wrapper; the child does the checking.
         if self.child_spawner is not None:
-            self.child_spawner._check_pending = self._check_pending
+            self.child_spawner.hub_checking = self.pending == "check"
         status = await super().poll()
         idle = self.idle_seconds() if status is None else None
         self._report_idle(idle)
@@ -363,8 +363,7 @@ class PartitionSpawner(WrapSpawner):
     def idle_seconds(self) -> float | None:
         """How long the running session has been unused (JupyterHub's last activity: the browser
         through the proxy, the session's own reports), or None while it starts, stops or is checked."""
-        if (self.child_spawner is None or self.orm_spawner is None or not self.server or self._spawn_pending
-                or self._stop_pending or self._check_pending):
+        if self.child_spawner is None or self.orm_spawner is None or not self.server or self.pending:
             return None
         # After a hub restart the sessions' reports of the downtime arrive within one interval:
         # until then the recorded last activity may be old for a session that was in use.

@@ -20,7 +20,7 @@ LAYERS = {
 
 
 def layer(module: str) -> str:
-    if module in ("portal.defaults", "portal.sessionvars", "portal.compiledpatterns"):
+    if module in ("portal.defaults", "portal.sessionvars"):
         return "base"
     if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
         return "core"

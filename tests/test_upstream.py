@@ -1,6 +1,7 @@
 """The portal's patches of upstream internals still fit the installed upstream (the checklist of an
 upgrade: portal/hub/upstream.py and portal/session/upstream.py), are all applied where the portal
-applies them, and are all listed there. No cluster needed."""
+applies them, are all listed there, each with the public hook that would let it go; a hub or session
+whose upstream changed under a patch that guards users does not start. No cluster needed."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_patch_names_are_unique():
     assert len(names) == len(set(names)), names
 
 
+def test_every_patch_names_the_public_hook_that_would_let_it_go():
+    assert [p.name for p in PATCHES if len(p.hook) < 20] == []
+
+
 def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/",
                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
@@ -43,37 +48,25 @@ def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
 HUB_APPLIES = """
 import json
 from traitlets.config import Config
-from portal.hub import origins, portreport, routeowner, spawnlimit, upstream
+from portal.hub import origins, portreport, routeowner, spawnlimit, upstream, useroptions
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
 spawnlimit.explain_refused_starts()
+useroptions.judge_before_storing()
 portreport.install_port_handler()
-upstream.reuse_tls_contexts_for_session_checks()
 routeowner.check_sessions_by_their_certificate()
 print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and not p.applied()]))
 """
 
 SESSION_APPLIES = """
 import json
-from portal.session import singleuser
-singleuser.resolve_names_in_threads()
-singleuser.read_entry_points_once_while_starting()
-singleuser.call_the_hub_through_tornado()
-singleuser.leave_out_the_users_config_folders()
-singleuser.events_on_use()
-singleuser.leave_out_the_hubs_database()
-singleuser.one_tls_context_for_the_hub()
-singleuser.system_store_on_first_use()
-singleuser.check_the_hub_once_serving()
-singleuser.no_activity_post_for_the_start()
-singleuser.nothing_to_parse_on_an_empty_command_line()
-singleuser.semver_on_use()
-singleuser.leave_out_the_pypi_extension_manager()
-singleuser.skip_yarn_config()
-from portal.session import activity, kerneldebugger, kernelpipe, magics, upstream
+from portal.session import activity, kernelpipe, magics, singleuser, upstream
+# as singleuser.main does, then the session's extension and its kernels
+singleuser.check_patches()
+upstream.leave_out_the_users_config_folders()
+upstream.trust_the_hubs_ca_only()
 activity.count_only_changes_as_use()
 kernelpipe.private_iopub_pipe()
-kerneldebugger.debugger_on_first_use()
 class Kernel:  # what magics' load_ipython_extension uses of IPython's shell
     def register_magic_function(self, *args, **kwargs): pass
     def push(self, *args, **kwargs): pass
@@ -107,14 +100,40 @@ def test_the_patched_classes_use_the_upstream_module():
     assert "get_connection" in vars(PortalAuthenticator)
 
 
+def test_a_login_from_a_session_is_told_by_its_certificate_through_tornados_public_api():
+    """auth.from_a_session reads the client's certificate with HTTPServerRequest.get_ssl_certificate:
+    a session's names a user; a person's browser sends none; plain HTTP has no certificate at all."""
+    import socket
+    from types import SimpleNamespace
+
+    from tornado.httputil import HTTPServerRequest
+
+    from portal.hub.auth import from_a_session
+    from spawner.certs import USERS_DOMAIN
+
+    def login(tls_socket):
+        connection = SimpleNamespace(stream=SimpleNamespace(socket=tls_socket), set_close_callback=lambda c: None,
+                                     context=None)
+        request = HTTPServerRequest("POST", "/hub/login", connection=connection)
+        return from_a_session(SimpleNamespace(request=request))
+
+    def presenting(certificate):
+        return SimpleNamespace(getpeercert=lambda binary_form=False: certificate)
+
+    session = {"subjectAltName": (("DNS", f"alice.{USERS_DOMAIN}"), ("DNS", "node1"))}
+    with socket.socket() as plain:
+        assert [login(presenting(session)), login(presenting(None)), login(presenting({})), login(plain)] \
+            == [True, False, False, False]
+
+
 # ------------------------------------------------------------------ nothing patches upstream elsewhere
 UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthenticator", "jupyter_server",
                      "jupyter_server_proxy", "jupyter_client", "ipykernel", "tornado", "ssl", "jupyter_core",
-                     "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug"}
+                     "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug", "traitlets",
+                     "jupyter_events", "notebook_shim", "sqlalchemy", "importlib", "re"}
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
 PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
-               "portal/session/onuse.py",  # onuse: the lazy loading itself; session/upstream.py uses it
-               "portal/session/kerneldebugger.py",  # kernels import it alone (their start is what it saves)
+               "portal/session/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
                "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
 SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
                  if str(p.relative_to(REPO)) not in PATCH_HOMES)
@@ -284,3 +303,58 @@ def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
     assert out[0] == "[]", out
     assert out[1] == "RequestError %%horovod: argument --nodes: invalid int value: 'x'"
     assert out[2] == "True"
+
+
+# ------------------------------------------------------------------ failing closed as the hub or a session starts
+CHANGED_UNDER = """
+import dataclasses, sys
+from portal.hub import upstream as hub_upstream
+from portal.session import upstream as session_upstream
+side, name = sys.argv[1], sys.argv[2]
+patches = (hub_upstream if side == "hub" else session_upstream).PATCHES
+index = next(i for i, p in enumerate(patches) if p.name == name)
+first, *rest = patches[index].relies_on
+patches[index] = dataclasses.replace(patches[index], relies_on=(dataclasses.replace(first, sha256="0" * 16), *rest))
+if side == "hub":
+    from traitlets.config import Config
+    from portal.hub import config
+    config.configure(Config(), settings=object())  # stops before it reads any setting
+else:
+    from portal.session import singleuser
+    sys.argv = ["singleuser", sys.argv[3]]  # a server that exits at once
+    singleuser.main()
+    from portal.session import activity, upstream
+    activity.count_only_changes_as_use()
+    print("started; api-activity wrapped:", upstream._api_activity_wrapped())
+"""
+
+
+def _start_with_upstream_changed_under(side: str, patch: str, folder: Path) -> subprocess.CompletedProcess:
+    server = folder / "server.py"
+    server.write_text("")
+    return subprocess.run([sys.executable, "-c", CHANGED_UNDER, side, patch, str(server)], capture_output=True,
+                          text=True, timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("side, patch, package", [("hub", "port-report-handler", "batchspawner"),
+                                                  ("hub", "session-certificate-wait-up", "jupyterhub"),
+                                                  ("session", "proxy-own-services", "jupyter-server-proxy"),
+                                                  ("session", "kernel-private-pipe", "ipykernel")])
+def test_a_security_patch_whose_upstream_changed_stops_the_start_in_one_line(side, patch, package, tmp_path):
+    from importlib.metadata import version
+
+    out = _start_with_upstream_changed_under(side, patch, tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(f"dsportal: not starting: the security patch {patch!r} ("), line
+    assert f"; the code it rests on changed in the installed {package} {version(package)} (" in line, line
+    assert "started" not in out.stdout
+
+
+def test_a_feature_patch_whose_upstream_changed_stands_aside_and_the_session_starts(tmp_path):
+    out = _start_with_upstream_changed_under("session", "api-activity", tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("dsportal: standing aside: the patch 'api-activity' (portal/session/activity.py) "
+                               "was checked against jupyter_server 2.21.1"), lines
+    assert lines[-1] == "started; api-activity wrapped: False", lines

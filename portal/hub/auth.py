@@ -65,7 +65,10 @@ class NotThroughTheProxy(web.HTTPError):
 
 def from_a_session(handler) -> bool:
     """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
-    certificate = upstream.peer_certificate(handler.request)  # None: plain HTTP, or not connected any more
+    try:
+        certificate = handler.request.get_ssl_certificate()  # None: no certificate
+    except (AttributeError, ValueError):  # plain HTTP (a socket without certificates); the connection gone
+        certificate = None
     return any(kind == "DNS" and value.endswith(f".{USERS_DOMAIN}")
                for kind, value in (certificate or {}).get("subjectAltName", ()))
 

@@ -11,11 +11,12 @@ from urllib.parse import urlparse, urlunparse
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from traitlets.log import get_logger
 
 from spawner.partitionspawner import PartitionSpawner
 from spawner.gpuspawner import SlurmGPUSpawner
 
-from .. import hubdatabase
+from .. import hubdatabase, patchcheck
 from .. import settings as settings_module
 from .. import templating
 from . import loadshed, metrics, proxyservice, upstream
@@ -38,7 +39,6 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     each session's names its node (spawner/gpuspawner.py) and its user: the proxy and the hub's checks
     talk to a user's route only if its certificate is that user's (portal/hub/routeowner.py)."""
     c.JupyterHub.internal_ssl = True
-    upstream.reuse_tls_contexts_for_session_checks()
     check_sessions_by_their_certificate()
     c.ConfigurableHTTPProxy.command = proxy_command(_proxy_command(hub.proxy_command))
     c.JupyterHub.internal_certs_location = str(data_dir / "internal-ssl")
@@ -89,7 +89,9 @@ def _is_address(name: str) -> bool:
 
 
 def configure(c, settings=None) -> None:
-    """Fill the traitlets config ``c`` from portal.yaml."""
+    """Fill the traitlets config ``c`` from portal.yaml. Exits first, in one line, where a patch of
+    upstream internals that guards users no longer fits the installed upstream (portal/hub/upstream.py)."""
+    patchcheck.check_at_start(upstream.PATCHES, get_logger().warning)
     settings = settings or settings_module.load()
     hub = settings.hub
     data_dir = Path(hub.data_dir)

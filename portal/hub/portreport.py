@@ -57,8 +57,7 @@ class SessionPortHandler(APIHandler):
     def started_is_activity(self, user, spawner) -> None:
         """The session's server listens: its first activity. The idle clock
         (PartitionSpawner.idle_seconds) counts from here, not from the spawn request, which is what
-        JupyterHub recorded before the job waited in Slurm's queue. The session does not post this
-        itself (portal.session.upstream.no_activity_post_for_the_start): one request fewer per start."""
+        JupyterHub recorded before the job waited in Slurm's queue."""
         now = utcnow(with_tz=False)  # naive UTC, as JupyterHub's activity API stores it
         for record in (user, spawner.orm_spawner):
             if record.last_activity is None or record.last_activity < now:

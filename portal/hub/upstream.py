@@ -4,8 +4,10 @@ ssl, configurable-http-proxy), in one place, with what each rests on.
 Each function here replaces, wraps or reads something upstream keeps private; the hub's modules
 call them (config.py, routeowner.py, origins.py, portreport.py, auth.py) and keep the portal's
 policy, messages and logs. :data:`PATCHES` is the upgrade checklist: for each patch, the upstream
-version it was written against and fingerprints of the upstream code it rests on.
-tests/test_upstream.py fails, naming the patch, when the installed upstream no longer matches.
+version it was written against, fingerprints of the upstream code it rests on, whether it guards
+users (the hub does not start while such a patch is unchecked: config.configure) and the public hook
+upstream would need to offer for it to go. tests/test_upstream.py fails, naming the patch, when the
+installed upstream no longer matches.
 The session's patches are in portal/session/upstream.py.
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import ssl
 
 import batchspawner.api  # noqa: F401  (registers its own port handler on import; replace_api_handler takes its place)
@@ -30,43 +31,7 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 
 from .. import ldapconnect
-from ..patchcheck import CHP, Definition, Mentions, Patch
-
-
-# ------------------------------------------------------------------ jupyterhub.user.make_ssl_context
-def reuse_tls_contexts_for_session_checks() -> None:
-    """Wrap ``jupyterhub.user.make_ssl_context`` (used only by ``User._wait_up``) with
-    :func:`_one_tls_context_for_session_checks`, unless it is wrapped so already. (config.py
-    calls this before routeowner's pinning, which wraps it in turn.)"""
-    if not _make_ssl_context_patched("reuses_tls_contexts"):
-        jupyterhub.user.make_ssl_context = _one_tls_context_for_session_checks(jupyterhub.user.make_ssl_context)
-
-
-def _one_tls_context_for_session_checks(make_ssl_context):
-    """JupyterHub builds a new TLS context, reading and parsing the hub's key, certificate and CA
-    bundle, for each check that a started session answers: ~40 ms of the hub's event loop per spawn
-    (py-spy, a class of 30 starting). The files change only when the hub restarts; one context per
-    set of files (and their modification times) serves every check."""
-    contexts = {}
-
-    def reused(keyfile, certfile, cafile=None, **kwargs):
-        if kwargs or not keyfile or not certfile:
-            return make_ssl_context(keyfile, certfile, cafile=cafile, **kwargs)
-        key = tuple((path, os.stat(path).st_mtime_ns if path else 0) for path in (keyfile, certfile, cafile))
-        if key not in contexts:
-            contexts.clear()
-            contexts[key] = make_ssl_context(keyfile, certfile, cafile=cafile)
-        return contexts[key]
-
-    reused.original = make_ssl_context
-    reused.reuses_tls_contexts = True
-    return reused
-
-
-def _wrappers(function):
-    while function is not None:
-        yield function
-        function = getattr(function, "original", None)
+from ..patchcheck import CHP, Definition, Mentions, Patch, stands_aside
 
 
 # ------------------------------------------------------------------ session certificate pinning
@@ -163,9 +128,10 @@ def replace_api_handler(pattern: str, handler) -> None:
 def explain_throttled_spawns(explain) -> None:
     """Wrap ``BaseHandler.spawn_single_user`` (every start: the spawn form's and the REST API's): the
     HTTP 429 it raises past ``concurrent_spawn_limit`` (the one with a Retry-After header) is raised again
-    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept. Idempotent."""
+    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept (unless the
+    patch stands aside: JupyterHub's own message). Idempotent."""
     spawn_single_user = BaseHandler.spawn_single_user
-    if getattr(spawn_single_user, "explains_throttled_spawns", False):
+    if getattr(spawn_single_user, "explains_throttled_spawns", False) or stands_aside("throttled-spawn-message"):
         return
 
     async def explained(self, user, *args, **kwargs):
@@ -242,48 +208,32 @@ def ldap_login(authenticator, data):
 
 
 # ------------------------------------------------------------------ tornado's connection of a request
-def peer_certificate(request) -> dict | None:
-    """The TLS peer certificate of tornado's HTTP/1 stream under ``request`` ({} if the client sent
-    none); None over plain HTTP or once the connection is gone."""
-    connection = getattr(request.connection, "stream", None)  # tornado's HTTP/1 stream
-    tls = getattr(connection, "socket", None)
-    if not isinstance(tls, ssl.SSLSocket):  # plain HTTP: no certificate to tell by
-        return None
-    try:
-        return tls.getpeercert() or {}
-    except ValueError:  # not connected any more
-        return None
-
-
 def connection_address(request):
     """The address of the connection ``request`` came on (tornado's request context), or None."""
     return getattr(getattr(request.connection, "context", None), "address", None)
 
 
 # ------------------------------------------------------------------ the checklist
-def _make_ssl_context_patched(marker: str) -> bool:
-    return any(getattr(f, marker, False) for f in _wrappers(jupyterhub.user.make_ssl_context))
+def _pins_session_certificates() -> bool:
+    return getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False)
 
 
 JUPYTERHUB, LDAP, TORNADO = "jupyterhub", "jupyterhub-ldapauthenticator", "tornado"
+PINNING = ("JupyterHub checking a session's certificate against the one issued to its user (a spawner's TLS "
+           "context for the checks of its server)")
 PATCHES = [
-    Patch("tls-context-reuse", "portal/hub/config.py", "jupyterhub.user.make_ssl_context (wrapped)",
-          JUPYTERHUB, "6.1.1", "one TLS context for every check of a started session, not one per check "
-          "(~40 ms of the hub's event loop each)",
-          (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
-           Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
-          lambda: _make_ssl_context_patched("reuses_tls_contexts")),
     Patch("session-certificate-context", "portal/hub/routeowner.py",
           "jupyterhub.user.make_ssl_context (wrapped: its contexts' sslobject_class)", JUPYTERHUB, "6.1.1",
           "the hub's checks of a session accept only the certificate issued to the session's user",
           (Definition("jupyterhub.utils", "make_ssl_context", "b4476da2f6254157"),
            Mentions("jupyterhub.user", "make_ssl_context", "d76d54aeedbaa44a")),
-          lambda: _make_ssl_context_patched("pins_session_certificates")),
+          _pins_session_certificates, guards=True, hook=PINNING),
     Patch("session-certificate-wait-up", "portal/hub/routeowner.py", "jupyterhub.user.User._wait_up (wrapped)",
           JUPYTERHUB, "6.1.1", "sets the certificate expected of the session being checked, around the check",
           (Definition("jupyterhub.user", "User._wait_up", "891931869bfd0f23"),
            Mentions("jupyterhub.user", "_wait_up", "807309172012753b")),
-          lambda: getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False)),
+          lambda: getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False),
+          guards=True, hook=PINNING),
     Patch("session-certificate-sslobject", "portal/hub/routeowner.py",
           "ssl.SSLObject._create (private classmethod, overridden) and do_handshake", "python", "3.11.2",
           "fails the handshake with a session whose certificate is not the expected one, before a request",
@@ -291,13 +241,15 @@ PATCHES = [
            Definition("ssl", "SSLObject.do_handshake", "a91ffb8fde2bcfbf"),
            Definition("ssl", "SSLContext.wrap_bio", "518c85ca731f0b14"),
            Mentions("asyncio.sslproto", "wrap_bio", "fb462d8e3fd88860")),
-          lambda: _make_ssl_context_patched("pins_session_certificates")),
+          _pins_session_certificates, guards=True, hook=PINNING),
     Patch("hub-pages-on-hub-host", "portal/hub/origins.py",
           "jupyterhub.app.JupyterHub.init_tornado_application (wrapped; a rule put first in its wildcard_router)",
           JUPYTERHUB, "6.1.1", "with subdomain_host, the hub's pages opened at another host redirect to the hub's",
           (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
            Mentions("jupyterhub.app", "init_tornado_application", "792efb197480a68f")),
-          lambda: hasattr(JupyterHub.init_tornado_application, "original")),
+          lambda: hasattr(JupyterHub.init_tornado_application, "original"),
+          guards=True, hook="a JupyterHub hook run once its tornado application is built (also what the load "
+          "shedding and the garbage collector's freeze at start use)"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "
@@ -307,7 +259,9 @@ PATCHES = [
            Mentions("jupyterhub.apihandlers", "default_handlers", "644df771c172c4ce"),
            Mentions("jupyterhub.app", "default_handlers", "41012f0f852be04c")),
           lambda: [h[1].__module__ for h in default_handlers if h[0] == r"/api/batchspawner"]
-          == ["portal.hub.portreport"]),
+          == ["portal.hub.portreport"],
+          guards=True, hook="batchspawner letting the spawner judge a job's report (or JupyterHub taking a "
+          "started server's port itself)"),
     Patch("throttled-spawn-message", "portal/hub/spawnlimit.py",
           "jupyterhub.handlers.base.BaseHandler.spawn_single_user (wrapped: its 429 past concurrent_spawn_limit, "
           "told by its Retry-After header, raised again with the portal's message)", JUPYTERHUB, "6.1.1",
@@ -316,7 +270,9 @@ PATCHES = [
           (Definition("jupyterhub.handlers.base", "BaseHandler.spawn_single_user", "89ad7a1d6d9f3a0a"),
            Mentions("jupyterhub.handlers.base", "Retry-After", "80267c7a399e7cee"),
            Definition("jupyterhub.handlers.pages", "SpawnHandler._wrap_spawn_single_user", "7e857fbad2ab0148")),
-          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False)),
+          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False),
+          hook="a JupyterHub setting for the message of concurrent_spawn_limit's 429 (a custom error.html "
+          "template reaches the pages, not the REST API's answer)"),
     Patch("server-request-options-judged", "portal/hub/useroptions.py",
           "jupyterhub.apihandlers.users.UserServerAPIHandler.get_server_json_body (wrapped) and get_json_body "
           "(APIHandler's, wrapped on UserServerAPIHandler): the user_options of POST, PUT and PATCH judged as "
@@ -332,38 +288,31 @@ PATCHES = [
            Mentions("jupyterhub.apihandlers.users", "user_options", "df29f8eae1974705"),
            Mentions("jupyterhub.user", "user_options", "4c7aeee8b90636d3"),
            Definition("jupyterhub.handlers.pages", "SpawnHandler._post", "fec2de3bec67e2e6")),
-          _judges_server_requests),
+          _judges_server_requests, guards=True, hook="a JupyterHub hook that judges a REST API request's "
+          "user_options before they are stored (options_from_form covers the spawn form only)"),
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts, no schema read)",
           LDAP, "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop; "
           "the server's schema was read and parsed on every login (~8 ms of the hub's CPU each)",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.get_connection", "47dfcc9f6096c325"),
            Mentions("ldapauthenticator.ldapauthenticator", "tls_kwargs", "97b4a4179824018c")),
-          None),
+          None, guards=True, hook="ldapauthenticator settings for connect and receive timeouts (and for "
+          "not reading the server's schema)"),
     Patch("ldap-login-in-thread", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.authenticate (its coroutine run on a worker thread)", LDAP,
           "2.0.2", "each login off the hub's event loop, with a deadline; relies on it never awaiting",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.authenticate", "431a9f8eb7e737be"),),
-          None),
-    Patch("request-tls-peer", "portal/hub/auth.py",
-          "tornado: request.connection.stream.socket (the ssl.SSLSocket) and request.connection.context.address",
-          TORNADO, "6.6.1", "a login straight from a session (its certificate) is refused; the throttle counts "
-          "the connection's address, not a client's own X-Real-Ip",
+          None, guards=True, hook="ldapauthenticator running ldap3's blocking calls off the event loop, with a "
+          "deadline"),
+    Patch("request-connection-address", "portal/hub/auth.py",
+          "tornado: request.connection.context.address (the address the connection came from)", TORNADO,
+          "6.6.1", "the login throttle counts the connection's address, not a client's own X-Real-Ip (JupyterHub "
+          "serves with xheaders, so request.remote_ip is the header's)",
           (Definition("tornado.http1connection", "HTTP1Connection.__init__", "adb55c9859f13691"),
            Definition("tornado.httpserver", "_HTTPRequestContext.__init__", "6ba522c6e6575b90"),
            Definition("tornado.tcpserver", "TCPServer._handle_connection", "0cd39c682850f93e")),
-          None),
-    Patch("spawner-pending-flags", "spawner/partitionspawner.py",
-          "jupyterhub.spawner.Spawner._spawn_pending, _stop_pending, _check_pending: read (partitionspawner.py "
-          "idle_seconds, gpuspawner.py poll) and _check_pending copied onto wrapspawner's child "
-          "(partitionspawner.py poll); the spawners' own, listed here", JUPYTERHUB, "6.1.1",
-          "an idle session is measured only while it runs, and the child knows the hub's startup check",
-          (Mentions("jupyterhub.spawner", "_spawn_pending", "36276cbbdee9eae0"),
-           Mentions("jupyterhub.spawner", "_stop_pending", "d99fbcb5e0b38ea2"),
-           Mentions("jupyterhub.spawner", "_check_pending", "f73f5e92327e173a"),
-           Mentions("jupyterhub.app", "_check_pending", "23f79da87bb04ae4"),
-           Mentions("jupyterhub.user", "_check_pending", "25f9ab51170bc21f")),
-          None),
+          None, guards=True, hook="tornado's HTTPServerRequest telling the connection's own address beside "
+          "remote_ip"),
     Patch("batchspawner-job-state", "spawner/gpuspawner.py",
           "batchspawner's BatchSpawnerBase: start() and poll() replaced, its job_id / job_status state, "
           "stop(), get_env() and startup_poll_interval kept; the spawner's own, listed here",
@@ -376,7 +325,8 @@ PATCHES = [
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.load_state", "4c43284fe8b179ae"),
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.clear_state", "33de487db292d82d"),
            Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
-          None),
+          None, hook="batchspawner's start() and poll() in overridable steps (submit; read the job's state) "
+          "rather than whole methods around squeue's text"),
     Patch("wrapspawner-child", "spawner/partitionspawner.py",
           "wrapspawner's WrapSpawner: child_config, child_spawner, its state and poll (start() replaced; "
           "construct_child replaced by a copy without Spawner.db, with the user's options); the spawner's own, "
@@ -388,7 +338,8 @@ PATCHES = [
            Definition("wrapspawner.wrapspawner", "WrapSpawner.get_state", "53b69a1cfe2e16db"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.load_state", "f7e1eb7cc20c44c8"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.clear_state", "a73b18b0a10fab2c")),
-          None),
+          None, hook="wrapspawner constructing its child with the user's options and without Spawner.db "
+          "(a hook for the child's arguments)"),
     Patch("proxy-route-owner", "portal/hub/proxy.js",
           "configurable-http-proxy's ConfigurableProxy (subclassed: targetForReq, this._routes, this.proxy[kind] "
           "wrapped, options.agent === this.httpsAgent), loaded from lib/configproxy.js before its bin script",
@@ -399,5 +350,6 @@ PATCHES = [
            Mentions("chp:lib/configproxy.js", "proxy[kind]", "67970d6864395a08"),
            Mentions("chp:lib/configproxy.js", "exports.ConfigurableProxy", "78c1897469bf584a"),
            Mentions("chp:bin/configurable-http-proxy", "configproxy.js", "7b4ad4a36080edde")),
-          None),
+          _pins_session_certificates, guards=True, hook="configurable-http-proxy checking each route's target "
+          "certificate (a TLS server name or fingerprint per route)"),
 ]

@@ -60,20 +60,10 @@ def restarted_kernels_start_over(server_app) -> None:
     on_kernel_restart(server_app, start_over)
 
 
-RESTART_CALLBACKS: list[Callable[[str], None]] = []  # this server's; its kernel manager adds them to each kernel
-PRIVATE_KERNEL_MANAGER = "portal.session.kernelsockets.PrivateKernelManager"
-
-
 def on_kernel_restart(server_app, callback: Callable[[str], None]) -> None:
     """``callback(kernel_id)`` whenever a kernel's restarter finds it dead, before it starts it again,
-    for every kernel the server starts. The session's kernel manager (kernelsockets, named in
-    jupyter-config/jupyter_server_config.json) adds these to each kernel as it starts it. With
-    another one configured, jupyter_server's kernel_actions event tells of each start (and loads
-    jupyter_events: upstream.events_on_use)."""
+    for every kernel the server starts (jupyter_server's kernel_actions event tells of each start)."""
     kernel_manager = server_app.kernel_manager
-    if kernel_manager.kernel_manager_class == PRIVATE_KERNEL_MANAGER:
-        RESTART_CALLBACKS.append(callback)
-        return
 
     async def on_kernel_action(logger, schema_id: str, data: dict) -> None:
         if data.get("action") == "start" and data.get("status") == "success" and data.get("kernel_id"):

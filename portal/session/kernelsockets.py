@@ -22,12 +22,10 @@ Loaded by the session's Jupyter server when it starts its first kernel manager
 from __future__ import annotations
 
 import os
-from functools import partial
 
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import default
 
-from .activity import RESTART_CALLBACKS
 from .upstream import IpcSocketsNamedByPrefix
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -51,14 +49,7 @@ def socket_prefix(connection_file: str) -> str:
 
 
 class PrivateKernelManager(IpcSocketsNamedByPrefix, ServerKernelManager):
-    """jupyter_server's kernel manager, with its kernel's channels on private unix sockets; each
-    kernel it starts gets the session's restart callbacks (activity.on_kernel_restart)."""
-
-    async def start_kernel(self, *args, **kwargs):
-        await super().start_kernel(*args, **kwargs)
-        kernel_id = self.kernel_id
-        for callback in RESTART_CALLBACKS:
-            self.add_restart_callback(partial(callback, kernel_id), "restart")
+    """jupyter_server's kernel manager, with its kernel's channels on private unix sockets."""
 
     @default("transport")
     def _private_transport(self) -> str:

@@ -1,8 +1,10 @@
-"""Modules loaded when first used: what a session's start would import only for later requests.
+"""dsportal's own modules loaded when first used, and changes made to a module once it is imported.
 
-A session's server must answer the hub as soon as it can; code that only some later request
-needs (the job launcher's, the hub's own) is created empty at start and runs the first time
-something reads from it (importlib's LazyLoader). Nothing else about the module changes.
+Every kernel of a session loads the %%horovod magic, and every session's server the job launcher;
+the job machinery behind them (the rules, the settings' models, the Slurm client) is created empty
+at start and runs the first time something reads from it (importlib's LazyLoader): only for
+dsportal's own modules. :func:`after_import` makes a change to a module once whatever imports it
+has imported it (%tensorboard's start, in a kernel that may never load TensorBoard).
 """
 
 from __future__ import annotations
@@ -24,23 +26,10 @@ def _spec_of_the_other_finders(finder, name, path, target):
     return None
 
 
-class LoadOnUse(importlib.abc.MetaPathFinder):
-    """On sys.meta_path: the modules named here, wherever they are imported, load on first use."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.names:
-            return None
-        spec = _spec_of_the_other_finders(self, name, path, target)
-        if spec is not None:
-            spec.loader = importlib.util.LazyLoader(spec.loader)
-        return spec
-
-
 def module_on_use(name: str) -> types.ModuleType:
-    """The module ``name`` (already imported, or put in sys.modules now to load on first use)."""
+    """dsportal's module ``name`` (already imported, or put in sys.modules now to load on first use)."""
+    if not name.startswith(("portal.", "spawner.")):
+        raise ValueError(f"only dsportal's own modules load on first use, not {name}")
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec(name)
@@ -52,45 +41,6 @@ def module_on_use(name: str) -> types.ModuleType:
     if parent in sys.modules:
         setattr(sys.modules[parent], child, module)
     return module
-
-
-class OnUse:
-    """Stands for the module ``module`` (or its ``attribute``), imported the ordinary way when first
-    used: for a name a module took at import time and reads only in code a session never runs
-    (``import sqlalchemy as sa``, ``from sqlalchemy import func`` in jupyterhub.scopes and .roles),
-    or calls only on request (JupyterLab's PyPI extension manager class)."""
-
-    def __init__(self, module: str, attribute: str | None = None):
-        self._module, self._attribute = module, attribute
-
-    def _target(self):
-        target = importlib.import_module(self._module)
-        return getattr(target, self._attribute) if self._attribute else target
-
-    def __getattr__(self, name):
-        return getattr(self._target(), name)
-
-    def __call__(self, *args, **kwargs):  # a class or function taken by name: built or called on use
-        return self._target()(*args, **kwargs)
-
-
-class ModuleOnUse(types.ModuleType):
-    """In sys.modules in place of the module ``name``, not loaded yet: the first attribute read
-    imports the real module, which takes its place in sys.modules, and answers from it. Unlike a
-    LazyLoader module, importing it again elsewhere (``import aiohttp`` in a second module) does not
-    load it: the import system reads only its ``__spec__``, the real module's, not initializing."""
-
-    def __init__(self, name: str):
-        super().__init__(name, f"stand-in: {name} loads when first used")
-        self.__spec__ = importlib.util.find_spec(name)
-
-    def __getattr__(self, attribute):
-        name = vars(self)["__name__"]
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        real = importlib.import_module(name)
-        vars(self).update(vars(real))  # later reads through this stand-in are plain attribute reads
-        return getattr(real, attribute)
 
 
 class _ThenLoader(importlib.abc.Loader):

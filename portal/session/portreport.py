@@ -22,8 +22,6 @@ import os
 import sys
 import time
 
-from jupyterhub._version import __version__, _check_version
-
 from .. import sessionvars
 from . import hubapi
 
@@ -86,8 +84,6 @@ async def report(server_app) -> None:
         os._exit(1)
     if response.code == 201:
         server_app.log.info("dsportal: port %s reported to the hub", port)
-        # The version check jupyterhub-singleuser made with a request of its own (upstream.check_the_hub_once_serving).
-        _check_version(response.headers.get("X-JupyterHub-Version"), __version__, server_app.log)
         return
     reason = refusal(response)
     sys.stderr.write(f"dsportal: the hub refused this session's port ({response.code}): {reason}\n")

@@ -1,13 +1,14 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
-1. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
+1. Checks the patches of upstream internals the session makes (portal/session/upstream.py): one that
+   guards users and rests on upstream code that changed stops the start, in one line.
+2. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
    JUPYTER_PATH): its Python 3 kernel's (portal.session.kernelstart) and its container images' (the
    catalog the batch script put in sessionvars.KERNEL_CATALOG).
-2. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
-   process, without the hub's database layer, without aiohttp (its calls to the hub go through
-   tornado's client), without jupyter_events until something listens to events, without asking
-   yarn for a registry and without the cyclic garbage collector until it serves (below).
-3. Once the server listens, the session extension reports the port and the Slurm job id to the hub
+3. Picks a free port, puts it into JUPYTERHUB_SERVICE_URL and runs jupyterhub-singleuser in this
+   process, with the user's config folders left out and TLS with the hub trusting the hub's CA only,
+   without the cyclic garbage collector until it serves (below).
+4. Once the server listens, the session extension reports the port and the Slurm job id to the hub
    (portal.session.portreport); a refused report ends the job with the hub's reason.
 
 batchspawner-singleuser reports first and then starts the server, so the hub waits on its HTTP
@@ -15,10 +16,6 @@ back-off for a server that is still importing; and it needs a second Python for 
 """
 
 from __future__ import annotations
-
-from .. import compiledpatterns
-
-compiledpatterns.use()  # before the imports below compile their regular expressions
 
 import gc
 import json
@@ -31,25 +28,9 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
-from .. import sessionvars
+from .. import patchcheck, sessionvars
+from . import upstream
 from .kernels import write_catalog, write_host_kernel
-from .upstream import (  # noqa: F401  (their patches of jupyterhub-singleuser, jupyter_core, JupyterLab, aiohttp)
-    call_the_hub_through_tornado,
-    check_the_hub_once_serving,
-    events_on_use,
-    leave_out_the_hubs_database,
-    leave_out_the_pypi_extension_manager,
-    leave_out_the_users_config_folders,
-    no_activity_post_for_the_start,
-    nothing_to_parse_on_an_empty_command_line,
-    one_tls_context_for_the_hub,
-    read_entry_points_again,
-    read_entry_points_once_while_starting,
-    resolve_names_in_threads,
-    semver_on_use,
-    skip_yarn_config,
-    system_store_on_first_use,
-)
 
 
 def free_port() -> int:
@@ -90,21 +71,26 @@ def collect_garbage_from_now_on() -> None:
         gc.freeze()
         gc.enable()
         print(f"dsportal: serving; garbage collection on, the {gc.get_freeze_count()} objects of the start "
-              f"left out of it; {compiledpatterns.report()}", flush=True)
+              "left out of it", flush=True)
 
 
 def started() -> None:
-    """The server's start is over (it serves): Python's garbage collector runs again and every
-    package's entry points are read afresh on each call. Called by the session's extension as the
-    server's loop starts, or by :func:`main`'s fallback timer."""
+    """The server's start is over (it serves): Python's garbage collector runs again. Called by the
+    session's extension as the server's loop starts, or by :func:`main`'s fallback timer."""
     collect_garbage_from_now_on()
-    read_entry_points_again()
+
+
+def check_patches() -> None:
+    """The session's patches of upstream internals against the installed upstream code: exits in one
+    line where a patch that guards users no longer fits (patchcheck.check_at_start)."""
+    patchcheck.check_at_start(upstream.PATCHES, lambda line: print(line, flush=True))
 
 
 GC_PAUSED_AT_MOST = 300.0  # seconds: the start counts as over then even if the extension never started
 
 
 def main() -> None:
+    check_patches()
     gc.disable()  # until the server serves: started()
     fallback = threading.Timer(GC_PAUSED_AT_MOST, started)  # a server without the extension
     fallback.daemon = True
@@ -118,20 +104,8 @@ def main() -> None:
         os.environ["JUPYTERHUB_SERVICE_URL"] = urlunparse(url._replace(netloc=f"{url.hostname}:{port}"))
     else:
         sys.argv.append(f"--port={port}")
-    resolve_names_in_threads()
-    read_entry_points_once_while_starting()
-    call_the_hub_through_tornado()
-    leave_out_the_users_config_folders()
-    events_on_use()
-    leave_out_the_hubs_database()
-    one_tls_context_for_the_hub()
-    system_store_on_first_use()
-    check_the_hub_once_serving()
-    no_activity_post_for_the_start()
-    nothing_to_parse_on_an_empty_command_line()
-    semver_on_use()
-    leave_out_the_pypi_extension_manager()
-    skip_yarn_config()
+    upstream.leave_out_the_users_config_folders()
+    upstream.trust_the_hubs_ca_only()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]
     run_path(command, run_name="__main__")
