@@ -34,6 +34,8 @@ ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "N
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
+# Seconds a stop waits for Slurm to take its cancel; a slurmctld down or hung gets it again in the background.
+STOP_WAITS_FOR_SLURM = 10.0
 # Seconds a port report that arrives while its start's sbatch has not returned waits for it.
 REPORT_WAITS_FOR_SUBMISSION = 120.0
 
@@ -324,13 +326,43 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return JobStatus.PENDING
         return JobStatus.NOTFOUND
 
-    async def cancel_batch_job(self):
+    async def cancel_batch_job(self) -> bool:
+        """scancel the job; whether Slurm took it within STOP_WAITS_FOR_SLURM s. A slurmctld that does
+        not answer is asked again in the background until it does (Slurm.cancel_until_done)."""
+        if not self.job_id:
+            return True
+        job_id = int(self.job_id)
+        cancel = self.slurm.cancel_soon(self.user.name, job_id)
+
+        def failed(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception():
+                self.log.warning("scancel %s of %s failed: %s", job_id, self.user.name, done.exception())
+
+        cancel.add_done_callback(failed)
+        try:
+            await asyncio.wait_for(asyncio.shield(cancel), STOP_WAITS_FOR_SLURM)
+        except asyncio.TimeoutError:
+            self.log.warning("Slurm has not taken the cancel of job %s of %s in %.0f s: it is asked again until it "
+                             "does", job_id, self.user.name, STOP_WAITS_FOR_SLURM)
+            return False
+        except SlurmError:
+            return False  # logged by the callback
+        return True
+
+    async def stop(self, now=False):
+        """Cancel the job, then wait (at most ~10 s) until Slurm no longer lists it running. A stop
+        never waits out an outage of slurmctld: JupyterHub refuses the user's next start while one
+        is pending ("... is pending stop"), so the cancel goes on in the background instead."""
         if not self.job_id:
             return
-        try:
-            await self.slurm.cancel(self.user.name, int(self.job_id))
-        except SlurmError as error:
-            self.log.warning("scancel %s failed: %s", self.job_id, error)
+        self.log.info("Stopping session job %s of %s", self.job_id, self.user.name)
+        if not await self.cancel_batch_job() or now:
+            return
+        for _ in range(10):
+            if await self.query_job_status(fresh_after=time.monotonic()) != JobStatus.RUNNING:
+                return
+            await asyncio.sleep(1)
+        self.log.warning("Session job %s of %s still runs 10 s after it was cancelled", self.job_id, self.user.name)
 
     def state_ispending(self):
         return bool(self.job and self.job.pending)

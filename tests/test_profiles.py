@@ -134,6 +134,9 @@ BAD_REQUESTS = [
 
 
 def test_bad_requests_are_refused_and_submit_nothing(alice):
+    alice.spawn({"profile": "gpu", "gpus": 2})  # her last accepted request: the default of a plain start
+    alice.stop_server()
+    assert wait_no_jobs("alice") == []
     before = probe_job_id()
     for options, expected in BAD_REQUESTS:
         response = alice.start_server(options)
@@ -158,11 +161,12 @@ def test_bad_requests_are_refused_and_submit_nothing(alice):
     assert active_jobs("alice") == []
     assert not __import__("os").path.exists("/var/tmp/dsportal-pwned")
 
-    # A refused request does not become the default of the next start (JupyterHub keeps the
-    # last options for a start without any): a plain start gets the profile's default slice.
+    # A refused request does not become the default of the next start (JupyterHub keeps the last
+    # options for a start without any, and is given a request only once it is judged): a plain start
+    # gets her last accepted slice, 2 GPUs, not one of the refused ones.
     alice.spawn()
     job = scontrol(only_job("alice")["job_id"])
-    assert (job["Partition"], job["TresPerNode"], job["NumCPUs"]) == ("gpu", "gres:gpu:1", "8")
+    assert (job["Partition"], job["TresPerNode"], job["NumCPUs"]) == ("gpu", "gres:gpu:2", "16")
 
 
 def test_one_squeue_serves_every_session():

@@ -491,6 +491,7 @@ class Slurm:
         self._as_user_slots = asyncio.Semaphore(as_user_at_once or max(4, 2 * (os.cpu_count() or 1)))
         self._others_pending: list[tuple[int, str, int, int]] = []  # the last squeue's other pending jobs
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
+        self._cancels: set[asyncio.Task] = set()  # cancel_soon's, held until they end
         self._places: tuple[dict, dict] = ({}, {})  # (the squeue snapshot, its queue_places)
 
     # -- running commands -------------------------------------------------------------
@@ -587,6 +588,27 @@ class Slurm:
 
     async def cancel(self, user: str, job_id: int) -> None:
         await self.run(self.as_user(user, "cancel", str(int(job_id))))
+
+    async def cancel_until_done(self, user: str, job_id: int, every: float = 10.0, for_at_most: float = 3600.0) -> None:
+        """scancel as ``user``, asked again every ``every`` s while slurmctld does not answer (down or
+        hung), for at most ``for_at_most`` s; Slurm's refusal (the job is gone already) ends it too."""
+        deadline = time.monotonic() + for_at_most
+        while True:
+            try:
+                return await self.cancel(user, job_id)
+            except SlurmUnavailable as error:
+                if time.monotonic() + every > deadline:
+                    raise
+                log.warning("scancel %s of %s: %s; asking Slurm again in %.0f s", job_id, user, error, every)
+                await asyncio.sleep(every)
+
+    def cancel_soon(self, user: str, job_id: int) -> asyncio.Task:
+        """cancel_until_done in a task of its own, held until it ends: whoever stops waiting for it
+        (a stop that goes on without Slurm's answer) does not end it."""
+        task = asyncio.ensure_future(self.cancel_until_done(user, job_id))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+        return task
 
     async def set_time_limit(self, job_id: int, minutes: int) -> None:
         """A job's new time limit, as the hub: a Slurm operator (users may only shorten theirs).

@@ -314,8 +314,8 @@ PATCHES = [
           None, guards=True, hook="tornado's HTTPServerRequest telling the connection's own address beside "
           "remote_ip"),
     Patch("batchspawner-job-state", "spawner/gpuspawner.py",
-          "batchspawner's BatchSpawnerBase: start() and poll() replaced, its job_id / job_status state, "
-          "stop(), get_env() and startup_poll_interval kept; the spawner's own, listed here",
+          "batchspawner's BatchSpawnerBase: start(), poll() and stop() replaced, its job_id / job_status state, "
+          "get_env() and startup_poll_interval kept; the spawner's own, listed here",
           "batchspawner", "1.3.0", "the session as a Slurm job read from one shared squeue snapshot, its port "
           "reported once by the running server",
           (Definition("batchspawner.batchspawner", "BatchSpawnerBase.start", "6ad1481cb08ae606"),
@@ -325,8 +325,8 @@ PATCHES = [
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.load_state", "4c43284fe8b179ae"),
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.clear_state", "33de487db292d82d"),
            Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
-          None, hook="batchspawner's start() and poll() in overridable steps (submit; read the job's state) "
-          "rather than whole methods around squeue's text"),
+          None, hook="batchspawner's start(), poll() and stop() in overridable steps (submit; read the job's "
+          "state; cancel) rather than whole methods around squeue's text"),
     Patch("wrapspawner-child", "spawner/partitionspawner.py",
           "wrapspawner's WrapSpawner: child_config, child_spawner, its state and poll (start() replaced; "
           "construct_child replaced by a copy without Spawner.db, with the user's options); the spawner's own, "
