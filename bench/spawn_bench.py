@@ -485,6 +485,10 @@ def sequence(args, workdir: Path) -> list[dict]:
                         if load:
                             load.stop()
                 leftover_jobs(students)
+                drained = nodes_unavailable()
+                if drained:  # the next steps' sessions would wait for these nodes: said, not hidden
+                    print("  NODES LOST by this step, the next steps are short of them: "
+                          + "; ".join(f"{node} {why}" for node, why in drained.items()), flush=True)
                 if load:
                     result["load"] = load.window(*result["window"])
                 result.update(queued=held, told=told)
