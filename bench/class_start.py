@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -168,6 +169,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     start, start_wall = time.monotonic(), time.time()
     refused: list[str] = []  # 429s: the message of each
     polled: list[tuple[int, int]] = []  # (polls, of them refused 429) of each polling student
+    cell_failures: list[str] = []  # why each failed first cell failed
 
     def one(user: HubUser) -> tuple[float | None, float | None]:
         """(ready, first cell answered), seconds from the start; None for what did not happen."""
@@ -201,7 +203,8 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         ready = time.monotonic() - start
         try:
             user.run_code("print(6 * 7)", timeout=60)
-        except Exception:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - a failed cell is counted, and why
+            cell_failures.append(f"{type(error).__name__}: {error}"[:160])
             return ready, None
         return ready, time.monotonic() - start
 
@@ -237,6 +240,7 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "median_ready": statistics.median(ready) if ready else float("nan"),
         "lost": len(students) - len(ready), "first_cell_last": max(cells) if cells else float("nan"),
         "cells_failed": len(ready) - len(cells), "told_to_retry": len(refused),
+        "cell_failure": Counter(cell_failures).most_common(1)[0][0] if cell_failures else "",
         "retry_message": refused[0] if refused else "",
         "polls": sum(p for p, _ in polled), "polls_refused": sum(r for _, r in polled),
         "api_p50": percentile(bystander.latencies, 0.5), "api_p99": percentile(bystander.latencies, 0.99),
@@ -275,7 +279,8 @@ def describe(result: dict) -> str:
             f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "
             + (f"{result['polls']} polls of their models, {result['polls_refused']} answered 429; " if result.get("polls") else "")
             + 
-            f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed); "
+            f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed"
+            + (f", most as {result['cell_failure']!r}" if result.get("cell_failure") else "") + "); "
             f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms"
             f" ({result.get('api_shed', 0)} of {result.get('api_calls', 0)} answered 429){resources}{machine}; "
             f"slurmctld job queries {result['job_queries_per_min_starting']:.0f}/min while starting"

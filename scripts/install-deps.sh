@@ -52,8 +52,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$ENV/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements.lock
   echo "$want" > "$stamp"
 fi
-# Sessions do not load jupyter_lsp's server extension: no language server is installed for it to run.
-"$ENV/bin/jupyter" server extension disable --sys-prefix jupyter_lsp >/dev/null 2>&1 || true
+# Sessions do not load jupyter_lsp's server extension (no language server is installed for it to
+# run) nor notebook_shim's (it adapts classic Notebook server extensions, and sessions have none).
+for extension in jupyter_lsp notebook_shim; do
+  "$ENV/bin/jupyter" server extension disable --sys-prefix "$extension" >/dev/null 2>&1 || true
+done
 # PyTorch (CPU) and Horovod for multi-node jobs, outside the lock: Horovod is built here (once, then
 # cached) against exactly that torch, PyTorch's CPU wheel, which comes from PyTorch's own index, not
 # PyPI; both pinned in build-horovod.sh.
