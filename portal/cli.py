@@ -10,8 +10,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from . import settings as settings_module
-from . import settingsdoc
+from . import settings as settings_module, settingsdoc
 from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
 from .cluster.check import run_checks
 from .cluster.slurmclient import SlurmCommands

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 from hubclient import active_jobs
 from portal.cluster.demo import network
+from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 
 PROBE = """
 import json, os

@@ -11,10 +11,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from conftest import CONFIG
 from portal.settings import load
 from spawner.certs import local_record_names
-
-from conftest import CONFIG
 
 SETTINGS = yaml.safe_load(CONFIG.read_text())
 ACCOUNT = SETTINGS["hub"]["account"]

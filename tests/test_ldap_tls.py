@@ -74,8 +74,8 @@ def test_the_hubs_login_requires_the_certificate():
         def __getattr__(self, name):
             return self.setdefault(name, type("Section", (), {})())
 
-    from portal import settings as settings_module
     from conftest import CONFIG
+    from portal import settings as settings_module
 
     portal_settings = settings_module.load(CONFIG)
     config = Config()

@@ -25,9 +25,9 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from prometheus_client import Counter, Histogram
 
@@ -123,7 +123,7 @@ class Job:
         return not (self.pending or self.running)
 
     @classmethod
-    def from_json(cls, item: dict) -> "Job":
+    def from_json(cls, item: dict) -> Job:
         return cls(
             job_id=int(item["job_id"]),
             user=item.get("user_name") or str(item.get("user_id", "")),
@@ -153,7 +153,7 @@ def _number(value) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def queue_places(jobs: dict[int, "Job"], others: Iterable[tuple[int, str, int, int]] = ()) -> dict[int, tuple[int, int]]:
+def queue_places(jobs: dict[int, Job], others: Iterable[tuple[int, str, int, int]] = ()) -> dict[int, tuple[int, int]]:
     """{job id: (place, of)}: where each pending session job stands among its partition's pending
     jobs (``others``: the rest, as (id, partition, priority, submit time)), in the order the scheduler
     takes them (priority, then age)."""
@@ -218,7 +218,7 @@ class Node:
         return not any(word in self.state.lower() for word in _UNUSABLE_NODE_STATES)
 
     @classmethod
-    def from_json(cls, item: dict) -> "Node":
+    def from_json(cls, item: dict) -> Node:
         return cls(
             name=item["name"],
             state=str(item.get("state") or ""),
@@ -553,7 +553,7 @@ class Slurm:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None), self.command_timeout
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 proc.kill()
             except ProcessLookupError:  # it ended just now (killing it raised, and the start failed unexplained)
@@ -788,7 +788,7 @@ class SlurmCommands:
         self.command_timeout = command_timeout
 
     @classmethod
-    def from_settings(cls, settings) -> "SlurmCommands":
+    def from_settings(cls, settings) -> SlurmCommands:
         return cls(env={**os.environ, **settings.slurm_env()}, bin_dir=settings.slurm.bin_dir)
 
     def tool(self, name: str) -> str:

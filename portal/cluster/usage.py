@@ -43,7 +43,7 @@ class Row:
     def gpu_hours(self) -> float:
         return (self.session_gpu_s + self.job_gpu_s) / 3600
 
-    def add(self, other: "Row") -> None:
+    def add(self, other: Row) -> None:
         self.sessions += other.sessions
         self.session_gpu_s += other.session_gpu_s
         self.jobs += other.jobs

@@ -145,7 +145,7 @@ class PortalAuthenticator(LDAPAuthenticator):
         check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
         try:
             answer = await asyncio.wait_for(check, self.login_timeout)
-        except (asyncio.TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
+        except (TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
             self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()

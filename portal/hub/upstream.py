@@ -33,7 +33,6 @@ from tornado import web
 from .. import ldapconnect
 from ..patchcheck import CHP, Definition, Mentions, Patch, stands_aside
 
-
 # ------------------------------------------------------------------ session certificate pinning
 # The certificate the session being checked must present (DER): set around User._wait_up.
 _EXPECTED_CERTIFICATE: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(

@@ -1,5 +1,8 @@
 """Execute a notebook through a real Jupyter kernel (nbclient) and print every cell's output."""
-import sys, time, nbformat
+import sys
+import time
+
+import nbformat
 from nbclient import NotebookClient
 
 path = sys.argv[1]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
 from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
-from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 from .mta import MAIL_PROGRAM, mail_domain
+from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
 GPUS_PER_NODE = 4
 # Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
