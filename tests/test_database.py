@@ -144,7 +144,7 @@ def test_moving_an_sqlite_hub_to_the_server_database_keeps_users_tokens_and_runn
     base = second_hub(lambda config: None)  # its own SQLite (conftest), as a hub before the move
     alice = login(base, "alice")
     alice.spawn()
-    alice.token  # her API token, made now: it must work after the move
+    assert alice.token  # her API token, made now: it must work after the move
     jobs = [job["job_id"] for job in active_jobs("alice")]
     stop_second_hub(tmp_path / "hub")
     in_sqlite = sqlite_counts(tmp_path / "hub" / "jupyterhub.sqlite")

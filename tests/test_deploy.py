@@ -140,6 +140,6 @@ def test_a_job_without_mem_gets_memory_per_cpu_and_leaves_the_node_to_others(pla
 
 def test_check_says_jobs_without_mem_get_a_default(portal):
     result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "check"], capture_output=True, text=True)
-    line = next((l for l in result.stdout.splitlines() if "default job memory" in l), "")
+    line = next((found for found in result.stdout.splitlines() if "default job memory" in found), "")
     assert line.strip() == f"[ok] default job memory: a job without --mem gets {default_mem_per_cpu_mb()} MB per CPU " \
                            "(DefMemPerCPU)", result.stdout

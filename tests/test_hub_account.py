@@ -193,7 +193,8 @@ def test_a_neighbour_reaches_neither_the_hubs_secrets_nor_its_database_nor_the_p
     alice = pwd.getpwnam("alice").pw_dir
     result = as_bob(MEDIATOR, "certs", f"{alice}/.dsportal/certs/x", input="a.crt AAAA\n")
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
-    result = as_bob(MEDIATOR, "submit", input='{"script": "#!/bin/sh\\n", "env": {}, "log_dir": "%s/.dsportal/logs"}' % alice)
+    result = as_bob(MEDIATOR, "submit",
+                    input=json.dumps({"script": "#!/bin/sh\n", "env": {}, "log_dir": f"{alice}/.dsportal/logs"}))
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
     result = as_bob(MEDIATOR, "start", f"{alice}/.dsportal/certs/x",
                     input=json.dumps({"script": "#!/bin/sh\n", "env": {}, "log_dir": "/tmp", "certs": {"a.crt": "AAAA"}}))

@@ -135,7 +135,7 @@ def check_images(settings) -> list[Result]:
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
         return results + [Result("images", False, f"could not look at the images as a user: {why}")]
-    for image, (status, detail) in zip(settings.images, json.loads(probe.stdout)):
+    for image, (status, detail) in zip(settings.images, json.loads(probe.stdout), strict=True):
         shown = f"{image.runtime}, {detail}" if status == "built" else f"{status}: {detail}"
         results.append(Result(f"image {image.name}", True, shown, warning=status != "built"))
     return results

@@ -398,7 +398,7 @@ def sacct_records(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
     for line in text.splitlines():
         values = line.split("|")
         if len(values) == len(fields) and values[0].isascii() and values[0].isdigit():
-            records.append(dict(zip(fields, values)))
+            records.append(dict(zip(fields, values, strict=True)))
     return records
 
 
@@ -559,7 +559,7 @@ class Slurm:
             except ProcessLookupError:  # it ended just now (killing it raised, and the start failed unexplained)
                 pass
             await proc.wait()
-            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
+            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s") from None
         return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     # -- jobs -------------------------------------------------------------------------

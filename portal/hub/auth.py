@@ -83,7 +83,8 @@ class PortalAuthenticator(LDAPAuthenticator):
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
     free_failures = Integer(defaults.LOGIN_FREE_FAILURES, help="Failed logins of one account from one address before each further "
                             "attempt from there waits.").tag(config=True)
-    first_delay = Float(defaults.LOGIN_FIRST_DELAY, help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
+    first_delay = Float(defaults.LOGIN_FIRST_DELAY,
+                        help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
     max_delay = Float(defaults.LOGIN_MAX_DELAY, help="The longest wait per account and address, in seconds.").tag(config=True)
     account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES, help="Failed logins of one account from any address within account_window "
                                "that refuse it for account_lock seconds (not from addresses it logged in from "

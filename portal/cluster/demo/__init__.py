@@ -8,9 +8,9 @@ names), the node network (a bridge and a network namespace per node), the demo u
 accounts, which must match LDAP for jobs to run as them, and exim4's settings (/etc/exim4).
 
 The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
-private bridge), slurmdaemons.py (munge, GPUs, slurmctld,
-slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
-node.py (firewall, private /proc), mta.py (exim4: Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
+private bridge), slurmdaemons.py (munge, GPUs, slurmctld, slurmd), accounting.py (MariaDB, slurmdbd,
+associations), people.py (LDAP, Unix accounts), node.py (firewall, private /proc), mta.py (exim4:
+Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
 (the hub's database on the demo's MariaDB).
 """
 

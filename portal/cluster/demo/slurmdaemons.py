@@ -168,7 +168,7 @@ def write_slurm_conf() -> bool:
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     write_node_confs(conf)
     written = [write_if_changed(p.slurm / name, text, 0o644)
-               for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container))]
+               for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container), strict=True)]
     return any(written)
 
 
