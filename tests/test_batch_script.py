@@ -7,6 +7,8 @@ from portal.rules import RequestError, slice_for
 from portal.settings import load
 from portal.templating import render
 
+pytestmark = pytest.mark.quick
+
 
 def script(**overrides):
     profile = load(CONFIG).profile("gpu")

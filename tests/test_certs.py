@@ -7,10 +7,13 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from certipy import Certipy
 from cryptography import x509
 
 from spawner.certs import session_pair, user_host_name
+
+pytestmark = pytest.mark.quick
 
 PROXY_JS = Path(__file__).resolve().parent.parent / "portal/hub/proxy.js"
 

@@ -239,6 +239,7 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
         subprocess.run(["rm", "-rf", f"{home}/.dsportal/certs/test-one-run", f"{home}/.dsportal/certs/test-two-runs"])
 
 
+@pytest.mark.quick
 def test_the_mediator_hands_sbatch_its_script_in_a_memory_file_or_a_pipe_where_those_are_refused(monkeypatch):
     """The mediator becomes sbatch (execve) with the batch script on its input: a file in memory,
     or a pipe on kernels that refuse those (vm.memfd_noexec=2); more than a pipe holds is refused."""

@@ -279,6 +279,7 @@ def _policy(**jobs_settings):
                         node_gpus={"gpu": 8}, node_count={"gpu": 4})
 
 
+@pytest.mark.quick
 def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
     from portal.session import jobs
 

@@ -4,6 +4,10 @@ No cluster needed."""
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Each layer and the layers it may import. Within a layer modules import each other freely, without a circle.

@@ -15,6 +15,8 @@ from portal import ldapconnect
 from portal.hub.auth import configure_ldap
 from portal.settings import LdapSettings
 
+pytestmark = pytest.mark.quick
+
 
 def make_certificate(folder, name: str):
     key, cert = folder / f"{name}.key", folder / f"{name}.crt"

@@ -6,6 +6,8 @@ import yaml
 from conftest import CONFIG
 from portal.settings import SettingsError, load, parse_memory_mb, parse_walltime
 
+pytestmark = pytest.mark.quick
+
 
 def write(tmp_path, edit):
     config = yaml.safe_load(CONFIG.read_text())

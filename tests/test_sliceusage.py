@@ -5,6 +5,8 @@ on the demo in test_gauges.py, and on a real GPU in bench/results/gpu-validation
 
 from pathlib import Path
 
+import pytest
+
 from portal.session.sliceusage import (
     Cgroup,
     Gpu,
@@ -21,6 +23,8 @@ from portal.session.sliceusage import (
     read_memory,
     slice_cores,
 )
+
+pytestmark = pytest.mark.quick
 
 V1 = """12:memory:/slurm/uid_1001/job_42/step_batch/task_0
 3:cpu,cpuacct:/slurm/uid_1001/job_42/step_batch/task_0

@@ -19,6 +19,8 @@ import pytest
 from portal.hub import upstream as hub_upstream
 from portal.session import upstream as session_upstream
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = [*hub_upstream.PATCHES, *session_upstream.PATCHES]
 
