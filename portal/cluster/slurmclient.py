@@ -122,35 +122,8 @@ class Job:
     def finished(self) -> bool:
         return not (self.pending or self.running)
 
-    @classmethod
-    def from_json(cls, item: dict) -> Job:
-        return cls(
-            job_id=int(item["job_id"]),
-            user=item.get("user_name") or str(item.get("user_id", "")),
-            name=item.get("name") or "",
-            state=item.get("job_state") or "UNKNOWN",
-            reason=item.get("state_reason") or "None",
-            partition=item.get("partition") or "",
-            batch_host=item.get("batch_host") or "",
-            nodes=item.get("nodes") or "",
-            exit_code=_exit_status(item.get("exit_code")),
-            start_time=int(item.get("start_time") or 0),
-            submit_time=int(item.get("submit_time") or 0),
-            gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
-            profile=profile_of(item.get("comment") or ""),
-            priority=_number(item.get("priority")),
-            time_limit=_number(item.get("time_limit")),
-        )
-
 
 PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
-
-
-def _number(value) -> int:
-    """squeue --json's numbers: plain, or (newer Slurm) {"set": true, "number": N}."""
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else 0
-    return int(value) if isinstance(value, (int, float)) else 0
 
 
 def queue_places(jobs: dict[int, Job], others: Iterable[tuple[int, str, int, int]] = ()) -> dict[int, tuple[int, int]]:
@@ -183,12 +156,8 @@ def job_gpus(environ=os.environ) -> set[int]:
     return {int(part) for part in value.split(",") if part.strip().isascii() and part.strip().isdigit()}
 
 
-def _exit_status(raw) -> int:
-    """22.05 reports the wait status as an int; later versions as an object."""
-    if isinstance(raw, dict):
-        value = raw.get("return_code", 0)
-        return int(value.get("number", 0) if isinstance(value, dict) else value or 0)
-    raw = int(raw or 0)
+def _exit_status(raw: int) -> int:
+    """The exit code in a wait status (squeue's exit_code field)."""
     return raw >> 8 if raw > 255 else raw
 
 
@@ -340,14 +309,6 @@ def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[
 def _number_text(text: str) -> int:
     text = text.strip()
     return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def parse_squeue_json(text: str) -> dict[int, Job]:
-    data = json.loads(text)
-    errors = [e for e in data.get("errors") or [] if e]
-    if errors and not data.get("jobs"):
-        raise SlurmError(f"squeue reported: {errors}")
-    return {job.job_id: job for job in (Job.from_json(item) for item in data.get("jobs") or [])}
 
 
 def checked_output(argv: list[str], returncode: int, out: str, err: str) -> str:
