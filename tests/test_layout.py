@@ -26,7 +26,8 @@ LAYERS = {
 def layer(module: str) -> str:
     if module in ("portal.defaults", "portal.sessionvars"):
         return "base"
-    if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
+    if module in ("portal.settings", "portal.cluster.slurmparse", "portal.cluster.slurmclient",
+                  "portal.cluster.images"):
         return "core"
     if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
                   "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc"):

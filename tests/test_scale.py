@@ -12,7 +12,7 @@ import pytest
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
-from portal.cluster.slurmclient import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
+from portal.cluster.slurmparse import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
 from test_long_queue import every_gpu_held
 
 SEPARATOR = "\x1f0123456789abcdef\x1f"
@@ -27,6 +27,7 @@ def squeue_line(**fields) -> str:
     return "".join(values[name] + SEPARATOR for name in SQUEUE_FIELDS) + "\n"
 
 
+@pytest.mark.quick
 def test_the_hubs_squeue_reads_sessions_whole_and_other_jobs_only_for_their_place():
     stranger = ("x\n" + "".join(f"{v}|" for v in ("7", "alice", "RUNNING", "None", "gpu", "1", "1", "1", "8:00:00",
                                                     "evil", "evil", "0:0", "gres:gpu:4", "dsportal-alice", "")))

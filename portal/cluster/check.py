@@ -17,7 +17,8 @@ from .. import ldapconnect, settings as settings_module
 from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
-from .slurmclient import SlurmCommands, SlurmError
+from .slurmclient import SlurmCommands
+from .slurmparse import SlurmError
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 

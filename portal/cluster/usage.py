@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .slurmclient import SlurmCommands, SlurmError, profile_of
+from .slurmclient import SlurmCommands
+from .slurmparse import SlurmError, profile_of
 
 FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
 KEYS = ("user", "account", "profile")
