@@ -96,7 +96,7 @@ def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_l
 def test_a_slow_squeue_serves_everyone_who_waited_for_it(portal, tmp_path):
     """A class's port reports each ask for a snapshot taken after they arrived. While slurmctld is slow
     (each squeue longer than the snapshot's cache time), those who came during one squeue share the
-    next: a burst costs two squeues, not one each, one after another (reports waited 430-510 s so)."""
+    next: a burst costs two squeues, not one each, one after another (on which reports waited minutes)."""
     import asyncio
     import os
     import time

@@ -292,7 +292,7 @@ def test_tensorboards_serve_without_an_info_file():
 
 def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
     """Every kernel of a session loads portal.session.magics; the rules, settings and Slurm client behind
-    %%horovod load on first use (0.1 s of CPU per kernel start otherwise), and then work as before."""
+    %%horovod load on first use (not paid for by every kernel start), and then work as before."""
     code = (
         "import sys, portal.session.magics as m\n"
         "heavy = ('portal.rules', 'portal.settings', 'pydantic', 'yaml')\n"

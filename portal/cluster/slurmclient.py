@@ -146,8 +146,8 @@ class Slurm:
         self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
-        # a class of 100 starting at once ran 200 Python processes together on the login node's 2 cores,
-        # where the hub's own loop got a 100th of a core (API p99 7.8 s) and sbatch ran past its timeout.
+        # a class starting at once ran two Python processes per student together on the login node's
+        # cores, which left the hub's own loop almost none and ran sbatch past its timeout.
         self._as_user_slots = asyncio.Semaphore(as_user_at_once or max(4, 2 * (os.cpu_count() or 1)))
         self._others_pending: list[tuple[int, str, int, int]] = []  # the last squeue's other pending jobs
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])

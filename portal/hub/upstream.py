@@ -292,7 +292,7 @@ PATCHES = [
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts, no schema read)",
           LDAP, "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop; "
-          "the server's schema was read and parsed on every login (~8 ms of the hub's CPU each)",
+          "the server's schema was read and parsed on every login",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.get_connection", "47dfcc9f6096c325"),
            Mentions("ldapauthenticator.ldapauthenticator", "tls_kwargs", "97b4a4179824018c")),
           None, guards=True, hook="ldapauthenticator settings for connect and receive timeouts (and for "

@@ -51,7 +51,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_images(config_path)
     ensure_courses(config_path)
     if with_hub:
-        # JupyterHub's tables and alembic (0.4 s) are loaded here only, not by every dsportal command
+        # JupyterHub's tables and alembic, slow to import, are loaded here only, not by every dsportal command
         # (the Slurm prolog's `dsportal firewall add-user` among them).
         from .hubdb import ensure_hub_database
 
