@@ -59,16 +59,16 @@ def cmd_hub(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir.chmod(0o700)  # one made before (or by hand) too: it holds the hub's secrets
     os.chdir(data_dir)
-    gc.disable()  # while the hub loads and sets up: _collect_garbage_from_now_on
+    gc.disable()  # while the hub loads and sets up: _start_garbage_collection
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
     from .hub import upstream as hub_upstream
 
-    hub_upstream.after_init_tornado_application(_collect_garbage_from_now_on)
+    hub_upstream.after_init_tornado_application(_start_garbage_collection)
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
 
 
-def _collect_garbage_from_now_on(hub) -> None:
+def _start_garbage_collection(hub) -> None:
     """Most objects the hub makes as it loads and sets up (modules, its database's users and spawners,
     routes) live as long as it does. With Python's cyclic garbage collector on, each full collection
     while a class starts looked over all of them again, the hub's loop stopped meanwhile. The

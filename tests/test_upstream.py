@@ -103,21 +103,22 @@ def test_the_patched_classes_use_the_upstream_module():
 
 
 def test_a_login_from_a_session_is_told_by_its_certificate_through_tornados_public_api():
-    """auth.from_a_session reads the client's certificate with HTTPServerRequest.get_ssl_certificate:
-    a session's names a user; a person's browser sends none; plain HTTP has no certificate at all."""
+    """auth.has_session_certificate reads the client's certificate with
+    HTTPServerRequest.get_ssl_certificate: a session's names a user; a person's browser sends none;
+    plain HTTP has no certificate at all."""
     import socket
     from types import SimpleNamespace
 
     from tornado.httputil import HTTPServerRequest
 
-    from portal.hub.auth import from_a_session
+    from portal.hub.auth import has_session_certificate
     from spawner.certs import USERS_DOMAIN
 
     def login(tls_socket):
         connection = SimpleNamespace(stream=SimpleNamespace(socket=tls_socket), set_close_callback=lambda c: None,
                                      context=None)
         request = HTTPServerRequest("POST", "/hub/login", connection=connection)
-        return from_a_session(SimpleNamespace(request=request))
+        return has_session_certificate(SimpleNamespace(request=request))
 
     def presenting(certificate):
         return SimpleNamespace(getpeercert=lambda binary_form=False: certificate)

@@ -300,7 +300,7 @@ def check_accounting(settings) -> Result:
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
-def a_portal_user() -> str | None:
+def first_portal_user() -> str | None:
     """Some account the mediator would serve, to ask sudo about."""
     return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
                  if hubaccount.MIN_UID <= u.pw_uid <= hubaccount.MAX_UID), None)
@@ -314,7 +314,7 @@ def check_hub_account(settings) -> Result:
         return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/how-to/deploy.md says "
                       f"how to run it unprivileged); mediator {mediator} " + ("installed" if installed else
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
-    user = a_portal_user()
+    user = first_portal_user()
     if user is None:
         return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
     ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)

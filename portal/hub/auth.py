@@ -63,7 +63,7 @@ class NotThroughTheProxy(web.HTTPError):
         super().__init__(403, "Log in through the portal's address, not from a session.")
 
 
-def from_a_session(handler) -> bool:
+def has_session_certificate(handler) -> bool:
     """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
     try:
         certificate = handler.request.get_ssl_certificate()  # None: no certificate
@@ -124,7 +124,7 @@ class PortalAuthenticator(LDAPAuthenticator):
         return name
 
     async def authenticate(self, handler, data):
-        if handler is not None and from_a_session(handler):
+        if handler is not None and has_session_certificate(handler):
             self.log.warning("Login of %r refused: it came straight from a session, not through the proxy",
                              data.get("username"))
             raise NotThroughTheProxy()

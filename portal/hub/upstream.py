@@ -70,7 +70,7 @@ def _pinning(make_ssl_context):
     return pinned
 
 
-def _waiting_for_the_certificate(wait_up, issued_certificate):
+def _pinned_wait_up(wait_up, issued_certificate):
     async def wait_up_pinned(self, spawner):
         expected = await issued_certificate(spawner.internal_certs_location, self.name, spawner.name)
         token = _EXPECTED_CERTIFICATE.set(expected or b"")  # none issued: nothing is accepted
@@ -90,8 +90,7 @@ def pin_session_certificates(issued_certificate) -> None:
     if not getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False):
         jupyterhub.user.make_ssl_context = _pinning(jupyterhub.user.make_ssl_context)
     if not getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False):
-        jupyterhub.user.User._wait_up = _waiting_for_the_certificate(jupyterhub.user.User._wait_up,
-                                                                     issued_certificate)
+        jupyterhub.user.User._wait_up = _pinned_wait_up(jupyterhub.user.User._wait_up, issued_certificate)
 
 
 # ------------------------------------------------------------------ JupyterHub's tornado application
