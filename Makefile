@@ -1,10 +1,10 @@
-# The two commands: `make demo` (whole portal on an embedded cluster) and `make test`.
+# The two commands: `make demo` (whole portal on an embedded cluster) and `make test`; `make lint` before a commit.
 PY := /opt/dsportal/env/bin/python
 export PATH := /opt/dsportal/env/bin:$(PATH)
 # The checkout's config is the one admins edit (the installed package carries a copy).
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 
-.PHONY: deps lock upgrade-check demo stop clean test check bench
+.PHONY: deps lock upgrade-check lint demo stop clean test quick check bench
 
 # The environment, from requirements.lock (every package's version and hashes).
 deps:
@@ -21,6 +21,12 @@ lock:
 upgrade-check:
 	bash scripts/upgrade-check.sh $(UV_ARGS)
 
+# ruff at this version (its rules: pyproject.toml's [tool.ruff]), run by scripts/uv.sh's uv from uv's
+# cache: nothing goes into the portal's environment, and it needs neither root nor `make deps`.
+RUFF := ruff==0.17.6
+lint:
+	bash scripts/uv.sh tool run --from $(RUFF) ruff check $(RUFF_ARGS)
+
 demo: deps
 	/opt/dsportal/env/bin/dsportal demo up
 
@@ -36,6 +42,12 @@ clean: stop
 
 test: deps
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# The tests that need no cluster (marked quick): the checkout's code in the installed environment, nothing
+# installed or started.
+quick:
+	@[ -x $(PY) ] || { echo "make quick runs in $(PY), which make deps (as root) installs" >&2; exit 1; }
+	$(PY) -m pytest -p no:cacheprovider -m quick $(PYTEST_ARGS)
 
 # Spawn latency, stop, concurrent spawns and dead-job detection: dsportal against stock
 # batchspawner on the demo cluster, in the same run (bench/spawn_bench.py); the last line sums up.

@@ -10,8 +10,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from . import settings as settings_module
-from . import settingsdoc
+from . import settings as settings_module, settingsdoc
 from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
 from .cluster.check import run_checks
 from .cluster.slurmclient import SlurmCommands
@@ -60,22 +59,22 @@ def cmd_hub(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir.chmod(0o700)  # one made before (or by hand) too: it holds the hub's secrets
     os.chdir(data_dir)
-    gc.disable()  # while the hub loads and sets up: _collect_garbage_from_now_on
+    gc.disable()  # while the hub loads and sets up: _start_garbage_collection
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
     from .hub import upstream as hub_upstream
 
-    hub_upstream.after_init_tornado_application(_collect_garbage_from_now_on)
+    hub_upstream.after_init_tornado_application(_start_garbage_collection)
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
 
 
-def _collect_garbage_from_now_on(hub) -> None:
-    """The hub makes ~250,000 objects as it loads and sets up (modules, its database's users and
-    spawners, routes) that live as long as it does. With Python's cyclic garbage collector on, each
-    full collection while a class starts looked over all of them again: up to 0.28 s with the
-    hub's loop stopped, 7 % of its CPU. The collector is off until the hub is set up (after its
-    tornado application, before it serves), then collects once, freezes what is left (gc.freeze:
-    left out of every later collection) and runs again, over what the hub makes while it serves."""
+def _start_garbage_collection(hub) -> None:
+    """Most objects the hub makes as it loads and sets up (modules, its database's users and spawners,
+    routes) live as long as it does. With Python's cyclic garbage collector on, each full collection
+    while a class starts looked over all of them again, the hub's loop stopped meanwhile. The
+    collector is off until the hub is set up (after its tornado application, before it serves), then
+    collects once, freezes what is left (gc.freeze: left out of every later collection) and runs again,
+    over what the hub makes while it serves."""
     gc.collect()
     gc.freeze()
     gc.enable()
@@ -89,7 +88,7 @@ def move_database(settings, target_url: str | None, password_file: Path | None) 
         print("dsportal hub move-database: give the server database (--to URL) and its password file "
               "(--password-file, or hub.db_password_file in portal.yaml)", file=sys.stderr)
         return 2
-    from .cluster import dbmove  # JupyterHub's tables and alembic (0.4 s): only this command loads them
+    from .cluster import dbmove  # JupyterHub's tables and alembic, slow to import: only this command loads them
 
     try:
         moved = dbmove.move_database(settings, target_url, password_file)

@@ -69,7 +69,7 @@ def connect(url: str, password_file: Path | None) -> Engine:
             pass
     except DatabaseError:
         raise
-    except Exception as error:  # the driver's own errors: access denied, unknown database, no driver ...
+    except Exception as error:  # noqa: BLE001 - the driver's own errors: access denied, unknown database, no driver ...
         raise DatabaseError(f"cannot connect to the database {url}: {error}") from None
     return engine
 

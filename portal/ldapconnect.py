@@ -11,9 +11,9 @@ import ldap3
 from .settings import LdapSettings
 
 # What ldap3 reads of the server after a bind: nothing. Its default (SCHEMA) reads the root DSE and
-# the whole schema, parsed in Python, on every bind of a new Server: ~8 ms of the hub's CPU per login
-# (10 -> 1 ms, measured against the demo's slapd), for type checks of attribute names the portal
-# spells itself; values come back as text either way.
+# the whole schema, parsed in Python, on every bind of a new Server: most of what a login costs the
+# hub's CPU, for type checks of attribute names the portal spells itself; values come back as text
+# either way.
 SERVER_INFO = ldap3.NONE
 
 

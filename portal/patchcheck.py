@@ -25,9 +25,9 @@ import os
 import platform
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 CHP = "configurable-http-proxy"  # sources "chp:<path in its package>", e.g. chp:lib/configproxy.js
 

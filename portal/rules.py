@@ -17,16 +17,25 @@ import grp
 import os
 import pwd
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
 from . import defaults
 from .sessionvars import LAUNCH_POLICY
-from .settings import (DataMount, Image, Profile, described, format_walltime, parse_memory_mb, parse_walltime, shown,
-                       whole_number)
+from .settings import (
+    DataMount,
+    Image,
+    Profile,
+    described,
+    format_walltime,
+    parse_memory_mb,
+    parse_walltime,
+    shown,
+    whole_number,
+)
 
 
 class RequestError(ValueError):
@@ -199,7 +208,7 @@ class LaunchPolicy(BaseModel):
         return self.model_dump_json(exclude_defaults=False)
 
     @classmethod
-    def from_env(cls, environ=None) -> "LaunchPolicy":
+    def from_env(cls, environ=None) -> LaunchPolicy:
         raw = (environ if environ is not None else os.environ).get(LAUNCH_POLICY)
         if not raw:
             raise RequestError("this session has no job launch policy (it was not started by dsportal's hub)")
@@ -294,7 +303,7 @@ class JobRequest:
                 raise RequestError(self.problems[name])
 
     @classmethod
-    def parse(cls, raw) -> "JobRequest":
+    def parse(cls, raw) -> JobRequest:
         if not isinstance(raw, dict):
             raise RequestError("a job request is an object like {'script': 'train.py', 'nodes': 2}")
         unknown = sorted(str(k) for k in raw if k not in REQUEST_FIELDS)

@@ -39,7 +39,7 @@ class Spec:
     sources: list[Source] = field(default_factory=list)
 
     @classmethod
-    def for_user(cls, templates: dict, groups: set[str]) -> "Spec":
+    def for_user(cls, templates: dict, groups: set[str]) -> Spec:
         """From portal.yaml's ``templates`` section, keeping the sources this user's groups see."""
         sources = [Source(name=s["name"], path=str(s["path"]), display_name=s.get("display_name") or "",
                           description=s.get("description") or "")
@@ -51,7 +51,7 @@ class Spec:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_env(cls, environ=None) -> "Spec | None":
+    def from_env(cls, environ=None) -> Spec | None:
         raw = (environ if environ is not None else os.environ).get(SPEC_ENV)
         if not raw:
             return None

@@ -22,6 +22,13 @@ PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/de
 HUB = "http://127.0.0.1:8000"
 
 
+def pytest_collection_modifyitems(items):
+    """A test marked quick runs without the cluster: one that needs it (through any fixture) is a mistake."""
+    wrong = [item.nodeid for item in items if item.get_closest_marker("quick") and "portal" in item.fixturenames]
+    if wrong:
+        raise pytest.UsageError("marked quick but they need the demo cluster (the portal fixture): " + ", ".join(wrong))
+
+
 @pytest.fixture(scope="session")
 def portal():
     """The demo portal, up (idempotently) for the whole run."""

@@ -37,7 +37,7 @@ class _Browser(requests.Session):
     (the hub's own host, hub_origin) and each user's server at that server's origin; base's URLs
     (the tests' {HUB}/hub/spawn, {HUB}/user/alice/lab) are read as those pages."""
 
-    def __init__(self, user: "HubUser"):
+    def __init__(self, user: HubUser):
         super().__init__()
         self.user = user
         self.cookies.set_policy(BrowserCookies())
@@ -78,7 +78,7 @@ class HubUser:
             allow_redirects=False, timeout=timeout,
         )
 
-    def must_login(self, password: str) -> "HubUser":
+    def must_login(self, password: str) -> HubUser:
         response = self.login(password)
         if response.status_code != 302:
             raise LoginRefused(f"{self.name} could not log in: {response.status_code}")

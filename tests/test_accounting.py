@@ -25,7 +25,7 @@ def sacct(job_id: int, user: str = "alice") -> dict[str, str]:
     while time.monotonic() < deadline:  # slurmctld hands records to slurmdbd asynchronously
         out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-u", user, "-o", ",".join(fields)],
                              capture_output=True, text=True, check=True).stdout
-        record = dict(zip(fields, (out.strip().splitlines() or [""])[-1].split("|")))
+        record = dict(zip(fields, (out.strip().splitlines() or [""])[-1].split("|"), strict=False))
         if record.get("State", "").split(" ")[0] not in ("", "RUNNING", "PENDING"):
             return record
         time.sleep(1)
@@ -73,7 +73,7 @@ def sacct_totals(user: str, account: str, profile: str) -> dict:
                          capture_output=True, text=True, check=True).stdout
     totals = {"sessions": 0, "session_gpu_h": 0.0}
     for line in out.splitlines():
-        record = dict(zip(fields, line.split("|")))
+        record = dict(zip(fields, line.split("|"), strict=True))
         # A named session's comment adds ",dsportal-session=<name>" after its profile.
         named = re.match(r"dsportal-profile=([^,]+)", record["Comment"])
         if (record["Account"], named and named.group(1)) != (account, profile) or \

@@ -2,10 +2,12 @@
 
 import pytest
 
+from conftest import CONFIG
+from portal.rules import RequestError, slice_for
 from portal.settings import load
 from portal.templating import render
-from portal.rules import RequestError, slice_for
-from conftest import CONFIG
+
+pytestmark = pytest.mark.quick
 
 
 def script(**overrides):

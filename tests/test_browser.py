@@ -155,7 +155,8 @@ def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
     from test_jobs import scontrol_state
 
     alice.spawn({"profile": "cpu"})
-    alice.run_code(f"import os\nfor name, text in {[('hvd_panel.py', HVD_ALLREDUCE), ('ddp_hello.py', DDP_HELLO), ('sleeper.py', SLEEPER)]!r}:\n"
+    files = [("hvd_panel.py", HVD_ALLREDUCE), ("ddp_hello.py", DDP_HELLO), ("sleeper.py", SLEEPER)]
+    alice.run_code(f"import os\nfor name, text in {files!r}:\n"
                    "    open(os.path.expanduser('~/' + name), 'w').write(text)\n")
     alice.api("PUT", THEMES, json={"raw": '{"theme": "JupyterLab Light"}'})
     SHOTS.mkdir(exist_ok=True)

@@ -7,10 +7,13 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from certipy import Certipy
 from cryptography import x509
 
 from spawner.certs import session_pair, user_host_name
+
+pytestmark = pytest.mark.quick
 
 PROXY_JS = Path(__file__).resolve().parent.parent / "portal/hub/proxy.js"
 
@@ -75,8 +78,8 @@ def test_the_proxy_reads_user_names_in_certificates_as_the_hub_writes_them():
 
 
 def test_keys_are_p256_and_every_party_takes_them(tmp_path):
-    """The session's key and the user's own CA and client keys are EC (P-256: made in microseconds,
-    where Certipy's RSA keys cost a class of 100 some 22 s of the hub's CPU); the chains verify, and
+    """The session's key and the user's own CA and client keys are EC (P-256: quick to make, where
+    Certipy's RSA keys made a class's start cost the hub's CPU dearly); the chains verify, and
     Python's ssl loads them as a session's server and its kernels do."""
     import ssl
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 from hubclient import active_jobs
 from portal.cluster.demo import network
+from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 
 PROBE = """
 import json, os
@@ -112,6 +112,7 @@ def test_apptainer_kernel_sees_its_slice_and_nothing_else_of_the_host(alice):
     assert not [d for d in seen["devices"] if d.startswith(("nvidia", "sd", "vd", "loop", "mem"))], seen["devices"]
 
 
+@pytest.mark.quick
 def test_image_of_an_uninstalled_runtime_is_unavailable_in_words(tmp_path):
     from portal.cluster.images import image_status
     from portal.session.kernels import kernel_spec
@@ -133,6 +134,7 @@ LAUNCH = Launch(image="/images/pytorch.sif", command=["python", "-m", "ipykernel
                 binds=[Bind("/home/alice", "/home/alice"), Bind("/data", "/datasets", read_only=True)])
 
 
+@pytest.mark.quick
 def test_apptainer_command_line():
     assert ApptainerRuntime().argv(LAUNCH) == [
         "apptainer", "exec", "--containall", "--nv", "--bind", "/tmp:/tmp", "--bind", "/home/alice:/home/alice",
@@ -148,12 +150,14 @@ def test_apptainer_command_line():
         "APPTAINERENV_CUDA_VISIBLE_DEVICES": "0,1"}
 
 
+@pytest.mark.quick
 def test_singularity_command_line():
     argv = SingularityRuntime("/usr/local/bin/singularity").argv(LAUNCH)
     assert argv[:4] == ["/usr/local/bin/singularity", "exec", "--containall", "--nv"]
     assert SingularityRuntime().environment({"CUDA_VISIBLE_DEVICES": "2"}) == {"SINGULARITYENV_CUDA_VISIBLE_DEVICES": "2"}
 
 
+@pytest.mark.quick
 def test_charliecloud_binds_onto_folders_the_image_has():
     argv = CharliecloudRuntime().argv(Launch(
         image="/var/lib/dsportal-demo/images/debian-python", command=["python3"],
@@ -163,6 +167,7 @@ def test_charliecloud_binds_onto_folders_the_image_has():
                     "/var/lib/dsportal-demo/images/debian-python", "--", "python3"]
 
 
+@pytest.mark.quick
 def test_corrupt_images_are_reported_unreadable(tmp_path):
     from portal.cluster.images import image_status
     from portal.session.kernels import kernel_spec

@@ -43,6 +43,7 @@ def password_file(folder: Path, mode: int = 0o600) -> Path:
 
 # -- no cluster -------------------------------------------------------------------------------
 
+@pytest.mark.quick
 def test_without_db_url_the_hub_keeps_sqlite_in_its_data_folder(tmp_path):
     c = Config()
     configure_database(c, hub_settings(data_dir=str(tmp_path)))
@@ -51,6 +52,7 @@ def test_without_db_url_the_hub_keeps_sqlite_in_its_data_folder(tmp_path):
     assert c.JupyterHub.upgrade_db is True
 
 
+@pytest.mark.quick
 def test_a_server_database_url_names_no_password_and_comes_with_a_password_file(tmp_path):
     hub = hub_settings(db_url="mysql://dsportal_hub@127.0.0.1:3306/jupyterhub",
                        db_password_file=str(password_file(tmp_path)))
@@ -65,6 +67,7 @@ def test_a_server_database_url_names_no_password_and_comes_with_a_password_file(
     assert hub_settings(db_url="  ").db_url is None
 
 
+@pytest.mark.quick
 def test_the_password_reaches_the_driver_only_from_a_file_no_other_account_can_read(tmp_path):
     url = "mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub"
     readable = password_file(tmp_path, 0o640)
@@ -74,6 +77,7 @@ def test_the_password_reaches_the_driver_only_from_a_file_no_other_account_can_r
     assert hubdatabase.engine_arguments(url, readable)["connect_args"] == {"password": "s3cret-for-the-hub"}
 
 
+@pytest.mark.quick
 def test_a_hub_whose_database_server_does_not_answer_stops_with_a_message(tmp_path):
     hub = hub_settings(data_dir=str(tmp_path), db_url="mysql://dsportal_hub@127.0.0.1:9/jupyterhub",
                        db_password_file=str(password_file(tmp_path)))
@@ -144,7 +148,7 @@ def test_moving_an_sqlite_hub_to_the_server_database_keeps_users_tokens_and_runn
     base = second_hub(lambda config: None)  # its own SQLite (conftest), as a hub before the move
     alice = login(base, "alice")
     alice.spawn()
-    alice.token  # her API token, made now: it must work after the move
+    assert alice.token  # her API token, made now: it must work after the move
     jobs = [job["job_id"] for job in active_jobs("alice")]
     stop_second_hub(tmp_path / "hub")
     in_sqlite = sqlite_counts(tmp_path / "hub" / "jupyterhub.sqlite")

@@ -34,6 +34,7 @@ def unit_settings(path: Path) -> dict[str, list[str]]:
     return settings
 
 
+@pytest.mark.quick
 def test_systemd_accepts_the_shipped_units():
     """`systemd-analyze verify`: every key known, every value valid, the programs they start there."""
     analyze = shutil.which("systemd-analyze")
@@ -47,6 +48,7 @@ def test_systemd_accepts_the_shipped_units():
             f"{unit.name}:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.quick
 def test_restarting_the_hub_leaves_the_proxy_and_its_routes_alone():
     hub, proxy = unit_settings(HUB_UNIT), unit_settings(PROXY_UNIT)
     assert "dsportal-proxy.service" in " ".join(hub["Wants"]) and "dsportal-proxy.service" in " ".join(hub["After"])
@@ -59,6 +61,7 @@ def test_restarting_the_hub_leaves_the_proxy_and_its_routes_alone():
     assert hub["PartOf"] == ["dsportal-proxy.service"]
 
 
+@pytest.mark.quick
 def test_hub_and_proxy_run_as_the_unprivileged_account_with_their_secret_off_the_command_line():
     hub, proxy = unit_settings(HUB_UNIT), unit_settings(PROXY_UNIT)
     for unit in (hub, proxy):
@@ -71,6 +74,7 @@ def test_hub_and_proxy_run_as_the_unprivileged_account_with_their_secret_off_the
     assert any(c.startswith("public-tls.key:") for c in proxy["LoadCredential"])
 
 
+@pytest.mark.quick
 def test_the_hub_may_still_use_sudo_and_the_proxy_may_gain_nothing():
     hub, proxy = unit_settings(HUB_UNIT), unit_settings(PROXY_UNIT)
     assert hub.get("NoNewPrivileges", ["no"]) == ["no"]
@@ -140,6 +144,6 @@ def test_a_job_without_mem_gets_memory_per_cpu_and_leaves_the_node_to_others(pla
 
 def test_check_says_jobs_without_mem_get_a_default(portal):
     result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "check"], capture_output=True, text=True)
-    line = next((l for l in result.stdout.splitlines() if "default job memory" in l), "")
+    line = next((found for found in result.stdout.splitlines() if "default job memory" in found), "")
     assert line.strip() == f"[ok] default job memory: a job without --mem gets {default_mem_per_cpu_mb()} MB per CPU " \
                            "(DefMemPerCPU)", result.stdout

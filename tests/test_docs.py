@@ -3,7 +3,11 @@ and kept in step with it. No cluster needed."""
 
 from pathlib import Path
 
+import pytest
+
 from portal import settingsdoc
+
+pytestmark = pytest.mark.quick
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import text
 
 from conftest import CONFIG, HUB, login, stop_and_wait
+from hubclient import active_jobs
 from portal import hubdatabase, settings as settings_module
 from portal.rules import MAX_CODE, REQUEST_FIELDS
 from test_database_postgres import hub_database, postgres  # noqa: F401 (fixtures: a database of the test's own)
-from hubclient import active_jobs
 from test_jobs import jobs_api
 
 SIZES = {"64 KB": 64 * 1024, "1 MB": 1024 * 1024}

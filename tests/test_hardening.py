@@ -21,7 +21,8 @@ import yaml
 from conftest import CONFIG, DSPORTAL, login
 from hubclient import DEMO_SLURM_CONF
 from portal.cluster.demo.base import paths
-from portal.cluster.slurmclient import LINE_CHARS, Slurm
+from portal.cluster.slurmclient import Slurm
+from portal.cluster.slurmparse import LINE_CHARS
 
 # Modules the template check's runner imports (its first: nbformat), planted in /tmp by bob.
 PLANTED = ("nbformat", "nbclient")

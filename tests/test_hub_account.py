@@ -11,10 +11,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from conftest import CONFIG
 from portal.settings import load
 from spawner.certs import local_record_names
-
-from conftest import CONFIG
 
 SETTINGS = yaml.safe_load(CONFIG.read_text())
 ACCOUNT = SETTINGS["hub"]["account"]
@@ -194,7 +193,8 @@ def test_a_neighbour_reaches_neither_the_hubs_secrets_nor_its_database_nor_the_p
     alice = pwd.getpwnam("alice").pw_dir
     result = as_bob(MEDIATOR, "certs", f"{alice}/.dsportal/certs/x", input="a.crt AAAA\n")
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
-    result = as_bob(MEDIATOR, "submit", input='{"script": "#!/bin/sh\\n", "env": {}, "log_dir": "%s/.dsportal/logs"}' % alice)
+    result = as_bob(MEDIATOR, "submit",
+                    input=json.dumps({"script": "#!/bin/sh\n", "env": {}, "log_dir": f"{alice}/.dsportal/logs"}))
     assert result.returncode == 2 and "is not below" in result.stderr, result.stderr
     result = as_bob(MEDIATOR, "start", f"{alice}/.dsportal/certs/x",
                     input=json.dumps({"script": "#!/bin/sh\n", "env": {}, "log_dir": "/tmp", "certs": {"a.crt": "AAAA"}}))
@@ -239,6 +239,7 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
         subprocess.run(["rm", "-rf", f"{home}/.dsportal/certs/test-one-run", f"{home}/.dsportal/certs/test-two-runs"])
 
 
+@pytest.mark.quick
 def test_the_mediator_hands_sbatch_its_script_in_a_memory_file_or_a_pipe_where_those_are_refused(monkeypatch):
     """The mediator becomes sbatch (execve) with the batch script on its input: a file in memory,
     or a pipe on kernels that refuse those (vm.memfd_noexec=2); more than a pipe holds is refused."""

@@ -14,9 +14,9 @@ import time
 from playwright.sync_api import sync_playwright
 
 from conftest import login
-from test_browser import ARGS, CHROMIUM, SHOTS
 from hubclient import active_jobs, squeue_jobs
-from portal.cluster.slurmclient import job_gpus
+from portal.cluster.slurmparse import job_gpus
+from test_browser import ARGS, CHROMIUM, SHOTS
 
 LIMIT = 30
 

@@ -491,7 +491,7 @@ def test_listener_owner_is_read_from_the_kernel_tables():
 
 SLOW_MEDIATOR = """#!/bin/sh
 # The real mediator, its answer handed back to the hub {delay} s later: a hub that learns the job id
-# late, as while a class of 100 starts (sbatch took 4 s there).
+# late, as while a class of 100 starts (when sbatch is slow to answer).
 out=$({mediator} "$@")
 status=$?
 sleep {delay}

@@ -143,8 +143,8 @@ def test_horovod_allreduce_streams_every_rank_live(alice_session):
     # slice reaches into the container).
     nodes = {m["line"].split(" on ")[1].split()[0] for m in lines if " of 4 on " in m["line"]}
     assert nodes == {"node1", "node2"}
-    assert all("CUDA_VISIBLE_DEVICES=" in l and len(l.split("CUDA_VISIBLE_DEVICES=")[1].split(",")) == 2
-               for l in (by_rank[r][0] for r in range(4)))
+    assert all("CUDA_VISIBLE_DEVICES=" in first and len(first.split("CUDA_VISIBLE_DEVICES=")[1].split(",")) == 2
+               for first in (by_rank[r][0] for r in range(4)))
     first_line = min(m["arrived"] for m in lines if m["rank"] is not None)
     final = messages[-1]
     assert final["type"] == "state" and final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
@@ -279,6 +279,7 @@ def _policy(**jobs_settings):
                         node_gpus={"gpu": 8}, node_count={"gpu": 4})
 
 
+@pytest.mark.quick
 def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
     from portal.session import jobs
 

@@ -12,6 +12,8 @@ import itertools
 import pytest
 from jupyter_client.manager import start_new_kernel
 
+pytestmark = pytest.mark.quick
+
 TIMEOUT = 60
 CODE = "def f(a, b):\n    c = a + b\n    return c\nresult = f(2, 3)\nprint('result', result)\n"
 

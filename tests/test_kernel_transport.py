@@ -34,9 +34,10 @@ def seen(path):
     st = os.stat(path)
     return {"socket": stat.S_ISSOCK(st.st_mode), "mode": oct(st.st_mode & 0o777), "owner": st.st_uid}
 folder = os.path.dirname(info["ip"])
-print(json.dumps({"pid": os.getpid(), "connection_file": get_connection_file(), "transport": info["transport"], "sockets": {p: seen(p) for p in sockets},
-                  "folder": folder, "folder_mode": oct(os.stat(folder).st_mode & 0o777),
-                  "folder_owner": os.stat(folder).st_uid, "runtime_dir": os.environ["JUPYTER_RUNTIME_DIR"]}))
+print(json.dumps({"pid": os.getpid(), "connection_file": get_connection_file(), "transport": info["transport"],
+                  "sockets": {p: seen(p) for p in sockets}, "folder": folder,
+                  "folder_mode": oct(os.stat(folder).st_mode & 0o777), "folder_owner": os.stat(folder).st_uid,
+                  "runtime_dir": os.environ["JUPYTER_RUNTIME_DIR"]}))
 """
 
 # Output of a process the kernel forks comes back through ipykernel's pipe (a unix socket too).

@@ -4,6 +4,10 @@ No cluster needed."""
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Each layer and the layers it may import. Within a layer modules import each other freely, without a circle.
@@ -22,7 +26,8 @@ LAYERS = {
 def layer(module: str) -> str:
     if module in ("portal.defaults", "portal.sessionvars"):
         return "base"
-    if module in ("portal.settings", "portal.cluster.slurmclient", "portal.cluster.images"):
+    if module in ("portal.settings", "portal.cluster.slurmparse", "portal.cluster.slurmclient",
+                  "portal.cluster.images"):
         return "core"
     if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
                   "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc"):

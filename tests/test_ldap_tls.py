@@ -15,6 +15,8 @@ from portal import ldapconnect
 from portal.hub.auth import configure_ldap
 from portal.settings import LdapSettings
 
+pytestmark = pytest.mark.quick
+
 
 def make_certificate(folder, name: str):
     key, cert = folder / f"{name}.key", folder / f"{name}.crt"
@@ -74,8 +76,8 @@ def test_the_hubs_login_requires_the_certificate():
         def __getattr__(self, name):
             return self.setdefault(name, type("Section", (), {})())
 
-    from portal import settings as settings_module
     from conftest import CONFIG
+    from portal import settings as settings_module
 
     portal_settings = settings_module.load(CONFIG)
     config = Config()

@@ -51,11 +51,13 @@ def request(method: str, path: str) -> HTTPServerRequest:
 
 
 @pytest.mark.parametrize("method,path", LIFELINES)
+@pytest.mark.quick
 def test_what_keeps_a_session_alive_is_never_shed(method, path):
     assert Sheddable(Overloaded(), "/hub/").match(request(method, path)) is None
 
 
 @pytest.mark.parametrize("method,path", CAN_WAIT)
+@pytest.mark.quick
 def test_reads_that_can_wait_are_shed_only_while_the_hub_lags(method, path):
     assert Sheddable(Overloaded(), "/hub/").match(request(method, path)) == {}
     assert Sheddable(LoopLag(), "/hub/").match(request(method, path)) is None

@@ -7,7 +7,7 @@ import re
 import subprocess
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
@@ -64,7 +64,7 @@ def test_a_queued_session_waits_past_the_hubs_start_timeout_as_one_job_and_start
 
         # Past the hub's start_timeout (BOOT_SECONDS) and still waiting; the GPUs come free: it starts.
         assert time.monotonic() - started > BOOT_SECONDS
-        released = datetime.now(timezone.utc)
+        released = datetime.now(UTC)
         subprocess.run(["scancel", str(holder)], check=True)
         server = again.wait_ready(timeout=120)
         assert server["ready"]

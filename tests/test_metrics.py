@@ -6,7 +6,10 @@ things happen. Checked as differences, so earlier tests in the run do not matter
 
 from __future__ import annotations
 
+import asyncio
 import re
+
+import pytest
 
 from conftest import HUB, PASSWORDS
 from hubclient import HubUser
@@ -57,3 +60,31 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
 
 def test_metrics_need_a_token_with_the_metrics_scope(alice):
     assert alice.api("GET", "/hub/metrics").status_code == 403
+
+
+@pytest.mark.quick
+def test_the_hubs_slurm_client_counts_each_command_by_outcome():
+    """ok; error: Slurm refused; unavailable: slurmctld did not answer (counted by the client's own words)."""
+    from prometheus_client import REGISTRY
+
+    from portal.cluster.slurmclient import Slurm
+    from portal.cluster.slurmparse import SlurmError
+    from portal.hub import metrics
+
+    slurm = Slurm()
+    metrics.register_slurm(slurm)
+
+    def count(outcome: str) -> float:
+        return REGISTRY.get_sample_value("dsportal_slurm_commands_total", {"command": "sh", "outcome": outcome}) or 0
+
+    before = {outcome: count(outcome) for outcome in ("ok", "error", "unavailable")}
+
+    async def commands():
+        await slurm.run(["/bin/sh", "-c", "true"])
+        for words in ("Invalid account", "Unable to contact slurm controller"):
+            with pytest.raises(SlurmError):
+                await slurm.run(["/bin/sh", "-c", f"echo '{words}' >&2; exit 1"])
+
+    asyncio.run(commands())
+    assert {outcome: count(outcome) - before[outcome] for outcome in before} == {"ok": 1, "error": 1, "unavailable": 1}
+    assert REGISTRY.get_sample_value("dsportal_slurm_command_seconds_count", {"command": "sh"}) >= 3

@@ -15,8 +15,7 @@ import uuid
 from pathlib import Path
 
 import requests
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
 from conftest import HUB, PASSWORDS
 from test_browser import ARGS, CHROMIUM

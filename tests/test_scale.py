@@ -12,7 +12,7 @@ import pytest
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
-from portal.cluster.slurmclient import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
+from portal.cluster.slurmparse import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
 from test_long_queue import every_gpu_held
 
 SEPARATOR = "\x1f0123456789abcdef\x1f"
@@ -27,6 +27,7 @@ def squeue_line(**fields) -> str:
     return "".join(values[name] + SEPARATOR for name in SQUEUE_FIELDS) + "\n"
 
 
+@pytest.mark.quick
 def test_the_hubs_squeue_reads_sessions_whole_and_other_jobs_only_for_their_place():
     stranger = ("x\n" + "".join(f"{v}|" for v in ("7", "alice", "RUNNING", "None", "gpu", "1", "1", "1", "8:00:00",
                                                     "evil", "evil", "0:0", "gres:gpu:4", "dsportal-alice", "")))
@@ -95,7 +96,7 @@ def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_l
 def test_a_slow_squeue_serves_everyone_who_waited_for_it(portal, tmp_path):
     """A class's port reports each ask for a snapshot taken after they arrived. While slurmctld is slow
     (each squeue longer than the snapshot's cache time), those who came during one squeue share the
-    next: a burst costs two squeues, not one each, one after another (reports waited 430-510 s so)."""
+    next: a burst costs two squeues, not one each, one after another (on which reports waited minutes)."""
     import asyncio
     import os
     import time

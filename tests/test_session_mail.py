@@ -33,16 +33,19 @@ def sbatch_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("#SBATCH --mail")]
 
 
+@pytest.mark.quick
 def test_asked_for_mail_the_script_has_begin_and_her_address():
     assert sbatch_lines(script(mail_user="alice@dsportal.test")) == [
         "#SBATCH --mail-type=BEGIN", "#SBATCH --mail-user=alice@dsportal.test"]
 
 
+@pytest.mark.quick
 def test_not_asked_the_script_has_no_mail_lines():
     assert sbatch_lines(script()) == []
     assert sbatch_lines(script(mail_user="")) == []
 
 
+@pytest.mark.quick
 def test_an_address_that_could_smuggle_syntax_never_reaches_the_script():
     with pytest.raises(ValueError):
         script(mail_user="alice@dsportal.test\n#SBATCH --uid=0")
@@ -52,6 +55,7 @@ def test_an_address_that_could_smuggle_syntax_never_reaches_the_script():
 
 # ---------------------------------------------------------------- no cluster: the rules and the form
 @pytest.mark.parametrize("value", ["yes", "on", 1, None, ["true"], {"to": "eve@evil.test"}, "eve@evil.test"])
+@pytest.mark.quick
 def test_a_mail_option_that_is_not_true_or_false_is_refused_in_words(value):
     with pytest.raises(RequestError, match="mail must be true or false"):
         wants_mail({"mail": value})
@@ -60,6 +64,7 @@ def test_a_mail_option_that_is_not_true_or_false_is_refused_in_words(value):
         parse_options({"profile": "cpu", "mail": value}, profiles, set(), "gpu")
 
 
+@pytest.mark.quick
 def test_true_false_and_left_out_are_accepted():
     assert wants_mail({"mail": True}) is True
     assert wants_mail({"mail": False}) is False
@@ -67,6 +72,7 @@ def test_true_false_and_left_out_are_accepted():
 
 
 @pytest.mark.parametrize("address", ["alice@dsportal.test", "a.b+lab@mail.example.org", "carol@localhost"])
+@pytest.mark.quick
 def test_plain_addresses_pass(address):
     assert plain_mail_address(address) == address
 
@@ -74,11 +80,13 @@ def test_plain_addresses_pass(address):
 @pytest.mark.parametrize("address", ["-oQ/tmp@dsportal.test", "alice@dsportal.test\n", "alice @dsportal.test",
                                      "alice@dsportal.test,eve@evil.test", "alice", "@dsportal.test",
                                      "ålice@dsportal.test", "alice@dsportal.test;id", "", None])
+@pytest.mark.quick
 def test_addresses_that_are_not_plain_are_refused_in_words(address):
     with pytest.raises(RequestError, match="is not a plain address"):
         plain_mail_address(address)
 
 
+@pytest.mark.quick
 def test_the_forms_checkbox_becomes_the_mail_option():
     base = {"profile": ["cpu"], "gpus.cpu": ["0"], "walltime.cpu": ["01:00:00"]}
     assert options_from_form({**base, "mail": ["on"]})["mail"] is True
@@ -86,6 +94,7 @@ def test_the_forms_checkbox_becomes_the_mail_option():
     assert options_from_form({**base, "mail": ["eve@evil.test"]})["mail"] == "eve@evil.test"  # refused by the rules
 
 
+@pytest.mark.quick
 def test_the_form_shows_the_checkbox_off_with_the_note_when_there_is_no_address():
     form = render("spawn_form.html.j2", rows=[], default="", mail={"address": "", "note": "No e-mail address is known"})
     assert re.search(r'<input[^>]*name="mail"[^>]*disabled', form)
@@ -95,6 +104,7 @@ def test_the_form_shows_the_checkbox_off_with_the_note_when_there_is_no_address(
     assert "E-mail me when my session starts" in form and "alice@dsportal.test" in form
 
 
+@pytest.mark.quick
 def test_the_demos_mta_delivers_its_domain_locally_and_relays_nothing():
     settings = dict(line.split("=", 1) for line in exim_settings("dsportal.test").splitlines() if "=" in line)
     assert settings["dc_eximconfig_configtype"] == "'local'"

@@ -3,8 +3,10 @@
 import pytest
 import yaml
 
-from portal.settings import SettingsError, load, parse_memory_mb, parse_walltime
 from conftest import CONFIG
+from portal.settings import SettingsError, load, parse_memory_mb, parse_walltime
+
+pytestmark = pytest.mark.quick
 
 
 def write(tmp_path, edit):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 import websocket
+
 from hubclient import receive
 from portal.session import sliceusage
 

@@ -5,9 +5,26 @@ on the demo in test_gauges.py, and on a real GPU in bench/results/gpu-validation
 
 from pathlib import Path
 
-from portal.session.sliceusage import (Cgroup, Gpu, busy_gpus, cgroup_of, job_gpu_uuids, job_top, limiting_cgroup,
-                                       only_the_jobs, parse_cpu_max, parse_flat_keyed, parse_mountinfo, parse_proc_cgroup,
-                                       read_memory, slice_cores)
+import pytest
+
+from portal.session.sliceusage import (
+    Cgroup,
+    Gpu,
+    busy_gpus,
+    cgroup_of,
+    job_gpu_uuids,
+    job_top,
+    limiting_cgroup,
+    only_the_jobs,
+    parse_cpu_max,
+    parse_flat_keyed,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    read_memory,
+    slice_cores,
+)
+
+pytestmark = pytest.mark.quick
 
 V1 = """12:memory:/slurm/uid_1001/job_42/step_batch/task_0
 3:cpu,cpuacct:/slurm/uid_1001/job_42/step_batch/task_0

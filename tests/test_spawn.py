@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 
 from conftest import HUB, wait_no_jobs
-from hubclient import active_jobs, squeue_jobs
+from hubclient import active_jobs
 
 
 def test_session_runs_as_the_user_inside_a_slurm_job(alice):

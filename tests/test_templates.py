@@ -279,6 +279,7 @@ def test_templates_check_names_the_failing_cell_and_logs_its_traceback(tmp_path)
     assert "Traceback (most recent call last)" in text and "raise ValueError(f'boom {x}')" in text
 
 
+@pytest.mark.quick
 def test_check_user_is_the_owner_else_the_first_member_who_may_open_the_source(monkeypatch):
     """Whom `dsportal templates check` (root, no --user) runs a source as; directory lookups faked."""
     from portal.cluster import templatecheck
@@ -312,6 +313,7 @@ def test_check_user_is_the_owner_else_the_first_member_who_may_open_the_source(m
             chosen(source, edit)
 
 
+@pytest.mark.quick
 def test_publishing_never_deletes_what_the_user_had(tmp_path):
     """The templates folder is (re)made at every session start: a file of the user's in the way
     is renamed, the user's own entries stay, links of sources no longer offered go."""

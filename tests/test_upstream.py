@@ -19,6 +19,8 @@ import pytest
 from portal.hub import upstream as hub_upstream
 from portal.session import upstream as session_upstream
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = [*hub_upstream.PATCHES, *session_upstream.PATCHES]
 
@@ -101,21 +103,22 @@ def test_the_patched_classes_use_the_upstream_module():
 
 
 def test_a_login_from_a_session_is_told_by_its_certificate_through_tornados_public_api():
-    """auth.from_a_session reads the client's certificate with HTTPServerRequest.get_ssl_certificate:
-    a session's names a user; a person's browser sends none; plain HTTP has no certificate at all."""
+    """auth.has_session_certificate reads the client's certificate with
+    HTTPServerRequest.get_ssl_certificate: a session's names a user; a person's browser sends none;
+    plain HTTP has no certificate at all."""
     import socket
     from types import SimpleNamespace
 
     from tornado.httputil import HTTPServerRequest
 
-    from portal.hub.auth import from_a_session
+    from portal.hub.auth import has_session_certificate
     from spawner.certs import USERS_DOMAIN
 
     def login(tls_socket):
         connection = SimpleNamespace(stream=SimpleNamespace(socket=tls_socket), set_close_callback=lambda c: None,
                                      context=None)
         request = HTTPServerRequest("POST", "/hub/login", connection=connection)
-        return from_a_session(SimpleNamespace(request=request))
+        return has_session_certificate(SimpleNamespace(request=request))
 
     def presenting(certificate):
         return SimpleNamespace(getpeercert=lambda binary_form=False: certificate)
@@ -290,7 +293,7 @@ def test_tensorboards_serve_without_an_info_file():
 
 def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
     """Every kernel of a session loads portal.session.magics; the rules, settings and Slurm client behind
-    %%horovod load on first use (0.1 s of CPU per kernel start otherwise), and then work as before."""
+    %%horovod load on first use (not paid for by every kernel start), and then work as before."""
     code = (
         "import sys, portal.session.magics as m\n"
         "heavy = ('portal.rules', 'portal.settings', 'pydantic', 'yaml')\n"

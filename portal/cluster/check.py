@@ -17,7 +17,8 @@ from .. import ldapconnect, settings as settings_module
 from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
-from .slurmclient import SlurmCommands, SlurmError
+from .slurmclient import SlurmCommands
+from .slurmparse import SlurmError
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
@@ -135,7 +136,7 @@ def check_images(settings) -> list[Result]:
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
         return results + [Result("images", False, f"could not look at the images as a user: {why}")]
-    for image, (status, detail) in zip(settings.images, json.loads(probe.stdout)):
+    for image, (status, detail) in zip(settings.images, json.loads(probe.stdout), strict=True):
         shown = f"{image.runtime}, {detail}" if status == "built" else f"{status}: {detail}"
         results.append(Result(f"image {image.name}", True, shown, warning=status != "built"))
     return results
@@ -299,7 +300,7 @@ def check_accounting(settings) -> Result:
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
-def a_portal_user() -> str | None:
+def first_portal_user() -> str | None:
     """Some account the mediator would serve, to ask sudo about."""
     return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
                  if hubaccount.MIN_UID <= u.pw_uid <= hubaccount.MAX_UID), None)
@@ -313,7 +314,7 @@ def check_hub_account(settings) -> Result:
         return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/how-to/deploy.md says "
                       f"how to run it unprivileged); mediator {mediator} " + ("installed" if installed else
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
-    user = a_portal_user()
+    user = first_portal_user()
     if user is None:
         return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
     ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)

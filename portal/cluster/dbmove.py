@@ -130,7 +130,7 @@ def _undo(target: Engine) -> str:
     """JupyterHub's tables dropped from the target again; says how that went."""
     try:
         hubdatabase.drop_schema(target)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever it was, the admin is told what is left to do
         return (f"and removing what it had made failed too ({getattr(error, 'orig', None) or error}): drop "
                 f"every table of {target.url} by hand before trying again")
     return "and the target was left without JupyterHub's tables"

@@ -42,7 +42,7 @@ import json
 import pwd
 import shutil
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 TABLE = "dsportal_isolation"
 FIRST_USER_UID = 1000  # Debian's UID_MIN: below it, system accounts (the hub's included)

@@ -218,7 +218,8 @@ def make_sandbox(image: Image, root: Path) -> None:
 
 # Files ch-run binds from the host when the image has them: without /etc/hosts (debootstrap makes
 # none) a kernel's lookup of its own node's name went to the image's copy of the build machine's
-# DNS server, unreachable from the nodes: 10 s per lookup, a container kernel's start 20 s.
+# DNS server, unreachable from the nodes: each lookup waited out the resolver's timeout, and a
+# container kernel's start with it.
 HOST_FILES = ("etc/hosts", "etc/resolv.conf")
 
 

@@ -59,7 +59,7 @@ def load_settings(path: str = SETTINGS) -> dict:
     return settings
 
 
-def the_user(settings: dict) -> pwd.struct_passwd:
+def calling_user(settings: dict) -> pwd.struct_passwd:
     """Who runs it: a portal user, whose uid is in the settings' range (Debian's for people: not root,
     not the system accounts below 1000, not those of packages from 60000 up, such as slurm's)."""
     me = pwd.getpwuid(os.getuid())
@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
     verb, args = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
     try:
         settings = load_settings()
-        me = the_user(settings)
+        me = calling_user(settings)
         if verb == "submit" and not args:
             return submit(settings, me)
         if verb == "cancel" and len(args) == 1:

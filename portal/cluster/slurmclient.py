@@ -1,4 +1,4 @@
-"""The one place that talks to Slurm and parses what it says.
+"""The one place that runs Slurm commands (what they print is read by portal/cluster/slurmparse.py).
 
 Commands run with an argv list (never a shell), and fail with one set of errors: SlurmError
 (Slurm's own words) and SlurmUnavailable (slurmctld did not answer). Two clients share them:
@@ -7,8 +7,8 @@ Commands run with an argv list (never a shell), and fail with one set of errors:
   state comes from one ``squeue`` of every job the controller still remembers (finished ones
   included, for MinJobAge), so a single call serves every session of the hub: callers share one
   cached snapshot (:func:`shared_client`) instead of each running its own. Only the portal's
-  sessions are read in full (:func:`parse_squeue`); a department's thousands of other jobs cost a
-  line each;
+  sessions are read in full (:func:`~portal.cluster.slurmparse.parse_squeue`); a department's
+  thousands of other jobs cost a line each;
 - :class:`SlurmCommands`, blocking, for code that runs Slurm as its own user and has no event loop
   of its own to spare: a session's job launcher (in kernels and threads) and the admin's commands.
 """
@@ -21,385 +21,45 @@ import json
 import logging
 import os
 import pwd
-import re
 import secrets
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Iterable
-
-from prometheus_client import Counter, Histogram
 
 from .. import defaults
+from .slurmparse import (
+    LINE_CHARS,
+    Job,
+    Node,
+    Resources,
+    SlurmError,
+    SlurmMissing,
+    SlurmUnavailable,
+    bounded_tail,
+    checked_output,
+    job_gpus as job_gpus,  # imported from here by portal/session/
+    parse_config,
+    parse_job_id,
+    parse_sacct,
+    parse_scontrol_jobs,
+    parse_sinfo_json,
+    parse_squeue,
+    partition_resources,
+    queue_places,
+    refusal_hint as refusal_hint,  # imported from here by portal/session/ and spawner/
+    sacct_records,
+    slurm_minutes,
+    squeue_format,
+)
 
 log = logging.getLogger(__name__)
 
-# Served with the hub's metrics (/hub/metrics, portal/hub/metrics.py).
-SLURM_COMMANDS = Counter(
-    "dsportal_slurm_commands", "Slurm client commands the hub ran, by command and outcome "
-    "(ok, error: Slurm refused, unavailable: slurmctld did not answer).", ["command", "outcome"])
-SLURM_SECONDS = Histogram(
-    "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-# A user's file the hub shows her (her session's log): at most its last TAIL_BYTES, lines cut.
+# A user's file the hub shows her (her session's log): at most its last TAIL_BYTES, lines cut to LINE_CHARS.
 TAIL_BYTES = 64 * 1024
-LINE_CHARS = 500
 # What of the hub's environment its Slurm commands get (the locale, where Slurm and munge are).
 PASSED_ON = {"PATH", "LANG", "LANGUAGE", "TZ", "SLURM_CONF", "MUNGE_SOCKET"}
-PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "SUSPENDED"}
-RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
-
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed; the message is Slurm's own words."""
-
-
-class SlurmUnavailable(SlurmError):
-    """slurmctld could not be reached (transient: callers keep their sessions)."""
-
-
-class SlurmMissing(SlurmError):
-    """A Slurm command is not installed where it was run."""
-
-
-UNREACHABLE_HINTS = (
-    "Unable to contact slurm controller",
-    "Socket timed out",
-    "Connection refused",
-    "Zero Bytes were transmitted",
-)
-
-
-def refusal_hint(message: str, account: str | None = None, qos: str | None = None) -> str:
-    """Plain words to put after Slurm's own refusal, for the refusals accounting brings (sbatch)."""
-    if "accounting/QOS policy" in message or "QOSMax" in message:
-        return (f" The limits of the Slurm QoS{f' {qos}' if qos else ''} do not allow this request (they count "
-                "everything you run): ask for fewer GPUs or less time, or ask your admin.")
-    if "Invalid qos" in message:
-        return f" Your Slurm account may not use the QoS {qos or '(default)'}: ask your admin."
-    if "Invalid account" in message:
-        return (f" You have no Slurm association with the account {account or '(default)'} on this partition: "
-                "ask your admin to add you (sacctmgr add user).")
-    return ""
-
-
-@dataclass(frozen=True)
-class Job:
-    job_id: int
-    user: str
-    name: str
-    state: str
-    reason: str
-    partition: str
-    batch_host: str
-    nodes: str
-    exit_code: int
-    start_time: int
-    submit_time: int
-    gpus: int = 0  # per node, as requested (tres_per_node)
-    profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
-    priority: int = 0  # while pending: the scheduler serves higher first
-    time_limit: int = 0  # minutes (0: none known)
-
-    @property
-    def pending(self) -> bool:
-        return self.state in PENDING_STATES
-
-    @property
-    def running(self) -> bool:
-        return self.state in RUNNING_STATES
-
-    @property
-    def ending(self) -> bool:
-        """Slurm is ending the job's processes (COMPLETING): its batch script is over, though the
-        job still holds its resources, and the state hides how it ended (cancelled, failed...)."""
-        return self.state == "COMPLETING"
-
-    @property
-    def finished(self) -> bool:
-        return not (self.pending or self.running)
-
-    @classmethod
-    def from_json(cls, item: dict) -> "Job":
-        return cls(
-            job_id=int(item["job_id"]),
-            user=item.get("user_name") or str(item.get("user_id", "")),
-            name=item.get("name") or "",
-            state=item.get("job_state") or "UNKNOWN",
-            reason=item.get("state_reason") or "None",
-            partition=item.get("partition") or "",
-            batch_host=item.get("batch_host") or "",
-            nodes=item.get("nodes") or "",
-            exit_code=_exit_status(item.get("exit_code")),
-            start_time=int(item.get("start_time") or 0),
-            submit_time=int(item.get("submit_time") or 0),
-            gpus=_gpu_count((item.get("tres_per_node") or "").replace("gres:", "")),
-            profile=profile_of(item.get("comment") or ""),
-            priority=_number(item.get("priority")),
-            time_limit=_number(item.get("time_limit")),
-        )
-
-
-PROFILE_COMMENT = re.compile(r"(?:^|[ ,;])dsportal-profile=([A-Za-z0-9_.-]+)")
-
-
-def _number(value) -> int:
-    """squeue --json's numbers: plain, or (newer Slurm) {"set": true, "number": N}."""
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else 0
-    return int(value) if isinstance(value, (int, float)) else 0
-
-
-def queue_places(jobs: dict[int, "Job"], others: Iterable[tuple[int, str, int, int]] = ()) -> dict[int, tuple[int, int]]:
-    """{job id: (place, of)}: where each pending session job stands among its partition's pending
-    jobs (``others``: the rest, as (id, partition, priority, submit time)), in the order the scheduler
-    takes them (priority, then age)."""
-    queues: dict[str, list[tuple[int, int, int]]] = {}
-    for job in jobs.values():
-        if job.pending:
-            queues.setdefault(job.partition, []).append((-job.priority, job.submit_time, job.job_id))
-    for job_id, partition, priority, submitted in others:
-        if partition in queues:  # only queues a session waits in are ranked
-            queues[partition].append((-priority, submitted, job_id))
-    places = {}
-    for queue in queues.values():
-        queue.sort()
-        places.update({entry[2]: (place, len(queue)) for place, entry in enumerate(queue, 1) if entry[2] in jobs})
-    return places
-
-
-def profile_of(comment: str) -> str:
-    """The portal profile a job's comment names (the batch scripts' --comment=dsportal-profile=NAME)."""
-    found = PROFILE_COMMENT.search(comment)
-    return found.group(1) if found else ""
-
-
-def job_gpus(environ=os.environ) -> set[int]:
-    """The job's GPUs as device minor numbers (/dev/nvidiaN), as Slurm names them."""
-    value = environ.get("SLURM_JOB_GPUS") or environ.get("CUDA_VISIBLE_DEVICES") or ""
-    return {int(part) for part in value.split(",") if part.strip().isascii() and part.strip().isdigit()}
-
-
-def _exit_status(raw) -> int:
-    """22.05 reports the wait status as an int; later versions as an object."""
-    if isinstance(raw, dict):
-        value = raw.get("return_code", 0)
-        return int(value.get("number", 0) if isinstance(value, dict) else value or 0)
-    raw = int(raw or 0)
-    return raw >> 8 if raw > 255 else raw
-
-
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(\d+)")
-_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "maint", "reboot")
-
-
-def _gpu_count(gres: str) -> int:
-    return sum(int(n) for n in _GRES_GPU.findall(gres or ""))
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    state: str
-    partitions: tuple[str, ...]
-    cpus: int
-    alloc_cpus: int
-    mem_mb: int
-    alloc_mem_mb: int
-    gpus: int
-    alloc_gpus: int
-    address: str = ""  # NodeAddr: where the login node (hub, slurmctld) reaches it
-
-    @property
-    def usable(self) -> bool:
-        return not any(word in self.state.lower() for word in _UNUSABLE_NODE_STATES)
-
-    @classmethod
-    def from_json(cls, item: dict) -> "Node":
-        return cls(
-            name=item["name"],
-            state=str(item.get("state") or ""),
-            partitions=tuple(item.get("partitions") or ()),
-            cpus=int(item.get("cpus") or 0),
-            alloc_cpus=int(item.get("alloc_cpus") or 0),
-            mem_mb=int(item.get("real_memory") or 0),
-            alloc_mem_mb=int(item.get("alloc_memory") or 0),
-            gpus=_gpu_count(item.get("gres", "")),
-            alloc_gpus=_gpu_count(item.get("gres_used", "")),
-            address=str(item.get("address") or item["name"]),
-        )
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Free and total resources of a partition's usable nodes."""
-
-    nodes: int = 0
-    gpus: int = 0
-    free_gpus: int = 0
-    cpus: int = 0
-    free_cpus: int = 0
-    mem_mb: int = 0
-    free_mem_mb: int = 0
-    largest_free_gpus_on_a_node: int = 0
-    most_gpus_on_a_node: int = 0
-
-
-def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
-    totals: dict[str, dict[str, int]] = {}
-    for node in nodes:
-        if not node.usable:
-            continue
-        free_gpus = max(node.gpus - node.alloc_gpus, 0)
-        for partition in node.partitions:
-            t = totals.setdefault(partition, dict.fromkeys(Resources.__dataclass_fields__, 0))
-            t["nodes"] += 1
-            t["gpus"] += node.gpus
-            t["free_gpus"] += free_gpus
-            t["cpus"] += node.cpus
-            t["free_cpus"] += max(node.cpus - node.alloc_cpus, 0)
-            t["mem_mb"] += node.mem_mb
-            t["free_mem_mb"] += max(node.mem_mb - node.alloc_mem_mb, 0)
-            t["largest_free_gpus_on_a_node"] = max(t["largest_free_gpus_on_a_node"], free_gpus)
-            t["most_gpus_on_a_node"] = max(t["most_gpus_on_a_node"], node.gpus)
-    return {name: Resources(**values) for name, values in totals.items()}
-
-
-def parse_sinfo_json(text: str) -> list[Node]:
-    return [Node.from_json(item) for item in json.loads(text).get("nodes") or []]
-
-
-# The session jobs' names (spawner/gpuspawner.py: dsportal-<user>[:<server>]).
-SESSION_JOB_PREFIX = "dsportal-"
-# What the hub's squeue prints of each job (squeue -O names), every value whole (width 0) and followed
-# by the call's own random separator. The user-set values (a job's name and comment) come last.
-SQUEUE_FIELDS = ("JobID", "UserName", "State", "Reason", "Partition", "PriorityLong", "SubmitTime", "StartTime",
-                 "TimeLimit", "BatchHost", "NodeList", "exit_code", "tres-per-node", "Name", "Comment")
-_NOT_SET = ("", "N/A", "n/a", "(null)", "None", "NONE", "Unknown")
-
-
-def squeue_format(separator: str) -> str:
-    """squeue's -O format (passed as SQUEUE_FORMAT2, in the command's environment, which other users
-    cannot read: a user who could see the separator in time could name a job so as to end a field)."""
-    return ",".join(f"{field}:0{separator}" for field in SQUEUE_FIELDS)
-
-
-def _epoch(text: str) -> int:
-    """A time squeue printed with SLURM_TIME_FORMAT=%s (seconds since the epoch); 0 for none."""
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def _minutes(text: str) -> int:
-    try:
-        return slurm_minutes(text) if text.strip() not in _NOT_SET + ("UNLIMITED", "NOT_SET", "INVALID") else 0
-    except ValueError:
-        return 0
-
-
-def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[int, str, int, int]]]:
-    """squeue's answer to :func:`squeue_format` -> (the portal's session jobs by id, as Job; every
-    other pending job as (id, partition, priority, submit time), for the places in the queue).
-
-    Fields are split at the separator, which no value can hold, so a name or comment with blanks,
-    line breaks or field-like text stays one value. A department's thousands of other jobs are
-    only glanced at: whether they are sessions, and their place in the queue if they wait."""
-    values = text.split(separator)
-    count = len(SQUEUE_FIELDS)
-    if (len(values) - 1) % count or values[-1].strip():
-        raise SlurmError(f"squeue's answer could not be read ({len(values) - 1} values for {count} fields a job)")
-    sessions: dict[int, Job] = {}
-    others: list[tuple[int, str, int, int]] = []
-    for start in range(0, len(values) - 1, count):
-        (job_id, user, state, reason, partition, priority, submitted, started, limit, batch_host, nodes, exit_code,
-         tres, name, comment) = values[start:start + count]
-        job_id = job_id.strip()  # each job's line after the first begins with the line break
-        if not (job_id.isascii() and job_id.isdigit()):
-            raise SlurmError(f"squeue's answer could not be read (job id {job_id[:20]!r})")
-        if not name.startswith(SESSION_JOB_PREFIX):
-            if state in PENDING_STATES:
-                others.append((int(job_id), partition, _number_text(priority), _epoch(submitted)))
-            continue
-        code = exit_code.split(":")[0]
-        sessions[int(job_id)] = Job(
-            job_id=int(job_id), user=user, name=name, state=state or "UNKNOWN",
-            reason=reason if reason not in _NOT_SET else "None", partition=partition,
-            batch_host=batch_host if batch_host not in _NOT_SET else "",
-            nodes=nodes if nodes not in _NOT_SET else "",
-            exit_code=_exit_status(int(code)) if code.isascii() and code.isdigit() else 0,  # the wait status
-            start_time=_epoch(started), submit_time=_epoch(submitted),
-            gpus=_gpu_count(tres.replace("gres:", "") if tres not in _NOT_SET else ""),
-            profile=profile_of(comment if comment not in _NOT_SET else ""), priority=_number_text(priority),
-            time_limit=_minutes(limit))
-    return sessions, others
-
-
-def _number_text(text: str) -> int:
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def parse_squeue_json(text: str) -> dict[int, Job]:
-    data = json.loads(text)
-    errors = [e for e in data.get("errors") or [] if e]
-    if errors and not data.get("jobs"):
-        raise SlurmError(f"squeue reported: {errors}")
-    return {job.job_id: job for job in (Job.from_json(item) for item in data.get("jobs") or [])}
-
-
-def checked_output(argv: list[str], returncode: int, out: str, err: str) -> str:
-    """A finished command's output, or the error its words call for."""
-    if returncode != 0:
-        message = (err or out).strip() or f"exit status {returncode}"
-        kind = SlurmUnavailable if any(h in message for h in UNREACHABLE_HINTS) else SlurmError
-        raise kind(message)
-    return out
-
-
-def parse_job_id(out: str) -> int:
-    """``sbatch --parsable``'s answer: 'ID' or 'ID;cluster'."""
-    last = out.strip().splitlines()[-1] if out.strip() else ""
-    try:
-        return int(last.split(";")[0])
-    except ValueError:
-        raise SlurmError(f"sbatch gave no job id: {out.strip()!r}") from None
-
-
-def parse_scontrol_jobs(text: str) -> dict[int, dict[str, str]]:
-    """``scontrol show job -o`` lines -> {job id: {field: value}}."""
-    jobs = {}
-    for line in text.splitlines():
-        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
-        if "JobId" in fields:
-            jobs[int(fields["JobId"])] = fields
-    return jobs
-
-
-def parse_sacct(text: str, fields: tuple[str, ...]) -> dict[int, dict[str, str]]:
-    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> {job id: {field: value}}, the State's first
-    word ('CANCELLED by 5101' -> 'CANCELLED'). Where an id comes round again (a reset cluster,
-    wrap-around), the newest submission wins."""
-    jobs: dict[int, dict[str, str]] = {}
-    for record in sacct_records(text, fields):
-        if "State" in record:
-            record["State"] = (record["State"].split() or ["UNKNOWN"])[0]
-        earlier = jobs.get(int(record["JobID"]))
-        if earlier is None or record.get("Submit", "") >= earlier.get("Submit", ""):
-            jobs[int(record["JobID"])] = record
-    return jobs
-
-
-def sacct_records(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
-    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> one {field: value} per whole job."""
-    records = []
-    for line in text.splitlines():
-        values = line.split("|")
-        if len(values) == len(fields) and values[0].isascii() and values[0].isdigit():
-            records.append(dict(zip(fields, values)))
-    return records
 
 
 def sacct_argv(sacct: str, fields: tuple[str, ...], *, job_ids: Iterable[int] = (), since: str = "",
@@ -486,13 +146,16 @@ class Slurm:
         self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
-        # a class of 100 starting at once ran 200 Python processes together on the login node's 2 cores,
-        # where the hub's own loop got a 100th of a core (API p99 7.8 s) and sbatch ran past its timeout.
+        # a class starting at once ran two Python processes per student together on the login node's
+        # cores, which left the hub's own loop almost none and ran sbatch past its timeout.
         self._as_user_slots = asyncio.Semaphore(as_user_at_once or max(4, 2 * (os.cpu_count() or 1)))
         self._others_pending: list[tuple[int, str, int, int]] = []  # the last squeue's other pending jobs
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
         self._cancels: set[asyncio.Task] = set()  # cancel_soon's, held until they end
         self._places: tuple[dict, dict] = ({}, {})  # (the squeue snapshot, its queue_places)
+        # Told of each command: its name (command_name), outcome (ok; error: Slurm refused; unavailable:
+        # slurmctld did not answer; None: it ended otherwise) and seconds. The hub's metrics set it.
+        self.on_command: Callable[[str, str | None, float], None] | None = None
 
     # -- running commands -------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -524,19 +187,20 @@ class Slurm:
         return await self._timed(argv, input=input, env=env)
 
     async def _timed(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
-        command, started = command_name(argv), time.monotonic()
+        started, outcome = time.monotonic(), None
         try:
             out = await self._run(argv, input=input, env=env)
+            outcome = "ok"
+            return out
         except SlurmUnavailable:
-            SLURM_COMMANDS.labels(command, "unavailable").inc()
+            outcome = "unavailable"
             raise
         except SlurmError:
-            SLURM_COMMANDS.labels(command, "error").inc()
+            outcome = "error"
             raise
         finally:
-            SLURM_SECONDS.labels(command).observe(time.monotonic() - started)
-        SLURM_COMMANDS.labels(command, "ok").inc()
-        return out
+            if self.on_command:
+                self.on_command(command_name(argv), outcome, time.monotonic() - started)
 
     async def _run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
         try:
@@ -553,13 +217,13 @@ class Slurm:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if input is not None else None), self.command_timeout
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 proc.kill()
             except ProcessLookupError:  # it ended just now (killing it raised, and the start failed unexplained)
                 pass
             await proc.wait()
-            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s")
+            raise SlurmUnavailable(f"{Path(argv[0]).name} did not answer within {self.command_timeout:.0f} s") from None
         return checked_output(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     # -- jobs -------------------------------------------------------------------------
@@ -745,30 +409,6 @@ def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds:
     return _clients[key]
 
 
-def slurm_minutes(text: str) -> int:
-    """Slurm's time values ('D-HH:MM:SS', 'HH:MM:SS', 'MM:SS', 'MM') -> whole minutes."""
-    days, _, clock = text.strip().rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if len(parts) == 1:
-        parts = [0, parts[0], 0]  # minutes alone
-    elif len(parts) == 2:
-        parts = [0, *parts]  # MM:SS
-    hours, minutes, _seconds = parts
-    return (int(days or 0) * 24 + hours) * 60 + minutes
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """``scontrol show config``'s 'Name = value' lines -> {Name: value}."""
-    values = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name.strip() and " " not in name.strip():
-            values[name.strip()] = value.strip()
-    if not values:
-        raise SlurmError("scontrol show config printed nothing")
-    return values
-
-
 def _own_name() -> str | None:
     try:
         return pwd.getpwuid(os.getuid()).pw_name
@@ -788,7 +428,7 @@ class SlurmCommands:
         self.command_timeout = command_timeout
 
     @classmethod
-    def from_settings(cls, settings) -> "SlurmCommands":
+    def from_settings(cls, settings) -> SlurmCommands:
         return cls(env={**os.environ, **settings.slurm_env()}, bin_dir=settings.slurm.bin_dir)
 
     def tool(self, name: str) -> str:
@@ -843,13 +483,6 @@ class SlurmCommands:
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
         return parse_config(self.run([self.tool("scontrol"), "show", "config"]))
-
-
-def bounded_tail(text: str, lines: int) -> str:
-    """The last ``lines`` lines of ``text``, each cut to LINE_CHARS (marked where cut)."""
-    kept = text.splitlines()[-max(0, int(lines)):] if lines else []
-    return "\n".join(line if len(line) <= LINE_CHARS else f"{line[:LINE_CHARS]} [... {len(line) - LINE_CHARS} more characters]"
-                     for line in kept)
 
 
 def command_name(argv: list[str]) -> str:

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .slurmclient import SlurmCommands, SlurmError, profile_of
+from .slurmclient import SlurmCommands
+from .slurmparse import SlurmError, profile_of
 
 FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
 KEYS = ("user", "account", "profile")
@@ -43,7 +44,7 @@ class Row:
     def gpu_hours(self) -> float:
         return (self.session_gpu_s + self.job_gpu_s) / 3600
 
-    def add(self, other: "Row") -> None:
+    def add(self, other: Row) -> None:
         self.sessions += other.sessions
         self.session_gpu_s += other.session_gpu_s
         self.jobs += other.jobs
@@ -98,7 +99,7 @@ def grouped(rows: dict[tuple[str, str, str], Row], by: tuple[str, ...]) -> dict[
     """The rows summed over what `by` leaves out (by: some of user, account, profile)."""
     result: dict[tuple[str, ...], Row] = {}
     for key, row in rows.items():
-        named = dict(zip(KEYS, key))
+        named = dict(zip(KEYS, key, strict=True))
         short = tuple(named[k] for k in by)
         target = result.setdefault(short, Row(*(named[k] if k in by else "*" for k in KEYS)))
         target.add(row)
@@ -119,7 +120,7 @@ def report(rows: dict[tuple[str, str, str], Row], since: datetime, by: tuple[str
              f" {'sessions':>8} {'session GPU-h':>13} {'jobs':>5} {'job GPU-h':>9} {'CPU-h':>9}  states"]
     for key, row in sorted(table.items(), key=lambda item: (-item[1].gpu_hours, -item[1].cpu_s, item[0])):
         states = ", ".join(f"{state} {n}" for state, n in sorted(row.states.items()))
-        lines.append(" ".join(f"{value:<{widths[k]}}" for k, value in zip(by, key)) +
+        lines.append(" ".join(f"{value:<{widths[k]}}" for k, value in zip(by, key, strict=True)) +
                      f" {row.sessions:>8} {row.session_gpu_s / 3600:>13.3f} {row.jobs:>5} {row.job_gpu_s / 3600:>9.3f}"
                      f" {row.cpu_s / 3600:>9.3f}  {states}")
     users = len({user for user, _, _ in rows})

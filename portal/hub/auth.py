@@ -63,7 +63,7 @@ class NotThroughTheProxy(web.HTTPError):
         super().__init__(403, "Log in through the portal's address, not from a session.")
 
 
-def from_a_session(handler) -> bool:
+def has_session_certificate(handler) -> bool:
     """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
     try:
         certificate = handler.request.get_ssl_certificate()  # None: no certificate
@@ -83,7 +83,8 @@ class PortalAuthenticator(LDAPAuthenticator):
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
     free_failures = Integer(defaults.LOGIN_FREE_FAILURES, help="Failed logins of one account from one address before each further "
                             "attempt from there waits.").tag(config=True)
-    first_delay = Float(defaults.LOGIN_FIRST_DELAY, help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
+    first_delay = Float(defaults.LOGIN_FIRST_DELAY,
+                        help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
     max_delay = Float(defaults.LOGIN_MAX_DELAY, help="The longest wait per account and address, in seconds.").tag(config=True)
     account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES, help="Failed logins of one account from any address within account_window "
                                "that refuse it for account_lock seconds (not from addresses it logged in from "
@@ -123,7 +124,7 @@ class PortalAuthenticator(LDAPAuthenticator):
         return name
 
     async def authenticate(self, handler, data):
-        if handler is not None and from_a_session(handler):
+        if handler is not None and has_session_certificate(handler):
             self.log.warning("Login of %r refused: it came straight from a session, not through the proxy",
                              data.get("username"))
             raise NotThroughTheProxy()
@@ -145,7 +146,7 @@ class PortalAuthenticator(LDAPAuthenticator):
         check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
         try:
             answer = await asyncio.wait_for(check, self.login_timeout)
-        except (asyncio.TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
+        except (TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
             self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()

@@ -1,7 +1,8 @@
 """The portal's Prometheus metrics, served with JupyterHub's own at /hub/metrics.
 
 Counters are counted where things happen: logins and refused port reports here, sessions starting,
-ending and reclaimed in spawner/metrics.py, the Slurm client's commands in portal/cluster/slurmclient.py.
+ending and reclaimed in spawner/metrics.py; the hub's Slurm client tells :func:`count_slurm_command`
+of each command it runs (portal/cluster/slurmclient.py).
 The session and capacity gauges are read at scrape time from
 the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of its own.
 """
@@ -11,17 +12,24 @@ from __future__ import annotations
 import re
 import time
 
-from prometheus_client import REGISTRY, Counter
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from spawner.metrics import IDLE_AFTER_S, last_uses
 
-from ..cluster.slurmclient import partition_resources
+from ..cluster.slurmparse import partition_resources
 
 LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, throttled: too many "
                  "failures, LDAP not asked).", ["outcome"])
 PORT_REPORTS_REFUSED = Counter(
     "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
+
+SLURM_COMMANDS = Counter(
+    "dsportal_slurm_commands", "Slurm client commands the hub ran, by command and outcome "
+    "(ok, error: Slurm refused, unavailable: slurmctld did not answer).", ["command", "outcome"])
+SLURM_SECONDS = Histogram(
+    "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
 REQUESTS_SHED = Counter(
     "dsportal_requests_shed", "Reads that could wait (page views, polling) answered 429 while the hub's event loop "
@@ -82,8 +90,16 @@ class SlurmCollector:
 _registered: set[int] = set()
 
 
+def count_slurm_command(command: str, outcome: str | None, seconds: float) -> None:
+    """A command the hub's Slurm client ran; an outcome of None (it ended otherwise: cancelled) is timed only."""
+    SLURM_SECONDS.labels(command).observe(seconds)
+    if outcome:
+        SLURM_COMMANDS.labels(command, outcome).inc()
+
+
 def register_slurm(slurm) -> None:
-    """Once per Slurm client (the hub has one)."""
+    """Once per Slurm client (the hub has one): its snapshots read at scrape time, its commands counted."""
+    slurm.on_command = count_slurm_command
     if id(slurm) not in _registered:
         REGISTRY.register(SlurmCollector(slurm))
         _registered.add(id(slurm))

@@ -14,7 +14,7 @@ The hub API (/hub/api/, token or OAuth) and any request with a token (/hub/metri
 host, as scripts use them.
 
 On a machine where users have shells (the demo), the hub also holds [::1]:<port> for localhost names
-(hold_the_ipv6_loopback_port)."""
+(hold_ipv6_loopback_port)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class ToTheHubsHost(web.RequestHandler):
 _RESERVED = []  # the sockets below, held as long as the hub runs
 
 
-def hold_the_ipv6_loopback_port(subdomain_host: str, bind_url: str) -> None:
+def hold_ipv6_loopback_port(subdomain_host: str, bind_url: str) -> None:
     """Browsers (and libnss-myhostname) resolve localhost and *.localhost to ::1 first, then to
     127.0.0.1. The proxy listens on 127.0.0.1 only: any user of this machine could listen on
     [::1]:<port> and be sent everybody's logins and sessions. The hub holds that address itself,
@@ -87,10 +87,10 @@ def hold_the_ipv6_loopback_port(subdomain_host: str, bind_url: str) -> None:
     _RESERVED.append(reserved)
 
 
-def _hub_pages_on_the_hubs_host(hub: JupyterHub) -> None:
+def _redirect_hub_pages_to_hub_host(hub: JupyterHub) -> None:
     """After JupyterHub built its tornado application (portal/hub/upstream.py)."""
     if hub.subdomain_host:
-        hold_the_ipv6_loopback_port(hub.subdomain_host, hub.bind_url)
+        hold_ipv6_loopback_port(hub.subdomain_host, hub.bind_url)
         router = hub.tornado_application.wildcard_router
         rule = Rule(HubPageOnAnotherHost(hub.subdomain_host, hub.hub_prefix), ToTheHubsHost,
                     {"hub_host": hub.subdomain_host})
@@ -105,4 +105,4 @@ def configure_user_origins(c, subdomain_host: str | None) -> None:
         return
     c.JupyterHub.subdomain_host = subdomain_host
     c.JupyterHub.cookie_host_prefix_enabled = urlparse(subdomain_host).scheme == "https"
-    upstream.after_init_tornado_application(_hub_pages_on_the_hubs_host)
+    upstream.after_init_tornado_application(_redirect_hub_pages_to_hub_host)

@@ -50,11 +50,11 @@ class SessionPortHandler(APIHandler):
             metrics.PORT_REPORTS_REFUSED.inc()
             raise web.HTTPError(409, refusal)
         self.log.info("Session of %s reported port %s (from %s)", user.name, port, self.request.remote_ip)
-        self.started_is_activity(user, spawner)
+        self.record_first_activity(user, spawner)
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
 
-    def started_is_activity(self, user, spawner) -> None:
+    def record_first_activity(self, user, spawner) -> None:
         """The session's server listens: its first activity. The idle clock
         (PartitionSpawner.idle_seconds) counts from here, not from the spawn request, which is what
         JupyterHub recorded before the job waited in Slurm's queue."""

@@ -33,7 +33,6 @@ from tornado import web
 from .. import ldapconnect
 from ..patchcheck import CHP, Definition, Mentions, Patch, stands_aside
 
-
 # ------------------------------------------------------------------ session certificate pinning
 # The certificate the session being checked must present (DER): set around User._wait_up.
 _EXPECTED_CERTIFICATE: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
@@ -71,7 +70,7 @@ def _pinning(make_ssl_context):
     return pinned
 
 
-def _waiting_for_the_certificate(wait_up, issued_certificate):
+def _pinned_wait_up(wait_up, issued_certificate):
     async def wait_up_pinned(self, spawner):
         expected = await issued_certificate(spawner.internal_certs_location, self.name, spawner.name)
         token = _EXPECTED_CERTIFICATE.set(expected or b"")  # none issued: nothing is accepted
@@ -91,8 +90,7 @@ def pin_session_certificates(issued_certificate) -> None:
     if not getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False):
         jupyterhub.user.make_ssl_context = _pinning(jupyterhub.user.make_ssl_context)
     if not getattr(jupyterhub.user.User._wait_up, "pins_session_certificates", False):
-        jupyterhub.user.User._wait_up = _waiting_for_the_certificate(jupyterhub.user.User._wait_up,
-                                                                     issued_certificate)
+        jupyterhub.user.User._wait_up = _pinned_wait_up(jupyterhub.user.User._wait_up, issued_certificate)
 
 
 # ------------------------------------------------------------------ JupyterHub's tornado application
@@ -293,7 +291,7 @@ PATCHES = [
     Patch("ldap-connection-timeouts", "portal/hub/auth.py",
           "ldapauthenticator LDAPAuthenticator.get_connection (overridden: its code, with timeouts, no schema read)",
           LDAP, "2.0.2", "blocking ldap3 calls without timeouts: a hung LDAP server stalled the hub's event loop; "
-          "the server's schema was read and parsed on every login (~8 ms of the hub's CPU each)",
+          "the server's schema was read and parsed on every login",
           (Definition("ldapauthenticator.ldapauthenticator", "LDAPAuthenticator.get_connection", "47dfcc9f6096c325"),
            Mentions("ldapauthenticator.ldapauthenticator", "tls_kwargs", "97b4a4179824018c")),
           None, guards=True, hook="ldapauthenticator settings for connect and receive timeouts (and for "

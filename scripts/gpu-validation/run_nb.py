@@ -1,5 +1,8 @@
 """Execute a notebook through a real Jupyter kernel (nbclient) and print every cell's output."""
-import sys, time, nbformat
+import sys
+import time
+
+import nbformat
 from nbclient import NotebookClient
 
 path = sys.argv[1]
@@ -8,7 +11,7 @@ started = time.time()
 ok = True
 try:
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": "."}}).execute()
-except Exception as error:  # report, then print what ran
+except Exception as error:  # noqa: BLE001 - report, then print what ran
     ok = False
     print("NOTEBOOK ERROR:", str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__)
 for cell in nb.cells:

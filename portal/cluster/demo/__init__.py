@@ -8,9 +8,9 @@ names), the node network (a bridge and a network namespace per node), the demo u
 accounts, which must match LDAP for jobs to run as them, and exim4's settings (/etc/exim4).
 
 The parts: base.py (state folder, pid files, config files), network.py (the nodes as hosts on a
-private bridge), slurmdaemons.py (munge, GPUs, slurmctld,
-slurmd), accounting.py (MariaDB, slurmdbd, associations), people.py (LDAP, Unix accounts),
-node.py (firewall, private /proc), mta.py (exim4: Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
+private bridge), slurmdaemons.py (munge, GPUs, slurmctld, slurmd), accounting.py (MariaDB, slurmdbd,
+associations), people.py (LDAP, Unix accounts), node.py (firewall, private /proc), mta.py (exim4:
+Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py (JupyterHub), hubdb.py
 (the hub's database on the demo's MariaDB).
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 from .accounting import accounting_status, stop_accounting
 from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
-from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
 from .mta import ensure_mta
-from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .network import ensure_network, network_status, remove_hosts, remove_network
+from .node import ensure_firewall, ensure_private_processes, remove_firewall
+from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 
 __all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm", "paths", "status", "stop_hub",
@@ -51,7 +51,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_images(config_path)
     ensure_courses(config_path)
     if with_hub:
-        # JupyterHub's tables and alembic (0.4 s) are loaded here only, not by every dsportal command
+        # JupyterHub's tables and alembic, slow to import, are loaded here only, not by every dsportal command
         # (the Slurm prolog's `dsportal firewall add-user` among them).
         from .hubdb import ensure_hub_database
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
 from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
-from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 from .mta import MAIL_PROGRAM, mail_domain
+from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
 GPUS_PER_NODE = 4
 # Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
@@ -32,9 +32,9 @@ SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.con
 # The compute nodes' jobs run on the CPU the login node's services (hub, proxy, slurmctld, slapd)
 # leave, as on machines of their own. With cgroup v1's cpu controller, each node's slurmd, and so
 # every job, starts in one cpu cgroup weighted as a sixteenth of one ordinary task (cpu.shares 64
-# of 1024): a class of 100 starting at once weighs that little against the hub, whose API p99 in
-# the class bench went from 1.4-2.6 s to 0.13-0.21 s (2026-11-26, 4 runs; the class was ready as
-# soon or sooner). Tasks outside the root cgroup are not autogrouped, so the weight holds.
+# of 1024): a class of 100 starting at once weighs that little against the hub, which keeps
+# answering while they start, and the class is ready no later (bench/results/session-start.md).
+# Tasks outside the root cgroup are not autogrouped, so the weight holds.
 # Elsewhere (cgroup v2, where slurmd places its steps itself) slurmd runs under SCHED_IDLE, as
 # before: jobs inherit it (PropagatePrioProcess=0), but the kernel's autogroup weighs each job's
 # session as one ordinary task (bench/results/session-start.md). A nice value is not enough: 30 sessions starting at
@@ -168,7 +168,7 @@ def write_slurm_conf() -> bool:
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     write_node_confs(conf)
     written = [write_if_changed(p.slurm / name, text, 0o644)
-               for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container))]
+               for name, text in zip(SLURM_CONF_FILES, (conf, gres, cgroup, job_container), strict=True)]
     return any(written)
 
 
