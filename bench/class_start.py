@@ -36,7 +36,6 @@ import hubclient
 from hubclient import HubUser
 from hubprocess import HubResources
 
-
 JOB_QUERIES = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_USER_INFO")
 MOST_RETRIES = 10  # a student told to retry (429) asks again at most this often
 
@@ -270,7 +269,8 @@ def describe(result: dict) -> str:
                  f"peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
                  if "hub_cpu" in result else "")
     machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "
-               f"{result['machine_seconds']:.0f} CPU-s ({100 * result['machine_busy'] / (result['machine_cpus'] * result['machine_seconds']):.0f} %), "
+               f"{result['machine_seconds']:.0f} CPU-s "
+               f"({100 * result['machine_busy'] / (result['machine_cpus'] * result['machine_seconds']):.0f} %), "
                f"the class's jobs {result['class_jobs_cpu']:.0f} CPU-s ({result['class_jobs_cpu'] / result['students']:.2f} per student)"
                + (f", proxy {result['proxy_cpu']:.0f} CPU-s" if "proxy_cpu" in result else "")
                + (f", the students' clients {result['clients_cpu']:.0f} CPU-s" if "clients_cpu" in result else "")
@@ -278,7 +278,7 @@ def describe(result: dict) -> str:
     return (f"{result['students']} students: logins {result['logins']:.1f} s; last ready {result['last_ready']:.1f} s, "
             f"median {result['median_ready']:.1f} s, {result['lost']} lost, {result['told_to_retry']} told to retry; "
             + (f"{result['polls']} polls of their models, {result['polls_refused']} answered 429; " if result.get("polls") else "")
-            + 
+            +
             f"last first cell {result['first_cell_last']:.1f} s ({result['cells_failed']} failed"
             + (f", most as {result['cell_failure']!r}" if result.get("cell_failure") else "") + "); "
             f"bystander hub API p50 {result['api_p50'] * 1000:.0f} ms, p99 {result['api_p99'] * 1000:.0f} ms"

@@ -2,8 +2,8 @@
 
 ResNet-50 on synthetic data (bench/resnet_synthetic.py), Horovod (mpirun) and torch DDP
 (torchrun), on 1, 2 and 4 GPUs of one node, and DDP on 2 nodes x 2 GPUs (``run --gpus 1,2,4,2x2``
-picks; 2x2 needs the host split into two Slurm nodes, SLURM_NODES=2 in scaling.sh). Two steps, because the GPU machine has neither the portal's
-Python stack nor a network:
+picks; 2x2 needs the host split into two Slurm nodes, SLURM_NODES=2 in scaling.sh). Two steps, because the
+GPU machine has neither the portal's Python stack nor a network:
 
   render  (here) the portal's own job path: each request goes through ``plan_job`` (the
           validation sessions use) and ``render_script`` (templates/mpi_job.sbatch.j2: the

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from locust import HttpUser, between, events, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from browsercookies import BrowserCookies  # noqa: E402  (the tests' client keeps cookies the same way)
+from browsercookies import BrowserCookies
 
 ACCOUNTS = json.loads(os.environ.get("DSPORTAL_LOAD_USERS", "[]"))
 LEAST, MOST = (float(s) for s in os.environ.get("DSPORTAL_LOAD_WAIT", "5,15").split(","))

@@ -69,8 +69,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from class_start import class_start, describe, jobs_of  # noqa: E402
-from department import HubLoad, queued_jobs  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
+from department import HubLoad, queued_jobs  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
 from portal.cluster.demo.base import directory  # noqa: E402
 

@@ -261,7 +261,7 @@ class HubSettings(_Model):
         return database_url(value) if value and value.strip() else None
 
     @model_validator(mode="after")
-    def _db_password(self) -> "HubSettings":
+    def _db_password(self) -> HubSettings:
         if self.db_url and not self.db_url.startswith("sqlite") and not self.db_password_file:
             raise ValueError("db_url names a database server: db_password_file must name the file that holds "
                              "its password (mode 0600)")
@@ -312,7 +312,8 @@ class LoginThrottleSettings(_Model):
                                "each further attempt from there must wait (a success clears them).")
     first_delay: float = Field(defaults.LOGIN_FIRST_DELAY, gt=0, description="Seconds the first wait lasts; it doubles with each failure.")
     max_delay: float = Field(defaults.LOGIN_MAX_DELAY, gt=0, description="The longest wait per account and address, in seconds.")
-    account_failures: int = Field(defaults.LOGIN_ACCOUNT_FAILURES, ge=1, description="Wrong passwords for one account from any addresses within "
+    account_failures: int = Field(defaults.LOGIN_ACCOUNT_FAILURES, ge=1,
+                                  description="Wrong passwords for one account from any addresses within "
                                   "account_window that refuse it for account_lock seconds, except from addresses "
                                   "it logged in from before.")
     account_window: float = Field(defaults.LOGIN_ACCOUNT_WINDOW, gt=0, description="Seconds over which account_failures are counted.")
@@ -485,7 +486,7 @@ class Profile(_Model):
         return lines
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Profile":
+    def _consistent(self) -> Profile:
         if self.default_gpus not in self.gpu_choices:
             raise ValueError(f"default_gpus {self.default_gpus} is not one of gpu_choices {self.gpu_choices}")
         if parse_walltime(self.default_walltime) > parse_walltime(self.max_walltime):
@@ -544,7 +545,8 @@ class SessionSettings(_Model):
     activity_interval: int = Field(
         defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
         "and busy GPUs count); the idle limits of profiles are measured from the last report.")
-    gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100, description="GPU utilisation from which a session's GPU counts as in use.")
+    gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100,
+                                  description="GPU utilisation from which a session's GPU counts as in use.")
     save_ahead: int = Field(
         defaults.SAVE_AHEAD, ge=30, le=3600, description="Seconds before a session's walltime ends that Slurm tells it "
         "(--signal): open JupyterLabs save every document, then the kernels are shut down cleanly.")
@@ -582,7 +584,7 @@ class TemplateSettings(_Model):
                                           "subfolder each of every session's templates folder.")
 
     @model_validator(mode="after")
-    def _distinct(self) -> "TemplateSettings":
+    def _distinct(self) -> TemplateSettings:
         names = [s.name for s in self.sources]
         if len(names) != len(set(names)):
             raise ValueError(f"template source names must be unique, got {names}")
@@ -606,7 +608,7 @@ class Settings(_Model):
     source: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
-    def _profiles(self) -> "Settings":
+    def _profiles(self) -> Settings:
         names = [p.name for p in self.profiles]
         if len(names) != len(set(names)):
             raise ValueError(f"profile names must be unique, got {names}")

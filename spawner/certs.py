@@ -32,7 +32,7 @@ import re
 import stat
 import threading
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -191,7 +191,7 @@ def _still_fits(record: dict, names: list[str]) -> bool:
         return False
     named = {f"DNS:{name}" for name in san.get_values_for_type(x509.DNSName)}
     named |= {f"IP:{address}" for address in san.get_values_for_type(x509.IPAddress)}
-    return named == set(names) and cert.not_valid_after_utc - datetime.now(timezone.utc) > REUSE_MIN_VALIDITY
+    return named == set(names) and cert.not_valid_after_utc - datetime.now(UTC) > REUSE_MIN_VALIDITY
 
 
 def record_name(user: str, server: str = "") -> str:

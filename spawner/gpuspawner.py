@@ -341,7 +341,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         cancel.add_done_callback(failed)
         try:
             await asyncio.wait_for(asyncio.shield(cancel), STOP_WAITS_FOR_SLURM)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.log.warning("Slurm has not taken the cancel of job %s of %s in %.0f s: it is asked again until it "
                              "does", job_id, self.user.name, STOP_WAITS_FOR_SLURM)
             return False
@@ -393,7 +393,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             # report waits for the submission, then is judged as any other.
             try:
                 await asyncio.wait_for(self.submitting.wait(), REPORT_WAITS_FOR_SUBMISSION)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return (f"the hub has not finished submitting {self.user.name}'s session job after "
                         f"{REPORT_WAITS_FOR_SUBMISSION:.0f} s")
         if not self.awaiting_port or self.port:
@@ -475,7 +475,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def _until_port_or(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self.port_reported.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def _wait_until_serving(self):
@@ -564,7 +564,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     _, writer = await asyncio.wait_for(connecting, 1)
                     writer.close()
                     return JobStatus.RUNNING
-                except (OSError, asyncio.TimeoutError):
+                except (TimeoutError, OSError):
                     pass
             if time.monotonic() > deadline:
                 return status  # JupyterHub then gives up on the server and stops the job

@@ -60,5 +60,5 @@ async def lookup(ldap: LdapSettings, username: str) -> str | None:
     """:func:`address_in_directory` off the event loop, within the login's deadline."""
     try:
         return await asyncio.wait_for(asyncio.to_thread(address_in_directory, ldap, username), ldap.login_timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise DirectoryUnavailable(f"the directory (LDAP) did not answer within {ldap.login_timeout:g} s") from None

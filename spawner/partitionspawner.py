@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
@@ -372,7 +372,7 @@ class PartitionSpawner(WrapSpawner):
         last = self.orm_spawner.last_activity or self.orm_spawner.started
         if last is None:
             return None
-        return (datetime.now(timezone.utc).replace(tzinfo=None) - last.replace(tzinfo=None)).total_seconds()
+        return (datetime.now(UTC).replace(tzinfo=None) - last.replace(tzinfo=None)).total_seconds()
 
     async def progress(self):
         while self.child_spawner is None:

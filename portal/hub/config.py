@@ -13,17 +13,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from traitlets.log import get_logger
 
-from spawner.partitionspawner import PartitionSpawner
 from spawner.gpuspawner import SlurmGPUSpawner
+from spawner.partitionspawner import PartitionSpawner
 
-from .. import hubdatabase, patchcheck
-from .. import settings as settings_module
-from .. import templating
-from . import loadshed, metrics, proxyservice, upstream
+from .. import hubdatabase, patchcheck, settings as settings_module, templating
+from . import loadshed, metrics, proxyservice, sessions, spawnlimit, upstream, useroptions
 from .auth import configure_ldap
-from .origins import configure_user_origins
-from . import sessions, spawnlimit, useroptions
 from .extend import ExtendHandler
+from .origins import configure_user_origins
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
 

@@ -15,7 +15,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
@@ -99,7 +99,7 @@ def setup(server_app) -> None:
         kernels = busy_kernels(settings["kernel_manager"])
         gpus = await asyncio.to_thread(read_gpus, usage, threshold) if mine or usage.gpu_uuids else []
         if kernels or gpus:
-            settings[KEY] = datetime.now(timezone.utc)
+            settings[KEY] = datetime.now(UTC)
             server_app.log.debug("dsportal: in use (busy kernels %s, busy GPUs %s)", kernels, gpus)
 
     PeriodicCallback(look, max(1.0, interval / 2) * 1000).start()
@@ -110,7 +110,7 @@ def setup(server_app) -> None:
 def idle_state(web_app) -> dict:
     """What JupyterLab shows before the hub stops an unused session (GET dsportal/api/idle)."""
     limit = int(os.environ.get(sessionvars.IDLE_LIMIT) or 0)
-    idle = (datetime.now(timezone.utc) - web_app.last_activity()).total_seconds()
+    idle = (datetime.now(UTC) - web_app.last_activity()).total_seconds()
     interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
     return {"limit_s": limit or None, "idle_s": int(idle),
             # the hub hears of use once per activity interval: stop-in counts from its view
@@ -127,5 +127,5 @@ class IdleHandler(APIHandler):
 
     @web.authenticated
     def post(self):
-        self.settings["api_last_activity"] = datetime.now(timezone.utc)
+        self.settings["api_last_activity"] = datetime.now(UTC)
         self.finish(json.dumps(idle_state(self.application)))

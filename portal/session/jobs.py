@@ -3,8 +3,9 @@
 The session runs as the user inside its own Slurm job. It checks a request against the
 *launch policy* the hub handed it at spawn (the profiles, images and limits this user may
 use: portal/rules.py, the same rules as the spawn form), renders ``templates/mpi_job.sbatch.j2``
-and submits it as itself, through the Slurm adapter's blocking client (portal/cluster/slurmclient.py). Each rank writes its own ``rank-N.out`` / ``rank-N.err`` in the
-job's folder (``~/.dsportal/jobs/<stamp>/``, linked as ``~/.dsportal/jobs/<job id>``);
+and submits it as itself, through the Slurm adapter's blocking client (portal/cluster/slurmclient.py).
+Each rank writes its own ``rank-N.out`` / ``rank-N.err`` in the job's folder (``~/.dsportal/jobs/<stamp>/``,
+linked as ``~/.dsportal/jobs/<job id>``);
 :class:`LogFollower` turns those files into (rank, stream, line) events for the notebook
 magic and the server extension's websocket.
 
@@ -125,7 +126,7 @@ def jobs_root(home: str | None = None) -> Path:
     return Path(home or os.path.expanduser("~")) / JOBS_DIR
 
 
-def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> "JobInfo":
+def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobInfo:
     """sbatch the plan as the calling user; returns the job with its log folder."""
     home = home or os.path.expanduser("~")
     root = jobs_root(home)

@@ -101,10 +101,6 @@ def launch(**request) -> Job:
     return Job(info.job_id)
 
 
-def my_jobs() -> list[jobs.JobInfo]:
-    return jobs.list_jobs()
-
-
 def _parse(line: str) -> tuple[dict, bool]:
     import argparse
 

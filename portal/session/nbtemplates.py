@@ -192,11 +192,11 @@ class OpenHandler(_TemplatesAPI):
         try:
             answer = self.copies.open(body["path"], fresh=bool(body.get("fresh")))
         except TemplateError as error:
-            raise web.HTTPError(400, str(error))
+            raise web.HTTPError(400, str(error)) from None
         except FileNotFoundError as error:
-            raise web.HTTPError(404, str(error))
+            raise web.HTTPError(404, str(error)) from None
         except OSError as error:
-            raise web.HTTPError(500, f"could not make your copy: {error.strerror or error}")
+            raise web.HTTPError(500, f"could not make your copy: {error.strerror or error}") from None
         self.set_status(201 if answer["created"] else 200)
         self.finish(json.dumps(answer))
 

@@ -44,7 +44,7 @@ class Cgroup:
         except OSError:
             return None
 
-    def parent(self, top: Path) -> "Cgroup | None":
+    def parent(self, top: Path) -> Cgroup | None:
         return Cgroup(self.path.parent, self.version) if self.path != top else None
 
 

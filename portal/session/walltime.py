@@ -70,7 +70,7 @@ async def _walltime_ending(server_app, ending: _Ending) -> None:
     server_app.event_logger.emit(schema_id=SCHEMA_ID, data={"seconds_left": left})
     try:
         await asyncio.wait_for(ending.saved.wait(), GRACE)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _say(f"dsportal: no JupyterLab was open to save documents within {GRACE} s")
     await server_app.kernel_manager.shutdown_all()
     _say("dsportal: kernels shut down before the walltime's end")
