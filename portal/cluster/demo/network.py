@@ -46,21 +46,12 @@ def namespace(node: str) -> str:
     return f"dsportal-{node}"
 
 
-# What a node hides of the login node's software (its own mount namespace: /dev/null over each).
-# Node.js is the login node's, for the proxy; compute nodes seldom have it, and where a session
-# finds `node` on its PATH, JupyterLab runs it at every server start to read yarn's configuration
-# (jupyterlab.commands.AppOptions' registry default, computed as jupyterlab.labapp is imported).
-NOT_ON_NODES = ("node", "nodejs")
-_HIDE = 'for name in ' + " ".join(NOT_ON_NODES) + '; do found=$(command -v "$name") && ' \
-        'mount --bind /dev/null "$(readlink -f "$found")"; done; '
-
-
 def in_node(node: str, argv: list[str]) -> list[str]:
-    """argv run on ``node``: in its network namespace, with its own hostname, without the login
-    node's Node.js (above); the login node's later mounts still reach it (slave propagation). (nsenter,
-    not `ip netns exec`, which remounts /sys and so hides the cgroup file systems slurmd confines jobs with.)"""
-    return ["nsenter", f"--net=/run/netns/{namespace(node)}", "unshare", "--uts", "--mount", "--propagation",
-            "slave", "--", "sh", "-c", 'hostname "$0" && ' + _HIDE + 'exec "$@"', node, *argv]
+    """argv run on ``node``: in its network namespace, with its own hostname. (nsenter, not `ip
+    netns exec`, which remounts /sys and so hides the cgroup file systems slurmd confines jobs with.
+    Not in a mount namespace of its own: job_container/tmpfs then cannot join a job's namespace.)"""
+    return ["nsenter", f"--net=/run/netns/{namespace(node)}", "unshare", "--uts", "--", "sh", "-c",
+            'hostname "$0" && exec "$@"', node, *argv]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
