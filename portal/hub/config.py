@@ -17,7 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import loadshed, metrics, proxyservice, sessions, spawnlimit, upstream, useroptions
+from . import loadshed, metrics, pacing, proxyservice, sessions, spawnlimit, upstream, useroptions
 from .auth import configure_ldap
 from .extend import ExtendHandler
 from .origins import configure_user_origins
@@ -130,6 +130,8 @@ def configure(c, settings=None) -> None:
     # An overloaded hub answers page views and polling 429 + Retry-After, never a session's lifeline.
     if hub.shed_after_lag:
         loadshed.install(loadshed.LoopLag(threshold=hub.shed_after_lag))
+    # Logins, tokens and starts one per turn of the loop: a class's burst never stalls everything else.
+    pacing.install(pacing.Pacer())
     c.JupyterHub.extra_handlers = [(r"/api/dsportal/extend", ExtendHandler)]
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]

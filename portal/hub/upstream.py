@@ -248,6 +248,15 @@ PATCHES = [
           lambda: hasattr(JupyterHub.init_tornado_application, "original"),
           guards=True, hook="a JupyterHub hook run once its tornado application is built (also what the load "
           "shedding and the garbage collector's freeze at start use)"),
+    Patch("paced-new-work", "portal/hub/pacing.py",
+          "the targets of JupyterHub's routes (its tornado application's wildcard_router) of the login, token and "
+          "server handlers replaced by subclasses whose prepare awaits a turn",
+          JUPYTERHUB, "6.1.1", "a class's burst of logins, tokens and starts never stalls the hub's loop for the rest",
+          (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
+           Definition("jupyterhub.handlers.base", "BaseHandler.prepare", "76f2c75d18a69a15")),
+          lambda: any(getattr(extend, "paces_new_work", False) for extend in _AFTER_INIT),
+          hook="a JupyterHub hook to admit requests (an awaitable run before a handler's prepare), or "
+          "JupyterHub pacing new work itself"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "
