@@ -140,8 +140,13 @@ class HubUser:
         return requests.request(method, self.url(path), headers=headers, timeout=60, **kwargs)
 
     # -- the server -----------------------------------------------------------------
-    def model(self, user: str | None = None) -> dict:
-        response = self.api("GET", f"/hub/api/users/{user or self.name}")
+    def model(self, user: str | None = None, tries: int = 4) -> dict:
+        """The user's model; a busy hub's 429 is retried after the Retry-After it asks for, as its sentence says."""
+        for _ in range(tries):
+            response = self.api("GET", f"/hub/api/users/{user or self.name}")
+            if response.status_code != 429:
+                break
+            time.sleep(min(float(response.headers.get("Retry-After", 5)), 30))
         response.raise_for_status()
         model = response.json()
         self._learn_server_origins(model)
