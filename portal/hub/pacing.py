@@ -25,6 +25,7 @@ from collections import deque
 from jupyterhub.apihandlers.users import UserServerAPIHandler, UserTokenListAPIHandler
 from jupyterhub.handlers.login import LoginHandler
 from jupyterhub.handlers.pages import SpawnHandler
+from jupyterhub.utils import maybe_future
 
 from ..patchcheck import stands_aside
 from . import upstream
@@ -74,10 +75,7 @@ def paced(handler: type, pacer: Pacer) -> type:
         async def prepare(self):
             if self.request.method in PACED_METHODS:
                 await pacer.turn()
-            result = super().prepare()
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-            return result
+            return await maybe_future(super().prepare())  # as BaseHandler.prepare awaits tornado's
 
     # Its name and module stay upstream's: the hub's logs and its metrics' handler labels do not change.
     Paced.__name__, Paced.__qualname__, Paced.__module__ = handler.__name__, handler.__qualname__, handler.__module__
