@@ -1,9 +1,12 @@
 """GPU scaling of jobs launched through the portal, side by side with the same run launched bare.
 
-ResNet-50 on synthetic data (bench/resnet_synthetic.py), Horovod (mpirun) and torch DDP
-(torchrun), on 1, 2 and 4 GPUs of one node, and DDP on 2 nodes x 2 GPUs (``run --gpus 1,2,4,2x2``
-picks; 2x2 needs the host split into two Slurm nodes, SLURM_NODES=2 in scaling.sh). Two steps, because the
-GPU machine has neither the portal's Python stack nor a network:
+ResNet-50 on synthetic data (bench/resnet_synthetic.py), Horovod and torch DDP (torchrun), on 1, 2
+and 4 GPUs of one node and on 2 nodes x 2 GPUs (``run --gpus 1,2,4,2x2`` picks; SLURM_NODES=1+2 in
+scaling.sh gives partition gpu one node with every GPU and partition gpu2 two nodes with half each).
+Horovod's ranks are started as the profile's launcher says: ``srun --mpi=pmix`` (the default, as on
+a cluster) or ``mpirun`` inside the allocation. With ``--image`` each rank runs in that Apptainer
+image with ``--nv`` (outside-in, as the portal launches them); the bare runs stay on the host. Two
+steps, because the GPU machine has neither the portal's Python stack nor a network:
 
   render  (here) the portal's own job path: each request goes through ``plan_job`` (the
           validation sessions use) and ``render_script`` (templates/mpi_job.sbatch.j2: the
@@ -31,9 +34,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RUNS = [(mode, gpus) for mode in ("hvd", "ddp") for gpus in (1, 2, 4)] + [("ddp", "2x2")]  # 2x2: 2 nodes x 2 GPUs
+RUNS = [(mode, gpus) for mode in ("hvd", "ddp") for gpus in (1, 2, 4, "2x1", "2x2")]  # 2x2: 2 nodes x 2 GPUs
 USER, HOME = "alice", "/home/alice"
 ENVIRONMENT = "/opt/gpuenv"  # on the GPU machine: bin/python and bin/torchrun of its PyTorch
+JOB_TIMEOUT = 150  # seconds a portal job may take before it is cancelled (a run takes well under 60)
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -53,23 +57,31 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, steps: int | None = None) -> None:
+def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, steps: int | None = None,
+           launcher: str = "srun", image: str | None = None, apptainer: str = "apptainer",
+           image_python: str = "python3") -> None:
     sys.path.insert(0, str(HERE.parent))
-    from portal import settings
+    from portal import rules, settings
     from portal.session import jobs
 
     gpu = settings.load(HERE.parent / "config" / "portal.yaml").profile("gpu")
-    profile = gpu.model_copy(update={
-        "gpu_choices": [1, 2, 4], "default_gpus": 1,
-        "jobs": gpu.jobs.model_copy(update={
-            "launcher": "mpirun",
-            # one node: Open MPI starts the ranks itself (its Slurm allocation module finds no nodes
-            # where Slurm's node names are not the host's name, as on the GPU test machine)
-            "env": {"NCCL_DEBUG": "WARN", "HOROVOD_LOG_LEVEL": "warning", "PYTHONPATH": hvd_site,
-                    "OMPI_MCA_ras": "^slurm", **NO_MULTICAST, **(horovod_env or {})}}),
-    })
-    policy = jobs.LaunchPolicy(profiles=[profile], default_profile="gpu", environment=ENVIRONMENT,
-                               node_gpus={"gpu": 4}, node_count={"gpu": 2})
+    env = {"NCCL_DEBUG": "WARN", "HOROVOD_LOG_LEVEL": "warning", "PYTHONPATH": hvd_site, **NO_MULTICAST}
+    if launcher == "srun":  # the demo profile's PMIx setting (ranks in containers ask the node's server)
+        env["PMIX_MCA_gds"] = gpu.jobs.env.get("PMIX_MCA_gds", "hash")
+        if image:  # each rank's container is a user namespace of its own: no cross-memory attach between them
+            env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
+    else:  # Open MPI's Slurm allocation module finds no nodes where Slurm's node names are not the host's
+        env["OMPI_MCA_ras"] = "^slurm"
+    jobs_settings = gpu.jobs.model_copy(update={
+        "launcher": launcher, "env": {**env, **(horovod_env or {})},
+        # Horovod, the NCCL it was linked against, the nodes' TmpFS (Slurm's PMIx server folders)
+        "container_binds": [hvd_site, "/opt/nccl", "/opt/nodes"] if image else []})
+    profiles = [gpu.model_copy(update={"name": name, "partition": name, "gpu_choices": [1, 2, 4], "default_gpus": 1,
+                                       "jobs": jobs_settings}) for name in ("gpu", "gpu2")]
+    images = [settings.Image(name="host", display_name="The GPU machine's own userland", source="local",
+                             path=image, runtime="apptainer", runtime_binary=apptainer, python=image_python)] if image else []
+    policy = jobs.LaunchPolicy(profiles=profiles, default_profile="gpu", environment=ENVIRONMENT, images=images,
+                               node_gpus={"gpu": 4, "gpu2": 2}, node_count={"gpu": 1, "gpu2": 2})
     code = (HERE / "resnet_synthetic.py").read_text()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -79,9 +91,11 @@ def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, 
         name = label(mode, gpus)
         nodes, per_node = layout(gpus)
         bench_args = ["--mode", mode, "--label", "portal", *(["--steps", str(steps)] if steps else [])]
-        plan = jobs.plan({"code": code, "args": bench_args, "nodes": nodes,
-                              "gpus_per_node": per_node, "launcher": "torchrun" if mode == "ddp" else "mpi",
-                              "walltime": "00:20:00", "name": f"bench-{name}"}, policy, HOME)
+        request = {"code": code, "args": bench_args, "nodes": nodes, "gpus_per_node": per_node,
+                   "launcher": "torchrun" if mode == "ddp" else "mpi", "walltime": "00:20:00", "name": f"bench-{name}",
+                   "profile": "gpu2" if nodes > 1 else "gpu", **({"image": "host"} if image else {})}
+        # the image is on the GPU machine, not here: taken as built
+        plan = rules.plan_job(rules.JobRequest.parse(request), policy, HOME, lambda _image: ("built", ""))
         job_dir = f"{HOME}/.dsportal/jobs/{name}"
         folder = out / name
         folder.mkdir()
@@ -125,6 +139,9 @@ def run_portal_job(jobs: Path, name: str) -> dict:
                 first_line[rank] = (time.monotonic() - started, state)
         if state == "GONE":
             break
+        if time.monotonic() - started > JOB_TIMEOUT and not states[-1:] == ["CANCELLING"]:
+            subprocess.run(["scancel", job_id])  # a rank that hangs (MPI set-up, say) must not hold the machine
+            state = "CANCELLING"
         states.append(state)
         time.sleep(0.25)
     final = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
@@ -145,16 +162,17 @@ def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: 
     os.chmod(script, 0o644)
     args = ["--mode", mode, "--label", "bare", *(["--steps", str(steps)] if steps else [])]
     nodes, per_node = layout(gpus)
-    if nodes > 1:  # one torchrun agent per "node", each with its GPUs, meeting on this host
+    total = nodes * per_node
+    if nodes > 1 and mode == "ddp":  # one torchrun agent per "node", each with its GPUs, meeting on this host
         return run_bare_agents(script, args, nodes, per_node, torchrun, label(mode, gpus))
     if mode == "ddp":
-        argv = [torchrun, "--standalone", f"--nproc-per-node={gpus}", script, *args]
-    else:
-        argv = ["mpirun", "-np", str(gpus), "-bind-to", "none", "-map-by", "slot", python, script, *args]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN",
+        argv = [torchrun, "--standalone", f"--nproc-per-node={total}", script, *args]
+    else:  # Horovod: mpirun's ranks on this one host, however many "nodes" the portal's job had
+        argv = ["mpirun", "-np", str(total), "-bind-to", "none", "-map-by", "slot", python, script, *args]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(total))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN",
            **(horovod_env if mode == "hvd" and horovod_env else {})}
     started = time.monotonic()
-    done = as_user(argv, env=env, timeout=900)
+    done = as_user(argv, env=env, timeout=JOB_TIMEOUT)
     result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", done.stdout)
     return {"name": label(mode, gpus), "seconds": time.monotonic() - started, "returncode": done.returncode,
             "img_per_s": float(result.group(2)) if result else None,
@@ -170,7 +188,7 @@ def run_bare_agents(script: str, args: list[str], nodes: int, per_node: int, tor
             ["runuser", "-u", USER, "--", torchrun, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29399", "--rdzv-id=bare", f"--rdzv-conf=is_host={int(node == 0)}",
              script, *args], env=env, cwd=HOME, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outputs = [agent.communicate(timeout=900) for agent in agents]
+    outputs = [agent.communicate(timeout=JOB_TIMEOUT) for agent in agents]
     stdout = "".join(out for out, _ in outputs)
     result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", stdout)
     return {"name": name, "seconds": time.monotonic() - started, "returncode": max(a.returncode for a in agents),
@@ -199,7 +217,7 @@ def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts
     for mode, gpus in runs:
         name, p = label(mode, gpus), portal[label(mode, gpus)]
         live = f"{sum(1 for s in p.get('ranks_live', {}).values() if s == 'RUNNING')}/{p.get('ranks', 0)}"
-        print(f"| {'Horovod (mpirun)' if mode == 'hvd' else 'DDP (torchrun)'} | {gpus} | {ips(portal, name):.0f} | "
+        print(f"| {'Horovod' if mode == 'hvd' else 'DDP (torchrun)'} | {gpus} | {ips(portal, name):.0f} | "
               f"{ips(bare, name):.0f} | {100 * (ips(portal, name) / ips(bare, name) - 1):+.1f} % | "
               f"{p.get('state', p.get('error'))} | {live} |")
     summary = []
@@ -224,6 +242,10 @@ def main() -> int:
     r = sub.add_parser("render")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--hvd-site", default="/opt/hvd-site", help="where the GPU machine's Horovod is installed")
+    r.add_argument("--launcher", choices=("srun", "mpirun"), default="srun", help="what starts Horovod's ranks")
+    r.add_argument("--image", help="an Apptainer image on the GPU machine the ranks run in (else: on the host)")
+    r.add_argument("--apptainer", default="apptainer", help="the GPU machine's apptainer command")
+    r.add_argument("--image-python", default="python3", help="the Python in the image that runs the benchmark")
     g = sub.add_parser("run")
     g.add_argument("--jobs", type=Path, required=True)
     g.add_argument("--hvd-site", default="/opt/hvd-site")
@@ -231,7 +253,7 @@ def main() -> int:
     g.add_argument("--torchrun", default=f"{ENVIRONMENT}/bin/torchrun")
     g.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
     g.add_argument("--gpus", default="1,2", help="GPU counts to run, e.g. 1,2,4 or 1,2x2")
-    g.add_argument("--modes", default="hvd,ddp", help="hvd (Horovod, mpirun), ddp (torchrun) or both")
+    g.add_argument("--modes", default="hvd,ddp", help="hvd (Horovod), ddp (torchrun) or both")
     for step in (r, g):
         step.add_argument("--horovod-env", nargs="*", default=[], metavar="KEY=VALUE",
                           help="Horovod tuning, in the rendered jobs' environment (the profile's jobs.env) and the bare runs'")
@@ -239,7 +261,8 @@ def main() -> int:
     g.add_argument("--tag", default="", help="added to the JSON file's name")
     args = parser.parse_args()
     if args.step == "render":
-        render(args.out, args.hvd_site, parse_env(args.horovod_env), args.steps)
+        render(args.out, args.hvd_site, parse_env(args.horovod_env), args.steps, args.launcher, args.image,
+               args.apptainer, args.image_python)
         return 0
     return run(args.jobs, args.hvd_site, args.python, args.torchrun, args.out, args.gpus.split(","),
                args.modes.split(","), parse_env(args.horovod_env), args.steps, args.tag)

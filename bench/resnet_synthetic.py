@@ -34,7 +34,13 @@ def main() -> None:
         import horovod.torch as hvd
 
         hvd.init()
-        rank, size, local = hvd.rank(), hvd.size(), hvd.local_rank()
+        rank, size = hvd.rank(), hvd.size()
+        # The rank's place on its node as its launcher counts it (srun: SLURM_LOCALID; mpirun:
+        # OMPI_COMM_WORLD_LOCAL_RANK). Horovod's own local_rank() comes from MPI's shared-memory
+        # grouping, which can put every rank alone when each runs in a container of its own.
+        local = int(os.environ.get("SLURM_LOCALID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", hvd.local_rank())))
+        if local != hvd.local_rank():
+            print(f"rank {rank}: Horovod's local_rank() is {hvd.local_rank()}, the launcher's {local}: using {local}", flush=True)
     torch.cuda.set_device(local)
     torch.backends.cudnn.benchmark = True
     model = torchvision.models.resnet50().cuda()

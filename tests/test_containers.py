@@ -140,12 +140,10 @@ def test_apptainer_command_line():
         "apptainer", "exec", "--containall", "--nv", "--bind", "/tmp:/tmp", "--bind", "/home/alice:/home/alice",
         "--bind", "/data:/datasets:ro",
         "/images/pytorch.sif", "python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    # A job's ranks: the launcher's environment, and one /dev/shm for the ranks of a node
+    # A job's ranks: the launcher's environment and the node's /dev (one /dev/shm for the ranks of a node)
     ranks = Launch(image="/images/h", command=["python3", "-u", "train.py"], gpus=False, ranks=True,
                    binds=[Bind("/tmp/dsportal-alice-7/runtime", "/tmp/dsportal-alice-7/runtime")])
-    assert ApptainerRuntime().argv(ranks) == [
-        "apptainer", "exec", "--contain", "--bind", "/tmp:/tmp", "--bind", "/dev/shm:/dev/shm",
-        "/images/h", "python3", "-u", "train.py"]
+    assert ApptainerRuntime().argv(ranks) == ["apptainer", "exec", "/images/h", "python3", "-u", "train.py"]
     assert ApptainerRuntime().environment({"CUDA_VISIBLE_DEVICES": "0,1"}) == {
         "APPTAINERENV_CUDA_VISIBLE_DEVICES": "0,1"}
 

@@ -25,9 +25,13 @@ import horovod.torch as hvd
 hvd.init()
 print(f"rank {hvd.rank()} of {hvd.size()} on {socket.gethostname()} "
       f"local_rank {hvd.local_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+mark = f"/dev/shm/dsportal-test-{os.environ['SLURM_JOB_ID']}-"
+open(mark + str(hvd.rank()), "w").close()
 time.sleep(6)  # the job is still running while the test sees these first lines
 total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
 print(f"rank {hvd.rank()} allreduce sum {total.item():.0f}", flush=True)
+peers = sorted(int(name.rsplit("-", 1)[1]) for name in os.listdir("/dev/shm") if ("/dev/shm/" + name).startswith(mark))
+print(f"rank {hvd.rank()} shares /dev/shm with ranks {peers}", flush=True)
 """
 
 DIGITS = """
@@ -145,6 +149,14 @@ def test_horovod_allreduce_streams_every_rank_live(alice_session):
     assert nodes == {"node1", "node2"}
     assert all("CUDA_VISIBLE_DEVICES=" in first and len(first.split("CUDA_VISIBLE_DEVICES=")[1].split(",")) == 2
                for first in (by_rank[r][0] for r in range(4)))
+    # The two ranks of a node, each in a container of its own, share the node's /dev/shm (MPI's and
+    # NCCL's shared-memory transports), and Horovod counts them 0 and 1 on their node.
+    node_of = {r: by_rank[r][0].split(" on ")[1].split()[0] for r in range(4)}
+    for rank in range(4):
+        together = sorted(r for r in range(4) if node_of[r] == node_of[rank])
+        assert f"rank {rank} shares /dev/shm with ranks {together}" in by_rank[rank], by_rank[rank]
+    for node in ("node1", "node2"):
+        assert sorted(int(by_rank[r][0].split("local_rank ")[1].split()[0]) for r in range(4) if node_of[r] == node) == [0, 1]
     first_line = min(m["arrived"] for m in lines if m["rank"] is not None)
     final = messages[-1]
     assert final["type"] == "state" and final["state"] == "COMPLETED" and final["exit_code"] == "0:0", final
@@ -297,8 +309,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
         assert line in script, line
     launch = next(line for line in script.splitlines() if line.strip().startswith("apptainer"))
     assert "srun --mpi=pmix --kill-on-bad-exit=1" in script
-    assert launch.split() == ["apptainer", "exec", "--contain", "--nv", "--bind", "/tmp:/tmp", "--bind", "/dev/shm:/dev/shm",
-                              "--bind", "/home/u:/home/u", "/images/ngc.sif", "python3",
+    assert launch.split() == ["apptainer", "exec", "--nv", "--bind", "/home/u:/home/u", "/images/ngc.sif", "python3",
                               "-u", "/home/u/.dsportal/jobs/x/cell.py", "--lr", "'0.1;", "rm", "-rf", "~'"]
     # The same plan under mpirun: Open MPI maps the ranks, the rest is identical.
     policy = _policy(launcher="mpirun")

@@ -37,8 +37,14 @@ class Launch:
 
 class ApptainerRuntime:
     """``apptainer exec --containall --nv``: none of the host's folders, processes or environment but
-    the binds and APPTAINERENV_ variables; GPUs of the job (CUDA_VISIBLE_DEVICES) only. Ranks:
-    ``--contain`` (their own /dev and no host folders, but the launcher's environment and processes)."""
+    the binds and APPTAINERENV_ variables; GPUs of the job (CUDA_VISIBLE_DEVICES) only.
+
+    Ranks: ``apptainer exec`` with the node's /dev, the launcher's environment and processes, as
+    Apptainer's MPI guide runs them. Under ``--contain`` each rank got a /dev of its own, with a
+    /dev/shm of its own (Apptainer skips a bind onto it), and no /dev/infiniband: NCCL found no
+    shared memory or peer access between two ranks of one node and sent their traffic through
+    sockets (bench/results/gpu-scaling.md, 2026-11-28). A rank is the user's own process on her
+    job's node either way; what confines it is the job (cgroup devices, job_container/tmpfs)."""
 
     binary = "apptainer"
     env_prefix = "APPTAINERENV_"
@@ -47,13 +53,14 @@ class ApptainerRuntime:
         self.binary = binary or self.binary
 
     def argv(self, launch: Launch) -> list[str]:
-        argv = [self.binary, "exec", "--contain" if launch.ranks else "--containall"]
+        argv = [self.binary, "exec"] + ([] if launch.ranks else ["--containall"])
         if launch.gpus:
             argv.append("--nv")
-        # --contain gives the container an empty 64 MB /tmp: the job's own /tmp instead.
-        binds = [Bind("/tmp", "/tmp")] + ([Bind("/dev/shm", "/dev/shm")] if launch.ranks else []) + launch.binds
+        # --containall gives the container an empty 64 MB /tmp: the job's own /tmp instead (ranks
+        # have it, as they have their home, from Apptainer's own defaults).
+        binds = ([] if launch.ranks else [Bind("/tmp", "/tmp")]) + launch.binds
         for bind in binds:
-            if bind.source == bind.target and bind.target.startswith("/tmp/"):
+            if bind.source == bind.target and (bind.target.startswith("/tmp/") or (launch.ranks and bind.target == "/tmp")):
                 continue  # within the job's /tmp, bound already
             argv += ["--bind", f"{bind.source}:{bind.target}" + (":ro" if bind.read_only else "")]
         return argv + [launch.image, *launch.command]

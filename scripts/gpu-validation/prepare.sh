@@ -4,13 +4,16 @@
 # kernel stack as cp312 wheels, and the #SBATCH lines the portal renders for 1- and 2-GPU sessions.
 set -eu
 cd "$(dirname "$0")/../.."
+# Horovod's tensor fusion and cycle time, tuned as its docs advise (docs/how-to/add-a-partition-profile.md)
+HOROVOD_TUNED="HOROVOD_ENABLE_ASYNC_COMPLETION=1 HOROVOD_FUSION_THRESHOLD=33554432 HOROVOD_CYCLE_TIME=0.5"
 mkdir -p .git/info && { grep -qx "/.devcarry/" .git/info/exclude 2>/dev/null || echo "/.devcarry/" >> .git/info/exclude; }
 rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
 (cd .devcarry/debs && apt-get download libmunge2 munge libslurm38 slurm-client slurm-wlm-basic-plugins slurmctld slurmd \
    libhwloc15 libnuma1 libjson-c5 liblua5.1-0 libyaml-0-2 liblz4-1 libreadline8 libdbus-1-3 libsystemd0 libudev1 \
-   libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6)
+   libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6 \
+   libpmix2 libevent-core-2.1-7 libevent-pthreads-2.1-7)  # PMIx 4, the one Slurm's mpi/pmix plugin was built for
 [ "${1:-}" = debs ] && { du -sh .devcarry; exit 0; }  # isolation.sh needs only Slurm
-if [ "${1:-}" = apptainer ]; then  # apptainer.sh: also Apptainer's debs (install-apptainer.sh's cache), patchelf, the SIF tools
+if [ "${1:-}" = apptainer ] || [ "${1:-}" = scaling ]; then  # apptainer.sh: also Apptainer's debs (install-apptainer.sh's cache), patchelf, the SIF tools
   mkdir -p .devcarry/apptainer .devcarry/tools
   cp "${DSPORTAL_APPTAINER_CACHE:-/var/cache/dsportal/apptainer}"/*.deb .devcarry/apptainer/
   (cd .devcarry/tools && apt-get download patchelf squashfs-tools squashfuse libsquashfuse0 libfuse3-3 fuse3 liblzo2-2)
@@ -22,6 +25,7 @@ $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
 # already in the GPU machine's Python
 (cd .devcarry/whl && rm -f attrs-* packaging-* psutil-* pygments-* python_dateutil-* typing_extensions-* tzdata-*)
 [ "${1:-}" = apptainer ] && { du -sh .devcarry; exit 0; }
+[ "${1:-}" = scaling ] && rm -rf .devcarry/whl  # (only the kernel checks need those)
 $PY - <<'PYEOF'
 from portal import settings
 from portal.templating import render
@@ -45,5 +49,8 @@ mkdir -p .devcarry/scaling/whl
 $PY -m pip download -q --no-deps --no-binary :all: -d .devcarry/scaling horovod==0.28.1
 $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 \
    --platform manylinux2014_x86_64 --platform any -d .devcarry/scaling/whl cffi pycparser cloudpickle
-$PY bench/gpu_scaling.py render --out .devcarry/scaling/jobs
+# scaling.sh's defaults: Horovod's ranks started by srun --mpi=pmix, every rank in the machine's own
+# userland as an Apptainer image (scaling.sh makes it), Horovod tuned as its docs advise.
+$PY bench/gpu_scaling.py render --out .devcarry/scaling/jobs --image /opt/img/torch --apptainer /usr/local/bin/apptainer \
+   --image-python /opt/torch/.venv/bin/python3 --steps 100 --horovod-env $HOROVOD_TUNED
 du -sh .devcarry .devcarry/scaling

@@ -1,11 +1,15 @@
 #!/bin/bash
 # Multi-GPU jobs through the portal's job path on real GPUs (run on the `device` machine, see
-# bench/results/gpu-scaling.md): real Slurm (slurm-up.sh), Horovod 0.28.1 built with NCCL for the machine's
-# PyTorch, then bench/gpu_scaling.py run: ResNet-50, Horovod (mpirun) and DDP (torchrun), 1 and 2
-# GPUs, each as the portal's rendered batch job and bare. Log and results in $OUT.
+# bench/results/gpu-scaling.md): real Slurm (slurm-up.sh; SLURM_NODES=1+2: one node with every GPU
+# and two with half each), Horovod 0.28.1 built with NCCL for the machine's PyTorch, Apptainer and an
+# image of the machine's own userland (image.sh), then bench/gpu_scaling.py run: ResNet-50, Horovod
+# and DDP (torchrun) on the GPUS asked for, each as the portal's rendered batch job and bare.
+# Log and results in $OUT.
 set -u
 R=$PWD; C=$R/.devcarry; S=$R/scripts/gpu-validation; O=${OUT:-/tmp/out}; mkdir -p $O
-G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${SLURM_NODES:-1}n-${G//,/-}${TAG:+-$TAG}.log) 2>&1
+export SLURM_NODES=${SLURM_NODES:-1+2}
+IMG=/opt/img/torch MINI=/opt/img/mini VENV=/opt/torch/.venv
+G=${GPUS:-1,2}; exec > >(tee $O/gpu-scaling-${SLURM_NODES/+/-}n-${G//,/-}${TAG:+-$TAG}.log) 2>&1
 # JOBS: rendered jobs (bench/gpu_scaling.py render --out .devcarry/scaling/JOBS [--horovod-env ... --steps N]);
 # HVD_ENV and STEPS must be the ones they were rendered with, for the bare runs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -13,9 +17,9 @@ echo "== machine"; nvidia-smi -L; python3 -V; which python3 nvcc mpirun mpicxx c
 PY=$(readlink -f "$(which python3)"); PYBIN=$(dirname "$(which python3)")
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'GPUs', torch.cuda.device_count())"
 
-if [ "${SKIP_SETUP:-}" = 1 ] && [ -d /opt/hvd-site/horovod ] && SLURM_CONF=/etc/slurm/slurm.conf /opt/sl/usr/bin/sinfo -h >/dev/null 2>&1; then
+if [ "${SKIP_SETUP:-}" = 1 ] && [ -d /opt/hvd-site/horovod ] && [ -d $IMG ] && SLURM_CONF=/etc/slurm/slurm.conf /opt/sl/usr/bin/sinfo -h >/dev/null 2>&1; then
   echo "== Slurm and Horovod already set up on this machine (SKIP_SETUP=1)"
-  export SLURM_CONF=/etc/slurm/slurm.conf PATH=/opt/sl/usr/bin:/opt/sl/usr/sbin:/usr/sbin:$PATH
+  export SLURM_CONF=/etc/slurm/slurm.conf PATH=/opt/sl/usr/bin:/opt/sl/usr/sbin:/usr/sbin:/usr/local/bin:$PATH
 else
 source $S/slurm-up.sh
 
@@ -53,11 +57,22 @@ echo "Horovod build + install: $(( $(date +%s) - started )) s"
 (cd /tmp && PYTHONPATH=/opt/hvd-site runuser -u alice -- env PYTHONPATH=/opt/hvd-site python3 -c "import horovod.torch as hvd; print('horovod', hvd.__version__ if hasattr(hvd, '__version__') else '', 'nccl', hvd.nccl_built(), 'mpi', hvd.mpi_built())")
 fi
 
+if [ "${SKIP_IMAGE:-}" != 1 ]; then
+  echo "== Apptainer and the image the ranks run in ($IMG: this machine's userland, Horovod bound in)"
+  source $S/image.sh
+  apptainer_install
+  host_image quick
+  (cd /tmp && runuser -u alice -- env PYTHONPATH=/opt/hvd-site apptainer exec --contain --nv --bind /opt/hvd-site,/opt/nccl $IMG \
+     $VENV/bin/python3 -c "import torch, horovod.torch as hvd; print('in the image, as alice:', torch.__version__, torch.cuda.device_count(), 'GPU(s), horovod nccl', hvd.nccl_built())")
+fi
+
 fi
 
 echo "== the benchmark: portal job path vs bare"
 mkdir -p /home/alice && chown alice: /home/alice
+echo "srun's MPI plugins: $(srun --mpi=list 2>&1 | tr -s ' \n' ' ')"
+(cd /tmp && runuser -u alice -- srun --mpi=pmix -p gpu -N 1 -n 1 -t 1 env 2>&1 | grep -E "^PMIX_(VERSION|RANK|SERVER_URI4|NAMESPACE)=|error" | head -n 6)
 python3 $R/bench/gpu_scaling.py run --jobs $C/scaling/${JOBS:-jobs} --out $O --gpus ${GPUS:-1,2} --modes ${MODES:-hvd,ddp} \
   --horovod-env ${HVD_ENV:-} ${STEPS:+--steps $STEPS} ${TAG:+--tag $TAG}
-cp /var/log/slurm/slurmctld.log $O/ 2>/dev/null
+cat /var/log/slurm/slurmctld.log /var/log/slurm/slurmd-*.log > $O/slurm-logs.txt 2>/dev/null
 echo "== done"
