@@ -4,7 +4,7 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 # The checkout's config is the one admins edit (the installed package carries a copy).
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 
-.PHONY: deps lock upgrade-check lint demo stop clean test quick check bench
+.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench
 
 # The environment, from requirements.lock (every package's version and hashes).
 deps:
@@ -27,8 +27,14 @@ RUFF := ruff==0.17.6
 lint:
 	bash scripts/uv.sh tool run --from $(RUFF) ruff check $(RUFF_ARGS)
 
+# The portal serves first; PyTorch, Horovod and the container images follow in the background
+# (scripts/build-extras.sh; `make demo-log` follows it).
 demo: deps
-	/opt/dsportal/env/bin/dsportal demo up
+	@bash scripts/build-extras.sh --background
+	/opt/dsportal/env/bin/dsportal demo up --images-later
+
+demo-log:
+	tail -n 20 -f $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}/log/extras.log
 
 stop:
 	@if [ -x $(PY) ]; then /opt/dsportal/env/bin/dsportal demo down; fi
@@ -41,6 +47,7 @@ clean: stop
 	rm -rf $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
 
 test: deps
+	bash scripts/build-extras.sh
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The tests that need no cluster (marked quick): the checkout's code in the installed environment, nothing
@@ -52,4 +59,6 @@ quick:
 # Spawn latency, stop, concurrent spawns and dead-job detection: dsportal against stock
 # batchspawner on the demo cluster, in the same run (bench/spawn_bench.py); the last line sums up.
 bench: demo
+	bash scripts/build-extras.sh
+	bash scripts/install-bench.sh
 	$(PY) bench/spawn_bench.py $(BENCH_ARGS)

@@ -30,7 +30,7 @@ class HubLoad:
                  ramp_per_second: float = 25):
         locust = BENCH_ENV / "bin" / "locust"
         if not locust.exists():
-            raise SystemExit(f"{locust} is missing: make deps installs it (scripts/install-deps.sh)")
+            raise SystemExit(f"{locust} is missing: make bench installs it (scripts/install-bench.sh)")
         self.folder = Path(tempfile.mkdtemp(prefix="dsportal-load-", dir="/var/tmp"))
         self.record, self.logins = self.folder / "requests.json", self.folder / "logins"
         self.count = len(accounts)

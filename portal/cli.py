@@ -114,7 +114,7 @@ def cmd_check(args) -> int:
 def cmd_demo(args) -> int:
     try:
         if args.action == "up":
-            demo.up(args.config)
+            demo.up(args.config, images_later=args.images_later)
             print(demo.banner(settings_module.load(args.config)))
         elif args.action == "down":
             demo.down()
@@ -128,7 +128,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_images(args) -> int:
-    return images.main(settings_module.load(args.config), args.action, args.name)
+    return images.main(settings_module.load(args.config), args.action, args.name, args.lock, args.wheels_in,
+                       args.ready)
 
 
 def cmd_templates(args) -> int:
@@ -200,6 +201,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo_parser = sub.add_parser("demo", help="the embedded one-machine cluster")
     demo_parser.add_argument("action", choices=["up", "down", "status"])
+    demo_parser.add_argument("--images-later", action="store_true",
+                             help="up: leave unbuilt images to scripts/build-extras.sh (make demo builds them in the "
+                                  "background, while the portal serves)")
     demo_parser.set_defaults(func=cmd_demo)
     hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
                                 "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule; "
@@ -216,8 +220,13 @@ def main(argv=None) -> int:
     hub_parser.set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
     images_parser = sub.add_parser("images", help="the container image catalog")
-    images_parser.add_argument("action", choices=["list", "build", "build-demo"])
+    images_parser.add_argument("action", choices=["list", "build", "build-demo", "queue"])
     images_parser.add_argument("name", nargs="?", help="image to build")
+    images_parser.add_argument("--lock", default="", help="queue: the lock file the builder holds while it runs")
+    images_parser.add_argument("--wheels-in", type=float, default=0,
+                               help="queue: seconds until the wheels images need are built")
+    images_parser.add_argument("--ready", action="store_true",
+                               help="build-demo: only the images whose wheels are there already")
     images_parser.set_defaults(func=cmd_images)
     templates_parser = sub.add_parser("templates", help="instructor template notebooks")
     templates_parser.add_argument("action", choices=["list", "check"])

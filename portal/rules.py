@@ -433,6 +433,8 @@ def _image(name: str | None, policy: LaunchPolicy, profile: Profile, image_statu
         raise RequestError(f"unknown image {shown(name)} for {profile.display_name}: choose one of {offered}")
     image = allowed[name]
     status, detail = image_status(image) if image_status else ("built", "")
+    if status == "building":
+        raise RequestError(f"image {image.name} is {detail}: launch the job again once it is ready")
     if status != "built":
         raise RequestError(f"image {image.name} is unavailable ({status}: {detail}); ask your admin to build it")
     return image

@@ -24,10 +24,11 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  say "apt-get install ${missing[*]}"
+  log=/var/log/dsportal-install-apt.log
+  say "apt-get install: ${#missing[@]} packages (log: $log)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
+  { apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"; } > "$log" 2>&1 ||
+    { tail -n 30 "$log"; echo "[install] apt-get failed: see $log" >&2; exit 1; }
 fi
 
 mkdir -p "$PREFIX"
@@ -57,24 +58,12 @@ fi
 for extension in jupyter_lsp notebook_shim; do
   "$ENV/bin/jupyter" server extension disable --sys-prefix "$extension" >/dev/null 2>&1 || true
 done
-# PyTorch (CPU) and Horovod for multi-node jobs, outside the lock: Horovod is built here (once, then
-# cached) against exactly that torch, PyTorch's CPU wheel, which comes from PyTorch's own index, not
-# PyPI; both pinned in build-horovod.sh.
-bash scripts/build-horovod.sh "$ENV"
+# PyTorch (CPU) and Horovod for multi-node jobs come after, from scripts/build-extras.sh (make demo runs it
+# in the background, make test before the tests): they take minutes, and the portal serves without them.
 # Our own code: always the checkout's current version (a copy, readable by every user).
 "$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 # Every package's requirements met: nothing missing, nothing at a version another one excludes.
 "$ENV/bin/pip" check --disable-pip-version-check >/dev/null || { "$ENV/bin/pip" check; exit 1; }
-# make bench's load generator (locust: 300 people clicking through the hub while a class starts), in an
-# environment of its own: its gevent and Flask stay out of the hub's and the sessions' environment.
-BENCH_ENV=$PREFIX/bench-env
-LOCUST=locust==2.47.0
-if [ "$(cat "$BENCH_ENV/.dsportal-locust" 2>/dev/null)" != "$LOCUST" ]; then
-  say "$LOCUST for make bench ($BENCH_ENV)"
-  [ -x "$BENCH_ENV/bin/python" ] || /usr/bin/python3 -m venv "$BENCH_ENV"
-  "$BENCH_ENV/bin/pip" install -q --disable-pip-version-check "$LOCUST"
-  echo "$LOCUST" > "$BENCH_ENV/.dsportal-locust"
-fi
 # The JupyterLab extension, built from its TypeScript sources by JupyterLab's builder (cached).
 bash scripts/build-labextension.sh "$ENV"
 chmod -R a+rX "$ENV" "$PREFIX/chp"

@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
 from portal import defaults
+from portal.cluster.images import image_status
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import RequestError, SessionSlice, may_use, parse_options, plain_mail_address, unix_groups, wants_mail
 from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
@@ -161,7 +163,19 @@ class PartitionSpawner(WrapSpawner):
         last = self.last_choice()
         if last and any(r["profile"].name == last["profile"] for r in rows):
             default = last["profile"]
-        return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail, last=last)
+        return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail, last=last,
+                      building=self._images_being_built())
+
+    def _images_being_built(self) -> list[tuple[str, str]]:
+        """(display name, "being built, about N min") of the catalog's images a builder is making now
+        (a new demo's, say): the form says so, and their kernels show it on the launcher."""
+        catalog = self.config.SlurmGPUSpawner.get("images") or []
+        found = {}
+        for image in catalog if isinstance(catalog, list) else []:
+            status, detail = image_status(SimpleNamespace(**image))
+            if status == "building":
+                found.setdefault(image["display_name"], detail)
+        return list(found.items())
 
     def last_choice(self) -> dict:
         """The options of the user's last start, as the rules read them today ({} if none, or if they no

@@ -4,10 +4,13 @@ sessions before they launch one) and `dsportal images`: list, build (Apptainer/S
 from __future__ import annotations
 
 import fcntl
+import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +19,54 @@ if TYPE_CHECKING:  # annotations only: a session start reads images without the 
 
 DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are
+# Beside an image: ".lock" (held while it is built), ".queued" ({"lock": a builder's lock file, "ready_by":
+# epoch} while a builder that holds that lock will build it), ".seconds" (how long its last build took).
+QUEUED, LOCK, SECONDS = ".queued", ".lock", ".seconds"
+DEFAULT_BUILD_SECONDS = 180  # a debootstrap: image on 2 cores, until one was built here
+
+
+def _beside(image: Image, suffix: str) -> Path:
+    target = Path(image.path)
+    return target.with_name(target.name + suffix)
+
+
+def _held(lock: Path | str) -> bool:
+    """Whether a live process holds an exclusive flock on the file (it dies with the process)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def being_built(image: Image) -> int | None:
+    """Seconds until an image being built (or queued by a live builder) should be ready, else None."""
+    try:
+        queued = json.loads(_beside(image, QUEUED).read_text())
+    except (OSError, ValueError):
+        queued = {}
+    queued = queued if isinstance(queued, dict) else {}
+    lock = queued.get("lock")
+    if not _held(_beside(image, LOCK)) and not (isinstance(lock, str) and _held(lock)):
+        return None
+    ready_by = queued.get("ready_by")
+    left = ready_by - time.time() if isinstance(ready_by, int | float) else DEFAULT_BUILD_SECONDS
+    return max(60, int(left))
+
+
+def build_seconds(image: Image) -> float:
+    try:
+        return float(_beside(image, SECONDS).read_text())
+    except (OSError, ValueError):
+        return DEFAULT_BUILD_SECONDS
 
 
 class ImageError(RuntimeError):
@@ -36,6 +87,9 @@ def image_status(image: Image) -> tuple[str, str]:
     the machine it runs on: a session asks on its node before it offers an image's kernel."""
     path = Path(image.path)
     if not path.exists():
+        left = being_built(image)
+        if left is not None:
+            return "building", f"being built, about {math.ceil(left / 60)} min"
         return "missing", f"no image at {path}"
     command = runtime_command(image)
     if not shutil.which(command):
@@ -91,15 +145,38 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
     without ``force`` finds it built)."""
     target = Path(image.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
+    with open(_beside(image, LOCK), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
         if image.source.startswith("debootstrap:"):
             if not force and _root_folder_only(image):
                 make_sandbox(image, target)  # an older demo's image: made a sandbox where it is
             elif force or image_status(image)[0] != "built":
                 build_debootstrap(image, data_mount_targets)
-            return
-        _build_sif(image)
+                _beside(image, SECONDS).write_text(f"{time.monotonic() - started:.0f}\n")
+        else:
+            _build_sif(image)
+        _beside(image, QUEUED).unlink(missing_ok=True)
+
+
+def queue(images: list[Image], lock: str, wheels_in: float = 0) -> list[tuple[Image, float]]:
+    """Marks images a builder (which holds ``lock`` until it ends) will build, with when each should
+    be ready: images are shown "being built, about N min" meanwhile. Images whose wheels are not
+    there yet wait ``wheels_in`` seconds for them (Horovod's build, beside the first images)."""
+    now, free_at, marked, paths = time.time(), time.time(), [], set()
+    for image in images:
+        if image.path in paths:  # two entries of one folder: built once
+            continue
+        paths.add(image.path)
+        waits = _wheels_missing(image)
+        start = max(free_at, now + wheels_in) if waits else free_at
+        free_at = start + build_seconds(image)
+        path = _beside(image, QUEUED)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"lock": lock, "ready_by": round(free_at)}))
+        os.chmod(path, 0o644)
+        marked.append((image, free_at - now))
+    return marked
 
 
 def _build_sif(image: Image) -> None:
@@ -271,15 +348,26 @@ def unbuilt_demo_images(settings) -> list[Image]:
     return [i for i in settings.images if i.source.startswith("debootstrap:") and image_status(i)[0] != "built"]
 
 
-def main(settings, action: str, name: str | None) -> int:
+def _wheels_missing(image: Image) -> bool:
+    return any(not any(Path(w).parent.glob(Path(w).name)) for w in getattr(image, "wheels", []))
+
+
+def main(settings, action: str, name: str | None, lock: str = "", wheels_in: float = 0, ready: bool = False) -> int:
     images = settings.images
+    if action == "queue":  # build-extras.sh, before it builds them in the background
+        if not lock:
+            print("dsportal images queue: --lock (the builder's lock file) is required", file=sys.stderr)
+            return 1
+        for image, seconds in queue(unbuilt_demo_images(settings), lock, wheels_in):
+            print(f"{image.name}: about {math.ceil(seconds / 60)} min")
+        return 0
     if action == "list":
         print(f"  {'name':<16} {'status':<10} {'size':>10}  {'runtime':<12} source")
         print("\n".join(describe(images)) or "  (no images in portal.yaml)")
         return 0
     targets = bind_targets(settings)
     if action == "build-demo":
-        chosen = unbuilt_demo_images(settings)
+        chosen = [i for i in unbuilt_demo_images(settings) if not (ready and _wheels_missing(i))]
     else:
         chosen = [i for i in images if i.name == name]
         if not chosen:

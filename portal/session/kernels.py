@@ -45,6 +45,15 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
     if status != "built":
         if status == "no-runtime":
             shown, reason = "runtime not installed", f"{image.display_name} is unavailable: {detail}. Ask your admin."
+        elif status == "building":  # the launcher shows it ready once built (refresh_building_kernels)
+            reason = (f"{image.display_name} is {detail}: it appears on the launcher without '(being built)' "
+                      "once it is ready; start it then.")
+            return {
+                "display_name": f"{image.display_name} ({detail})",
+                "language": "python",
+                "argv": [sys.executable, "-c", f"import sys; sys.exit({reason!r})", "{connection_file}"],
+                "metadata": {"dsportal": {"image": image.name, "status": status, "reason": reason}},
+            }
         else:
             shown = f"image {status}"
             reason = f"{image.display_name} is unavailable: image {status} ({detail}). Ask your admin to build it."
@@ -91,6 +100,9 @@ def ensure_kernel_pipe_config(runtime_dir: str) -> str:
     return path
 
 
+BUILDING: set[str] = set()  # images this session offered while they were being built (refresh_building_kernels)
+
+
 def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], home: str, runtime_dir: str,
                       cuda: str | None) -> list[str]:
     written = []
@@ -102,7 +114,21 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
         spec = kernel_spec(image, mounts, home, runtime_dir, cuda)
         (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
         written.append(f"{image.name}: {spec['display_name']}")
+        (BUILDING.add if spec["metadata"]["dsportal"].get("status") == "building" else BUILDING.discard)(image.name)
     return written
+
+
+def refresh_building_kernels(dest: Path, home: str, runtime_dir: str, cuda: str | None) -> None:
+    """The kernelspecs of images that were being built, written again (the listing asks before it
+    reads them): a kernel's "(being built, about N min)" counts down and becomes the kernel itself
+    once its image is built, without a restart of the session."""
+    if not BUILDING:
+        return
+    try:
+        images, mounts = read_catalog(json.loads((dest / CATALOG_FILE).read_text()))
+    except (OSError, ValueError):
+        return
+    write_kernelspecs(dest, [image for image in images if image.name in BUILDING], mounts, home, runtime_dir, cuda)
 
 
 HOST_KERNEL = "python3"

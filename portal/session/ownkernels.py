@@ -36,7 +36,7 @@ from traitlets import default
 
 from .. import sessionvars
 from ..cluster.images import image_status
-from .kernels import CATALOG_FILE, container_command, ensure_kernel_pipe_config, read_catalog
+from .kernels import CATALOG_FILE, container_command, ensure_kernel_pipe_config, read_catalog, refresh_building_kernels
 
 IMPORT_CHECK_TIMEOUT = 20  # seconds for her Python to say whether it has ipykernel (a cold home on NFS)
 
@@ -77,6 +77,15 @@ class OwnKernelSpecManager(KernelSpecManager):
         # Last: a name in the portal's folders is found there first (jupyter_client takes the first).
         if str(own_kernels_dir()) not in self.kernel_dirs:
             self.kernel_dirs = [*self.kernel_dirs, str(own_kernels_dir())]
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        """Jupyter's listing (the launcher's and every kernel start's), after the kernels of images
+        that were being built are written again (they become the kernel itself once built)."""
+        folder = os.environ.get(sessionvars.SESSION_DIR, "")
+        if folder:
+            refresh_building_kernels(Path(folder), os.path.expanduser("~"), _runtime_dir(),
+                                     os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return super().find_kernel_specs()
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         spec = super().get_kernel_spec(kernel_name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..images import image_status
 from .accounting import accounting_status, stop_accounting
 from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
@@ -33,7 +34,10 @@ __all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm",
            "stop_pid", "up"]
 
 
-def up(config_path: Path | None = None, with_hub: bool = True) -> None:
+def up(config_path: Path | None = None, with_hub: bool = True, images_later: bool = False) -> None:
+    """Everything of the demo, idempotent. ``images_later``: images not built yet are left to
+    scripts/build-extras.sh, which make demo runs in the background (the launcher shows them "being
+    built" meanwhile)."""
     if os.geteuid() != 0:
         raise DemoError("the demo cluster runs its daemons as root: run it as root (sudo make demo)")
     STATE.mkdir(parents=True, exist_ok=True)
@@ -48,7 +52,7 @@ def up(config_path: Path | None = None, with_hub: bool = True) -> None:
     ensure_firewall()
     ensure_private_processes()
     ensure_ldap()
-    ensure_images(config_path)
+    ensure_images(config_path, build=not images_later)
     ensure_courses(config_path)
     if with_hub:
         # JupyterHub's tables and alembic, slow to import, are loaded here only, not by every dsportal command
@@ -90,5 +94,10 @@ def banner(settings) -> str:
         last = f"{course['prefix']}{int(course['students']):02d}"
         lines.append(f"  {course['prefix']}01 .. {last}: {course['students']} students of {course['name']} "
                      f"(password <name>-demo)")
+    building = [(image.name, detail) for image in settings.images
+                for status, detail in [image_status(image)] if status == "building"]
+    if building:
+        lines += ["", "Being built in the background (log: make demo-log); their kernels and jobs wait until then:"]
+        lines += [f"  {name}: {detail}" for name, detail in dict(building).items()]
     lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
     return "\n".join(lines)

@@ -12,8 +12,9 @@ from .. import images
 from .base import demo_file, say
 
 
-def ensure_images(config_path: Path | None = None) -> None:
-    """The demo's container image(s) and the shared dataset folder bound into kernels."""
+def ensure_images(config_path: Path | None = None, build: bool = True) -> None:
+    """The demo's container image(s) and the shared dataset folder bound into kernels (``build``:
+    the images not built yet too, else they are left to scripts/build-extras.sh)."""
     settings = settings_module.load(config_path)
     for mount in settings.data_mounts:
         folder = Path(mount.source)
@@ -22,7 +23,7 @@ def ensure_images(config_path: Path | None = None) -> None:
             (folder / "README.txt").write_text("Shared datasets of the dsportal demo (read-only in kernels).\n")
             os.chmod(folder, 0o755)
     targets = images.bind_targets(settings)
-    for image in images.unbuilt_demo_images(settings):
+    for image in images.unbuilt_demo_images(settings) if build else []:
         images.build(image, targets, force=False)
     for image in settings.images:  # an image built before a bind was added gets its folder too
         if image.source.startswith("debootstrap:") and Path(image.path).is_dir():

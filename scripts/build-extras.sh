@@ -1,0 +1,60 @@
+#!/bin/bash
+# What the demo needs that takes minutes to build: PyTorch and Horovod for multi-node jobs
+# (build-horovod.sh) and the demo's container images (`dsportal images build-demo`). `make demo` runs
+# it with --background, so the portal serves first and these follow; `make test` runs it in the
+# foreground before the tests. One build at a time per machine: a second waits for the first (or,
+# in the background, leaves it to the first). While it runs the launcher shows each image
+# "(being built, about N min)" (`dsportal images queue`, portal/cluster/images.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ENV=${DSPORTAL_PREFIX:-/opt/dsportal}/env
+STATE=${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
+WHEELS=${DSPORTAL_WHEELS:-/var/cache/dsportal/wheels}
+LOCK=$STATE/run/extras.lock LOG=$STATE/log/extras.log
+HOROVOD_SECONDS=$WHEELS/.horovod-build-seconds   # how long the last Horovod build took here
+say() { echo "[extras] $*"; }
+mkdir -p "$STATE/run" "$STATE/log"
+
+if [ "${1:-}" = --background ]; then
+  setsid nohup bash "$0" --in-background >>"$LOG" 2>&1 </dev/null &
+  exit 0
+fi
+exec 9>>"$LOCK"
+chmod 644 "$LOCK"
+if ! flock -n 9; then
+  [ "${1:-}" = --in-background ] && { say "another build is running: left to it"; exit 0; }
+  say "waiting for the build already running (log: $LOG)"
+  flock 9
+fi
+started=$(date +%s)
+say "started $(date -Is)"
+
+# Queued first, so the launcher and the banner say "being built" from now on.
+horovod_left=0
+if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then horovod_left=$(cat "$HOROVOD_SECONDS" 2>/dev/null || echo 300); fi
+"$ENV/bin/dsportal" images queue --lock "$LOCK" --wheels-in "$horovod_left" | sed 's/^/[extras] queued /'
+
+if [ "${1:-}" = --in-background ]; then
+  # The portal's own start comes first: the builds wait until the hub answers (at most 5 min).
+  "$ENV/bin/python" - <<'EOF' || true
+import time, urllib.error, urllib.request
+for _ in range(150):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8000/hub/login", timeout=2)
+        break
+    except urllib.error.HTTPError:
+        break  # it answers
+    except OSError:
+        time.sleep(2)
+EOF
+fi
+
+# Horovod compiles while the images that need no wheel of it are built beside it.
+"$ENV/bin/dsportal" images build-demo --ready &
+images=$!
+horovod_started=$(date +%s)
+bash scripts/build-horovod.sh "$ENV"
+[ "$horovod_left" = 0 ] || echo $(( $(date +%s) - horovod_started )) > "$HOROVOD_SECONDS"
+wait $images
+"$ENV/bin/dsportal" images build-demo
+say "done in $(( $(date +%s) - started )) s"
