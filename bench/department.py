@@ -68,10 +68,13 @@ class HubLoad:
         self.requests = json.loads(self.record.read_text()) if self.record.exists() else []
 
     def window(self, start: float, end: float) -> dict:
-        """Requests that ended between ``start`` and ``end`` (time.time()): count, failures, p50/p99 (s)."""
+        """Requests that ended between ``start`` and ``end`` (time.time()): count, failures, shed (429:
+        the hub asked to come back later), and p50/p99 (s) of those the hub answered (shed ones left out:
+        a person was not served by them)."""
         inside = [r for r in self.requests if start <= r[0] <= end]
-        seconds = [r[1] / 1000 for r in inside]
-        return {"requests": len(inside), "failures": sum(1 for r in inside if not r[2]),
+        shed = [r for r in inside if len(r) > 4 and r[4] == 429]
+        seconds = [r[1] / 1000 for r in inside if not (len(r) > 4 and r[4] == 429)]
+        return {"requests": len(inside), "failures": sum(1 for r in inside if not r[2]) - len(shed), "shed": len(shed),
                 "per_second": len(inside) / max(end - start, 1e-9),
                 "p50": statistics.median(seconds) if seconds else float("nan"), "p99": percentile(seconds, 0.99),
                 "logged_in": self.logged_in(), "people": self.count}

@@ -28,7 +28,7 @@ from browsercookies import BrowserCookies
 ACCOUNTS = json.loads(os.environ.get("DSPORTAL_LOAD_USERS", "[]"))
 LEAST, MOST = (float(s) for s in os.environ.get("DSPORTAL_LOAD_WAIT", "5,15").split(","))
 _accounts = itertools.count()
-_records: list[tuple[float, float, bool, str]] = []  # (end time, milliseconds, ok, request name)
+_records: list[tuple[float, float, bool, str, int]] = []  # (end time, milliseconds, ok, request name, HTTP status)
 
 
 def keep_cookies_as_a_browser(session) -> None:
@@ -47,8 +47,9 @@ def keep_cookies_as_a_browser(session) -> None:
 
 
 @events.request.add_listener
-def _record(request_type, name, response_time, response_length, exception=None, **_):
-    _records.append((time.time(), float(response_time), exception is None, f"{request_type} {name}"))
+def _record(request_type, name, response_time, response_length, exception=None, response=None, **_):
+    status = getattr(response, "status_code", 0) or 0
+    _records.append((time.time(), float(response_time), exception is None, f"{request_type} {name}", int(status)))
 
 
 @events.quitting.add_listener

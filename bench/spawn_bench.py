@@ -512,7 +512,8 @@ def sequence_summary(steps: list[dict]) -> str:
                 f"vs {stock['lost']}, bystander p99 {ours['api_p99']:.2f} vs {stock['api_p99']:.2f} s "
                 f"({ours['api_shed']} vs {stock['api_shed']} shed), hub CPU {ours['hub_cpu']:.0f} vs {stock['hub_cpu']:.0f} s")
         if "load" in ours:
-            text += f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s"
+            text += (f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s "
+                     f"({ours['load'].get('shed', 0)} vs {stock['load'].get('shed', 0)} shed)")
         parts.append(text)
     return " | ".join(parts)
 
@@ -538,7 +539,8 @@ def profile(hub: Hub, py_spy: str, name: str) -> subprocess.Popen:
 
 def clicks(load: dict) -> str:
     return (f"{load['requests']} requests while the class started ({load['per_second']:.0f}/s), "
-            f"p50 {load['p50']:.2f} s, p99 {load['p99']:.2f} s, {load['failures']} failed "
+            f"p50 {load['p50']:.2f} s, p99 {load['p99']:.2f} s of those answered, {load.get('shed', 0)} shed (429), "
+            f"{load['failures']} failed "
             f"({load['logged_in']} of {load['people']} logged in)")
 
 

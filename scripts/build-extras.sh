@@ -6,7 +6,7 @@
 # in the background, leaves it to the first). While it runs the launcher shows each image
 # "(being built, about N min)" (`dsportal images queue`, portal/cluster/images.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+[ "${1:-}" = --in-background ] || cd "$(dirname "$0")/.."
 ENV=${DSPORTAL_PREFIX:-/opt/dsportal}/env
 STATE=${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
 WHEELS=${DSPORTAL_WHEELS:-/var/cache/dsportal/wheels}
@@ -16,9 +16,13 @@ say() { echo "[extras] $*"; }
 mkdir -p "$STATE/run" "$STATE/log"
 
 if [ "${1:-}" = --background ]; then
-  setsid nohup bash "$0" --in-background >>"$LOG" 2>&1 </dev/null &
+  # A copy runs: bash reads a script as it goes, so a checkout updated meanwhile (git pull) would
+  # hand the running build lines of another version.
+  cp "$0" "$STATE/run/build-extras.sh"
+  setsid nohup bash "$STATE/run/build-extras.sh" --in-background "$PWD" >>"$LOG" 2>&1 </dev/null &
   exit 0
 fi
+[ "${1:-}" = --in-background ] && cd "$2"   # the checkout (its scripts/build-horovod.sh)
 exec 9>>"$LOCK"
 chmod 644 "$LOCK"
 if ! flock -n 9; then

@@ -2,6 +2,7 @@
 Charliecloud, real image)."""
 
 import json
+import os
 import pwd
 import tempfile
 from pathlib import Path
@@ -251,6 +252,30 @@ def test_the_form_says_which_images_are_still_being_built():
     assert "<b>PyTorch + Horovod</b> (being built, about 4 min)" in html
     assert "dsportal-building" not in render("spawn_form.html.j2", rows=[], default="", mail={"address": "", "note": ""},
                                              last={}, building=[])
+
+
+def test_build_extras_runs_one_at_a_time(tmp_path):
+    """scripts/build-extras.sh (make demo's background build, make test's first step): while one runs,
+    a second in the background leaves the work to it, and one in the foreground waits for it, then
+    finds everything built."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DSPORTAL_DEMO_DIR": str(tmp_path)}
+    (tmp_path / "run").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(4)",
+                               str(tmp_path / "run/extras.lock")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    second = subprocess.run(["bash", str(repo / "scripts/build-extras.sh"), "--in-background", str(repo)], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "another build is running: left to it" in second.stdout, second
+    waited = subprocess.run(["bash", str(repo / "scripts/build-extras.sh")], env=env, capture_output=True, text=True,
+                            timeout=600)
+    holder.wait()
+    assert waited.returncode == 0, waited.stdout[-2000:] + waited.stderr[-2000:]
+    assert "waiting for the build already running" in waited.stdout and "[extras] done in" in waited.stdout
 
 
 def test_images_build_makes_a_sif_or_a_sandbox_that_users_run(tmp_path):
