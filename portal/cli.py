@@ -128,8 +128,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_images(args) -> int:
-    return images.main(settings_module.load(args.config), args.action, args.name, args.lock, args.wheels_in,
-                       args.ready)
+    return images.main(settings_module.load(args.config), args.action, args.name, args.wheels_in, args.ready)
 
 
 def cmd_templates(args) -> int:
@@ -220,9 +219,8 @@ def main(argv=None) -> int:
     hub_parser.set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
     images_parser = sub.add_parser("images", help="the container image catalog")
-    images_parser.add_argument("action", choices=["list", "build", "build-demo", "queue"])
+    images_parser.add_argument("action", choices=["list", "build", "build-demo", "queue", "heartbeat"])
     images_parser.add_argument("name", nargs="?", help="image to build")
-    images_parser.add_argument("--lock", default="", help="queue: the lock file the builder holds while it runs")
     images_parser.add_argument("--wheels-in", type=float, default=0,
                                help="queue: seconds until the wheels images need are built")
     images_parser.add_argument("--ready", action="store_true",

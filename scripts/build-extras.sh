@@ -4,7 +4,7 @@
 # it with --background, so the portal serves first and these follow; `make test` runs it in the
 # foreground before the tests. One build at a time per machine: a second waits for the first (or,
 # in the background, leaves it to the first). While it runs the launcher shows each image
-# "(being built, about N min)" (`dsportal images queue`, portal/cluster/images.py).
+# "(being built, about N min)" (`dsportal images queue` and `heartbeat`, portal/cluster/images.py).
 set -euo pipefail
 [ "${1:-}" = --in-background ] || cd "$(dirname "$0")/.."
 ENV=${DSPORTAL_PREFIX:-/opt/dsportal}/env
@@ -24,7 +24,7 @@ if [ "${1:-}" = --background ]; then
 fi
 [ "${1:-}" = --in-background ] && cd "$2"   # the checkout (its scripts/build-horovod.sh)
 exec 9>>"$LOCK"
-chmod 644 "$LOCK"
+chmod 600 "$LOCK"   # root's alone: whoever could open it could hold a lock that stops every build
 if ! flock -n 9; then
   [ "${1:-}" = --in-background ] && { say "another build is running: left to it"; exit 0; }
   say "waiting for the build already running (log: $LOG)"
@@ -36,7 +36,11 @@ say "started $(date -Is)"
 # Queued first, so the launcher and the banner say "being built" from now on.
 horovod_left=0
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then horovod_left=$(cat "$HOROVOD_SECONDS" 2>/dev/null || echo 300); fi
-"$ENV/bin/dsportal" images queue --lock "$LOCK" --wheels-in "$horovod_left" | sed 's/^/[extras] queued /'
+"$ENV/bin/dsportal" images queue --wheels-in "$horovod_left" | sed 's/^/[extras] queued /'
+# ... and kept fresh while this runs: marks its heartbeat stops touching are read as gone.
+"$ENV/bin/dsportal" images heartbeat &
+heartbeat=$!
+trap 'kill $heartbeat 2>/dev/null || true' EXIT
 
 if [ "${1:-}" = --in-background ]; then
   # The portal's own start comes first: the builds wait until the hub answers (at most 5 min).

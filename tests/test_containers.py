@@ -5,6 +5,7 @@ import json
 import os
 import pwd
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -191,55 +192,47 @@ BUILT_IMAGE = "/var/lib/dsportal-demo/images/debian-python"  # the demo's, built
 
 @pytest.mark.quick
 def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path):
-    """While a builder (make demo's, in the background) holds its lock, a queued image is "being
+    """While a builder (make demo's, in the background) keeps its mark fresh, a queued image is "being
     built, about N min" on the launcher, in a job's refusal and on the form; once built, the same
-    session's listing offers the kernel itself; if the builder dies, the image is missing again."""
-    import subprocess
-    import sys
-
-    from portal.cluster.images import image_status, queue
+    session's listing offers the kernel itself; a mark its builder stopped touching is read as gone."""
+    from portal.cluster.images import HEARTBEAT, image_status, queue
     from portal.rules import RequestError, _image
     from portal.session import kernels
     from portal.settings import Image
 
     image = Image(name="later", display_name="Later", source="debootstrap:bookworm", path=tmp_path / "images" / "later",
                   runtime="apptainer")
-    lock = tmp_path / "extras.lock"
-    builder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                                "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)", str(lock)],
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert builder.stdout.readline().strip() == "locked"
-        assert image_status(image)[0] == "missing"
-        queue([image], str(lock), wheels_in=300)  # an image without wheels does not wait for them
-        status, detail = image_status(image)
-        assert (status, detail) == ("building", "being built, about 3 min"), detail
-        # The launcher: the kernel's name says so, starting it says when to come back.
-        session = tmp_path / "session"
-        catalog = {"images": [image.model_dump(mode="json")], "data_mounts": []}
-        assert kernels.write_catalog(session, catalog, "/home/alice", str(tmp_path), None) == [
-            "later: Later (being built, about 3 min)"]
-        spec = json.loads((session / "kernels/dsportal-later/kernel.json").read_text())
-        assert spec["metadata"]["dsportal"] == {"image": "later", "status": "building", "reason": (
-            "Later is being built, about 3 min: it appears on the launcher without '(being built)' once it is ready; "
-            "start it then.")}
-        # A job asking for it is refused in words, and nothing is submitted.
-        policy = SimpleNamespace(images_for=lambda profile: [image])
-        with pytest.raises(RequestError, match="image later is being built, about 3 min: launch the job again once"):
-            _image("later", policy, SimpleNamespace(display_name="GPU"), image_status)
-        # Built (here: the demo's built image appears at its path): the listing offers the kernel itself.
-        image_path = Path(image.path)
-        image_path.parent.mkdir(parents=True, exist_ok=True)
-        image_path.symlink_to(BUILT_IMAGE)
-        kernels.refresh_building_kernels(session, "/home/alice", str(tmp_path), None)
-        spec = json.loads((session / "kernels/dsportal-later/kernel.json").read_text())
-        assert spec["display_name"] == "Later" and spec["argv"][:3] == ["apptainer", "exec", "--containall"]
-        assert "later" not in kernels.BUILDING
-        image_path.unlink()
-    finally:
-        builder.kill()
-        builder.wait()
-    assert image_status(image)[0] == "missing"  # the builder is gone: nothing claims it is coming
+    assert image_status(image)[0] == "missing"
+    queue([image], wheels_in=300)  # an image without wheels does not wait for them
+    status, detail = image_status(image)
+    assert (status, detail) == ("building", "being built, about 3 min"), detail
+    # The launcher: the kernel's name says so, starting it says when to come back.
+    session = tmp_path / "session"
+    catalog = {"images": [image.model_dump(mode="json")], "data_mounts": []}
+    assert kernels.write_catalog(session, catalog, "/home/alice", str(tmp_path), None) == [
+        "later: Later (being built, about 3 min)"]
+    spec = json.loads((session / "kernels/dsportal-later/kernel.json").read_text())
+    assert spec["metadata"]["dsportal"] == {"image": "later", "status": "building", "reason": (
+        "Later is being built, about 3 min: it appears on the launcher without '(being built)' once it is ready; "
+        "start it then.")}
+    # A job asking for it is refused in words, and nothing is submitted.
+    policy = SimpleNamespace(images_for=lambda profile: [image])
+    with pytest.raises(RequestError, match="image later is being built, about 3 min: launch the job again once"):
+        _image("later", policy, SimpleNamespace(display_name="GPU"), image_status)
+    # Built (here: the demo's built image appears at its path): the listing offers the kernel itself.
+    image_path = Path(image.path)
+    image_path.symlink_to(BUILT_IMAGE)
+    kernels.refresh_building_kernels(session, "/home/alice", str(tmp_path), None)
+    spec = json.loads((session / "kernels/dsportal-later/kernel.json").read_text())
+    assert spec["display_name"] == "Later" and spec["argv"][:3] == ["apptainer", "exec", "--containall"]
+    assert "later" not in kernels.BUILDING
+    # A builder that died: its mark goes stale, and nothing claims the image is coming.
+    image_path.unlink()
+    marker = image_path.with_name("later.queued")
+    assert image_status(image)[0] == "building"
+    old = time.time() - 3 * HEARTBEAT - 1
+    os.utime(marker, (old, old))
+    assert image_status(image)[0] == "missing"
 
 
 @pytest.mark.quick

@@ -19,10 +19,12 @@ if TYPE_CHECKING:  # annotations only: a session start reads images without the 
 
 DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are
-# Beside an image: ".lock" (held while it is built), ".queued" ({"lock": a builder's lock file, "ready_by":
-# epoch} while a builder that holds that lock will build it), ".seconds" (how long its last build took).
+# Beside an image: ".lock" (root's alone, held while it is built), ".queued" ({"ready_by": epoch} while a
+# builder will build it, touched by the builder every HEARTBEAT seconds: users read it, and lock nothing
+# a build needs), ".seconds" (how long its last build took).
 QUEUED, LOCK, SECONDS = ".queued", ".lock", ".seconds"
 DEFAULT_BUILD_SECONDS = 180  # a debootstrap: image on 2 cores, until one was built here
+HEARTBEAT = 20  # seconds between a builder's touches of its images' .queued; three missed: it is gone
 
 
 def _beside(image: Image, suffix: str) -> Path:
@@ -30,36 +32,33 @@ def _beside(image: Image, suffix: str) -> Path:
     return target.with_name(target.name + suffix)
 
 
-def _held(lock: Path | str) -> bool:
-    """Whether a live process holds an exclusive flock on the file (it dies with the process)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def being_built(image: Image) -> int | None:
-    """Seconds until an image being built (or queued by a live builder) should be ready, else None."""
+    """Seconds until an image a live builder is making (or will make) should be ready, else None."""
+    marker = _beside(image, QUEUED)
     try:
-        queued = json.loads(_beside(image, QUEUED).read_text())
+        if time.time() - marker.stat().st_mtime > 3 * HEARTBEAT:
+            return None  # its builder stopped touching it: gone
+        queued = json.loads(marker.read_text())
     except (OSError, ValueError):
-        queued = {}
-    queued = queued if isinstance(queued, dict) else {}
-    lock = queued.get("lock")
-    if not _held(_beside(image, LOCK)) and not (isinstance(lock, str) and _held(lock)):
         return None
-    ready_by = queued.get("ready_by")
+    ready_by = queued.get("ready_by") if isinstance(queued, dict) else None
     left = ready_by - time.time() if isinstance(ready_by, int | float) else DEFAULT_BUILD_SECONDS
     return max(60, int(left))
+
+
+def heartbeat(images: list[Image]) -> None:
+    """Touches the .queued markers of ``images`` every HEARTBEAT seconds while any is left (a build
+    removes its own); runs beside a builder, which ends it when it ends."""
+    while True:
+        markers = [m for m in (_beside(i, QUEUED) for i in images) if m.exists()]
+        if not markers:
+            return
+        for marker in markers:
+            try:
+                os.utime(marker)
+            except OSError:
+                pass
+        time.sleep(HEARTBEAT)
 
 
 def build_seconds(image: Image) -> float:
@@ -145,7 +144,8 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
     without ``force`` finds it built)."""
     target = Path(image.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(_beside(image, LOCK), "w") as lock:
+    with open(os.open(_beside(image, LOCK), os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+        os.fchmod(lock.fileno(), 0o600)  # a user who could open it could hold a lock that stops every build
         fcntl.flock(lock, fcntl.LOCK_EX)
         started = time.monotonic()
         if image.source.startswith("debootstrap:"):
@@ -159,10 +159,11 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
         _beside(image, QUEUED).unlink(missing_ok=True)
 
 
-def queue(images: list[Image], lock: str, wheels_in: float = 0) -> list[tuple[Image, float]]:
-    """Marks images a builder (which holds ``lock`` until it ends) will build, with when each should
-    be ready: images are shown "being built, about N min" meanwhile. Images whose wheels are not
-    there yet wait ``wheels_in`` seconds for them (Horovod's build, beside the first images)."""
+def queue(images: list[Image], wheels_in: float = 0) -> list[tuple[Image, float]]:
+    """Marks images a builder will build, with when each should be ready: they are shown "being
+    built, about N min" while the builder's heartbeat (:func:`heartbeat`) keeps the marks fresh.
+    Images whose wheels are not there yet wait ``wheels_in`` seconds for them (Horovod's build,
+    beside the first images)."""
     now, free_at, marked, paths = time.time(), time.time(), [], set()
     for image in images:
         if image.path in paths:  # two entries of one folder: built once
@@ -173,7 +174,7 @@ def queue(images: list[Image], lock: str, wheels_in: float = 0) -> list[tuple[Im
         free_at = start + build_seconds(image)
         path = _beside(image, QUEUED)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"lock": lock, "ready_by": round(free_at)}))
+        path.write_text(json.dumps({"ready_by": round(free_at)}))
         os.chmod(path, 0o644)
         marked.append((image, free_at - now))
     return marked
@@ -352,14 +353,14 @@ def _wheels_missing(image: Image) -> bool:
     return any(not any(Path(w).parent.glob(Path(w).name)) for w in getattr(image, "wheels", []))
 
 
-def main(settings, action: str, name: str | None, lock: str = "", wheels_in: float = 0, ready: bool = False) -> int:
+def main(settings, action: str, name: str | None, wheels_in: float = 0, ready: bool = False) -> int:
     images = settings.images
     if action == "queue":  # build-extras.sh, before it builds them in the background
-        if not lock:
-            print("dsportal images queue: --lock (the builder's lock file) is required", file=sys.stderr)
-            return 1
-        for image, seconds in queue(unbuilt_demo_images(settings), lock, wheels_in):
+        for image, seconds in queue(unbuilt_demo_images(settings), wheels_in):
             print(f"{image.name}: about {math.ceil(seconds / 60)} min")
+        return 0
+    if action == "heartbeat":  # build-extras.sh, beside its builds
+        heartbeat(images)
         return 0
     if action == "list":
         print(f"  {'name':<16} {'status':<10} {'size':>10}  {'runtime':<12} source")
