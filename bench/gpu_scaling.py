@@ -139,7 +139,7 @@ def run_portal_job(jobs: Path, name: str) -> dict:
                 first_line[rank] = (time.monotonic() - started, state)
         if state == "GONE":
             break
-        if time.monotonic() - started > JOB_TIMEOUT and not states[-1:] == ["CANCELLING"]:
+        if time.monotonic() - started > JOB_TIMEOUT and "CANCELLING" not in states:
             subprocess.run(["scancel", job_id])  # a rank that hangs (MPI set-up, say) must not hold the machine
             state = "CANCELLING"
         states.append(state)
@@ -172,7 +172,12 @@ def run_bare(jobs: Path, mode: str, gpus, hvd_site: str, python: str, torchrun: 
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(total))), "PYTHONPATH": hvd_site, "NCCL_DEBUG": "WARN",
            **(horovod_env if mode == "hvd" and horovod_env else {})}
     started = time.monotonic()
-    done = as_user(argv, env=env, timeout=JOB_TIMEOUT)
+    try:
+        done = as_user(argv, env=env, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired as expired:
+        subprocess.run(["pkill", "-KILL", "-u", USER])  # what it left on the GPUs
+        return {"name": label(mode, gpus), "seconds": JOB_TIMEOUT, "returncode": None, "img_per_s": None,
+                "log_tail": f"timed out after {expired.timeout} s"}
     result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", done.stdout)
     return {"name": label(mode, gpus), "seconds": time.monotonic() - started, "returncode": done.returncode,
             "img_per_s": float(result.group(2)) if result else None,
@@ -188,7 +193,11 @@ def run_bare_agents(script: str, args: list[str], nodes: int, per_node: int, tor
             ["runuser", "-u", USER, "--", torchrun, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29399", "--rdzv-id=bare", f"--rdzv-conf=is_host={int(node == 0)}",
              script, *args], env=env, cwd=HOME, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outputs = [agent.communicate(timeout=JOB_TIMEOUT) for agent in agents]
+    try:
+        outputs = [agent.communicate(timeout=JOB_TIMEOUT) for agent in agents]
+    except subprocess.TimeoutExpired:
+        subprocess.run(["pkill", "-KILL", "-u", USER])
+        outputs = [agent.communicate() for agent in agents]
     stdout = "".join(out for out, _ in outputs)
     result = re.search(r"RESULT \S+ mode=\S+ gpus=(\d+) img_per_s=([\d.]+)", stdout)
     return {"name": name, "seconds": time.monotonic() - started, "returncode": max(a.returncode for a in agents),

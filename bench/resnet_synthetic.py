@@ -35,10 +35,11 @@ def main() -> None:
 
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
-        # The rank's place on its node as its launcher counts it (srun: SLURM_LOCALID; mpirun:
-        # OMPI_COMM_WORLD_LOCAL_RANK). Horovod's own local_rank() comes from MPI's shared-memory
-        # grouping, which can put every rank alone when each runs in a container of its own.
-        local = int(os.environ.get("SLURM_LOCALID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", hvd.local_rank())))
+        # The rank's place on its node as its launcher counts it (mpirun: OMPI_COMM_WORLD_LOCAL_RANK,
+        # first: inside a batch job every rank also inherits the batch step's SLURM_LOCALID=0; srun:
+        # SLURM_LOCALID). Horovod's own local_rank() comes from MPI's shared-memory grouping, which
+        # put every rank alone when each ran in a container with a /dev/shm of its own.
+        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", hvd.local_rank())))
         if local != hvd.local_rank():
             print(f"rank {rank}: Horovod's local_rank() is {hvd.local_rank()}, the launcher's {local}: using {local}", flush=True)
     torch.cuda.set_device(local)

@@ -128,7 +128,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_images(args) -> int:
-    return images.main(settings_module.load(args.config), args.action, args.name, args.wheels_in, args.ready)
+    return images.main(settings_module.load(args.config), args.action, args.name, args.wheels_in, args.ready,
+                       args.parent)
 
 
 def cmd_templates(args) -> int:
@@ -225,6 +226,7 @@ def main(argv=None) -> int:
                                help="queue: seconds until the wheels images need are built")
     images_parser.add_argument("--ready", action="store_true",
                                help="build-demo: only the images whose wheels are there already")
+    images_parser.add_argument("--parent", type=int, help="heartbeat: the builder's pid (ends when it ends)")
     images_parser.set_defaults(func=cmd_images)
     templates_parser = sub.add_parser("templates", help="instructor template notebooks")
     templates_parser.add_argument("action", choices=["list", "check"])

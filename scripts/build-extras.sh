@@ -16,21 +16,30 @@ say() { echo "[extras] $*"; }
 mkdir -p "$STATE/run" "$STATE/log"
 
 if [ "${1:-}" = --background ]; then
-  # A copy runs: bash reads a script as it goes, so a checkout updated meanwhile (git pull) would
-  # hand the running build lines of another version.
-  cp "$0" "$STATE/run/build-extras.sh"
-  setsid nohup bash "$STATE/run/build-extras.sh" --in-background "$PWD" >>"$LOG" 2>&1 </dev/null &
+  # A copy of its own runs (a new file each time): bash reads a script as it goes, so a checkout
+  # updated meanwhile (git pull), or a second make demo, would hand the running build other lines.
+  copy=$(mktemp "$STATE/run/build-extras.XXXXXX")
+  cp "$0" "$copy"
+  setsid nohup bash "$copy" --in-background "$PWD" >>"$LOG" 2>&1 </dev/null &
   exit 0
 fi
-[ "${1:-}" = --in-background ] && cd "$2"   # the checkout (its scripts/build-horovod.sh)
+if [ "${1:-}" = --in-background ]; then
+  rm -f "$0"    # bash holds it open
+  cd "$2"       # the checkout (its scripts/build-horovod.sh)
+fi
+# The lock is root's alone: whoever could open it could hold a lock that stops every build. One
+# left from an older version with other rights is made anew (a descriptor opened on it stays on it).
+[ -e "$LOCK" ] && [ "$(stat -c '%u %a' "$LOCK")" != "0 600" ] && rm -f "$LOCK"
+umask_was=$(umask); umask 077
 exec 9>>"$LOCK"
-chmod 600 "$LOCK"   # root's alone: whoever could open it could hold a lock that stops every build
+umask "$umask_was"
 if ! flock -n 9; then
   [ "${1:-}" = --in-background ] && { say "another build is running: left to it"; exit 0; }
   say "waiting for the build already running (log: $LOG)"
   flock 9
 fi
 started=$(date +%s)
+echo $$ > "$STATE/run/extras.pid"   # make stop ends a background build (its whole process group)
 say "started $(date -Is)"
 
 # Queued first, so the launcher and the banner say "being built" from now on.
@@ -38,7 +47,8 @@ horovod_left=0
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then horovod_left=$(cat "$HOROVOD_SECONDS" 2>/dev/null || echo 300); fi
 "$ENV/bin/dsportal" images queue --wheels-in "$horovod_left" | sed 's/^/[extras] queued /'
 # ... and kept fresh while this runs: marks its heartbeat stops touching are read as gone.
-"$ENV/bin/dsportal" images heartbeat &
+# (Without the lock's descriptor, and ending with this script even if it is killed outright.)
+"$ENV/bin/dsportal" images heartbeat --parent $$ 9>&- &
 heartbeat=$!
 trap 'kill $heartbeat 2>/dev/null || true' EXIT
 

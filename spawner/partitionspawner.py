@@ -22,7 +22,7 @@ from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directi
 from wrapspawner import WrapSpawner
 
 from portal import defaults
-from portal.cluster.images import image_status
+from portal.cluster.images import building_detail
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import RequestError, SessionSlice, may_use, parse_options, plain_mail_address, unix_groups, wants_mail
 from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
@@ -172,8 +172,12 @@ class PartitionSpawner(WrapSpawner):
         catalog = self.config.SlurmGPUSpawner.get("images") or []
         found = {}
         for image in catalog if isinstance(catalog, list) else []:
-            status, detail = image_status(SimpleNamespace(**image))
-            if status == "building":
+            try:
+                detail = building_detail(SimpleNamespace(**image))
+            except Exception as error:  # noqa: BLE001 - a note of the form: the form itself must render
+                self.log.warning("could not tell whether image %s is being built: %s", image.get("name"), error)
+                continue
+            if detail:
                 found.setdefault(image["display_name"], detail)
         return list(found.items())
 

@@ -4,6 +4,7 @@ Charliecloud, real image)."""
 import json
 import os
 import pwd
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -195,7 +196,7 @@ def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path
     """While a builder (make demo's, in the background) keeps its mark fresh, a queued image is "being
     built, about N min" on the launcher, in a job's refusal and on the form; once built, the same
     session's listing offers the kernel itself; a mark its builder stopped touching is read as gone."""
-    from portal.cluster.images import HEARTBEAT, image_status, queue
+    from portal.cluster.images import HEARTBEAT, heartbeat, image_status, queue
     from portal.rules import RequestError, _image
     from portal.session import kernels
     from portal.settings import Image
@@ -226,10 +227,16 @@ def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path
     spec = json.loads((session / "kernels/dsportal-later/kernel.json").read_text())
     assert spec["display_name"] == "Later" and spec["argv"][:3] == ["apptainer", "exec", "--containall"]
     assert "later" not in kernels.BUILDING
-    # A builder that died: its mark goes stale, and nothing claims the image is coming.
+    # A builder that died: its heartbeat ends with it (at once), its mark goes stale, and nothing
+    # claims the image is coming.
     image_path.unlink()
     marker = image_path.with_name("later.queued")
     assert image_status(image)[0] == "building"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    started = time.monotonic()
+    heartbeat([image], parent=gone.pid)
+    assert time.monotonic() - started < 1
     old = time.time() - 3 * HEARTBEAT - 1
     os.utime(marker, (old, old))
     assert image_status(image)[0] == "missing"
@@ -251,7 +258,6 @@ def test_build_extras_runs_one_at_a_time(tmp_path):
     """scripts/build-extras.sh (make demo's background build, make test's first step): while one runs,
     a second in the background leaves the work to it, and one in the foreground waits for it, then
     finds everything built."""
-    import subprocess
     import sys
 
     repo = Path(__file__).resolve().parent.parent

@@ -32,6 +32,15 @@ def _beside(image: Image, suffix: str) -> Path:
     return target.with_name(target.name + suffix)
 
 
+def building_detail(image: Image) -> str | None:
+    """'being built, about N min' for an image not there yet that a live builder is making, else None
+    (two stats: the hub asks it for every form it renders)."""
+    if Path(image.path).exists():
+        return None
+    left = being_built(image)
+    return None if left is None else f"being built, about {math.ceil(left / 60)} min"
+
+
 def being_built(image: Image) -> int | None:
     """Seconds until an image a live builder is making (or will make) should be ready, else None."""
     marker = _beside(image, QUEUED)
@@ -46,10 +55,21 @@ def being_built(image: Image) -> int | None:
     return max(60, int(left))
 
 
-def heartbeat(images: list[Image]) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def heartbeat(images: list[Image], parent: int | None = None) -> None:
     """Touches the .queued markers of ``images`` every HEARTBEAT seconds while any is left (a build
-    removes its own); runs beside a builder, which ends it when it ends."""
-    while True:
+    removes its own) and while its builder (``parent``) lives: a builder killed outright must not
+    leave its images "being built" for ever."""
+    while parent is None or _alive(parent):
         markers = [m for m in (_beside(i, QUEUED) for i in images) if m.exists()]
         if not markers:
             return
@@ -59,6 +79,7 @@ def heartbeat(images: list[Image]) -> None:
             except OSError:
                 pass
         time.sleep(HEARTBEAT)
+    return
 
 
 def build_seconds(image: Image) -> float:
@@ -86,10 +107,8 @@ def image_status(image: Image) -> tuple[str, str]:
     the machine it runs on: a session asks on its node before it offers an image's kernel."""
     path = Path(image.path)
     if not path.exists():
-        left = being_built(image)
-        if left is not None:
-            return "building", f"being built, about {math.ceil(left / 60)} min"
-        return "missing", f"no image at {path}"
+        detail = building_detail(image)
+        return ("building", detail) if detail else ("missing", f"no image at {path}")
     command = runtime_command(image)
     if not shutil.which(command):
         return "no-runtime", f"{image.runtime} is not installed on this machine ({command} not found)"
@@ -144,8 +163,13 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
     without ``force`` finds it built)."""
     target = Path(image.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.open(_beside(image, LOCK), os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
-        os.fchmod(lock.fileno(), 0o600)  # a user who could open it could hold a lock that stops every build
+    lock_path = _beside(image, LOCK)
+    # Root's alone: a user who could open it could hold a lock that stops every build. One of other
+    # rights (an older version's) is made anew: a descriptor already open on it stays on the old one.
+    if lock_path.exists() and (lock_path.is_symlink() or (lock_path.stat().st_uid, lock_path.stat().st_mode & 0o777)
+                               != (os.geteuid(), 0o600)):
+        lock_path.unlink()
+    with open(os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         started = time.monotonic()
         if image.source.startswith("debootstrap:"):
@@ -174,8 +198,10 @@ def queue(images: list[Image], wheels_in: float = 0) -> list[tuple[Image, float]
         free_at = start + build_seconds(image)
         path = _beside(image, QUEUED)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"ready_by": round(free_at)}))
-        os.chmod(path, 0o644)
+        partial = path.with_name(path.name + ".new")  # whole or not at all, for its readers
+        partial.write_text(json.dumps({"ready_by": round(free_at)}))
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
         marked.append((image, free_at - now))
     return marked
 
@@ -353,14 +379,15 @@ def _wheels_missing(image: Image) -> bool:
     return any(not any(Path(w).parent.glob(Path(w).name)) for w in getattr(image, "wheels", []))
 
 
-def main(settings, action: str, name: str | None, wheels_in: float = 0, ready: bool = False) -> int:
+def main(settings, action: str, name: str | None, wheels_in: float = 0, ready: bool = False,
+         parent: int | None = None) -> int:
     images = settings.images
     if action == "queue":  # build-extras.sh, before it builds them in the background
         for image, seconds in queue(unbuilt_demo_images(settings), wheels_in):
             print(f"{image.name}: about {math.ceil(seconds / 60)} min")
         return 0
     if action == "heartbeat":  # build-extras.sh, beside its builds
-        heartbeat(images)
+        heartbeat(images, parent)
         return 0
     if action == "list":
         print(f"  {'name':<16} {'status':<10} {'size':>10}  {'runtime':<12} source")

@@ -112,7 +112,9 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
         folder = dest / "kernels" / f"dsportal-{image.name}"
         folder.mkdir(parents=True, exist_ok=True)
         spec = kernel_spec(image, mounts, home, runtime_dir, cuda)
-        (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+        partial = folder / "kernel.json.new"  # whole or not at all: the listing may read it meanwhile
+        partial.write_text(json.dumps(spec, indent=1))
+        os.replace(partial, folder / "kernel.json")
         written.append(f"{image.name}: {spec['display_name']}")
         (BUILDING.add if spec["metadata"]["dsportal"].get("status") == "building" else BUILDING.discard)(image.name)
     return written

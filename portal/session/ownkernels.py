@@ -83,8 +83,11 @@ class OwnKernelSpecManager(KernelSpecManager):
         that were being built are written again (they become the kernel itself once built)."""
         folder = os.environ.get(sessionvars.SESSION_DIR, "")
         if folder:
-            refresh_building_kernels(Path(folder), os.path.expanduser("~"), _runtime_dir(),
-                                     os.environ.get("CUDA_VISIBLE_DEVICES"))
+            try:
+                refresh_building_kernels(Path(folder), os.path.expanduser("~"), _runtime_dir(),
+                                         os.environ.get("CUDA_VISIBLE_DEVICES"))
+            except Exception as error:  # noqa: BLE001 - the listing (every other kernel) must go on
+                self.log.warning("dsportal: kernels of images being built not refreshed: %s", error)
         return super().find_kernel_specs()
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:

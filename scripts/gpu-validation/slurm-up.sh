@@ -6,6 +6,8 @@ NGPU=$(ls /dev | grep -cE '^nvidia[0-9]+$')
 # SLURM_NODES=1+2: both at once, for jobs run one after another: partition gpu is gpunode1 with every
 # GPU, partition gpu2 is gpunode2 and gpunode3 with half of them each (the same devices again).
 NODES=${SLURM_NODES:-1}
+[ "$NODES" = 1+2 ] && [ "$NGPU" -lt 2 ] && NODES=1   # (one GPU cannot be halved)
+# (The nodes of gpu and gpu2 are the same GPUs, CPUs and memory counted twice: jobs run one at a time.)
 if [ "$NODES" = 1+2 ]; then
   NODES=3; PER=$((NGPU / 2)); GPUS_OF=(- "$NGPU" "$PER" "$PER"); FIRST_OF=(- 0 0 "$PER")
   PARTITIONS="PartitionName=gpu Nodes=gpunode1 Default=YES MaxTime=12:00:00 State=UP

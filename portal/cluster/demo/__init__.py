@@ -17,11 +17,13 @@ Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 from ..images import image_status
 from .accounting import accounting_status, stop_accounting
-from .base import STATE, DemoError, alive, directory, paths, stop_pid
+from .base import STATE, DemoError, alive, directory, paths, say, stop_pid
 from .content import ensure_courses, ensure_images
 from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
 from .mta import ensure_mta
@@ -63,7 +65,29 @@ def up(config_path: Path | None = None, with_hub: bool = True, images_later: boo
         ensure_hub(config_path)
 
 
+def stop_builder(wait: float = 10.0) -> None:
+    """Ends make demo's background build (scripts/build-extras.sh, a process group of its own: its
+    debootstrap, pip and compiler too), which must not go on building into a state make clean removes.
+    A build in the foreground (make test's) is left alone: its group is make's."""
+    pid = alive(STATE / "run" / "extras.pid")
+    if not pid:
+        return
+    try:
+        if os.getpgid(pid) != pid:
+            return
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and alive(STATE / "run" / "extras.pid"):
+            time.sleep(0.2)
+        if alive(STATE / "run" / "extras.pid"):
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    say("stopped the background build of images (make demo builds what is missing again)")
+
+
 def down() -> None:
+    stop_builder()
     stop_hub()
     stop_proxy()
     stop_slurm()
