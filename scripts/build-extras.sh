@@ -24,7 +24,7 @@ if [ "${1:-}" = --background ]; then
   exit 0
 fi
 if [ "${1:-}" = --in-background ]; then
-  rm -f "$0"    # bash holds it open
+  case "$0" in "$STATE"/run/build-extras.*) rm -f "$0";; esac   # the copy (bash holds it open)
   cd "$2"       # the checkout (its scripts/build-horovod.sh)
 fi
 # The lock is root's alone: whoever could open it could hold a lock that stops every build. One
