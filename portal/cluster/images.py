@@ -35,9 +35,10 @@ def _beside(image: Image, suffix: str) -> Path:
 def building_detail(image: Image) -> str | None:
     """'being built, about N min' for an image not there yet that a live builder is making, else None
     (two stats: the hub asks it for every form it renders)."""
-    if Path(image.path).exists():
-        return None
-    left = being_built(image)
+    return None if Path(image.path).exists() else _building_text(being_built(image))
+
+
+def _building_text(left: int | None) -> str | None:
     return None if left is None else f"being built, about {math.ceil(left / 60)} min"
 
 
@@ -79,7 +80,6 @@ def heartbeat(images: list[Image], parent: int | None = None) -> None:
             except OSError:
                 pass
         time.sleep(HEARTBEAT)
-    return
 
 
 def build_seconds(image: Image) -> float:
@@ -107,7 +107,7 @@ def image_status(image: Image) -> tuple[str, str]:
     the machine it runs on: a session asks on its node before it offers an image's kernel."""
     path = Path(image.path)
     if not path.exists():
-        detail = building_detail(image)
+        detail = _building_text(being_built(image))
         return ("building", detail) if detail else ("missing", f"no image at {path}")
     command = runtime_command(image)
     if not shutil.which(command):
@@ -364,7 +364,7 @@ def _wheels(image: Image) -> list[Path]:
             Path(pattern)] if Path(pattern).is_file() else []
         if not matches:
             raise ImageError(f"{image.name}: no wheel matches {pattern} (multi-node images need "
-                             "scripts/build-horovod.sh, which `make deps` runs)")
+                             "scripts/build-horovod.sh, which scripts/build-extras.sh runs)")
         found.append(matches[-1])
     return found
 
@@ -376,7 +376,11 @@ def unbuilt_demo_images(settings) -> list[Image]:
 
 
 def _wheels_missing(image: Image) -> bool:
-    return any(not any(Path(w).parent.glob(Path(w).name)) for w in getattr(image, "wheels", []))
+    try:
+        _wheels(image)
+    except ImageError:
+        return True
+    return False
 
 
 def main(settings, action: str, name: str | None, wheels_in: float = 0, ready: bool = False,

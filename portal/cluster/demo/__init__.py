@@ -17,13 +17,11 @@ Slurm's mail delivered locally), content.py (images, datasets, courses), hub.py 
 from __future__ import annotations
 
 import os
-import signal
-import time
 from pathlib import Path
 
-from ..images import image_status
+from ..images import building_detail
 from .accounting import accounting_status, stop_accounting
-from .base import STATE, DemoError, alive, directory, paths, say, stop_pid
+from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
 from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
 from .mta import ensure_mta
@@ -65,25 +63,18 @@ def up(config_path: Path | None = None, with_hub: bool = True, images_later: boo
         ensure_hub(config_path)
 
 
-def stop_builder(wait: float = 10.0) -> None:
+def stop_builder() -> None:
     """Ends make demo's background build (scripts/build-extras.sh, a process group of its own: its
     debootstrap, pip and compiler too), which must not go on building into a state make clean removes.
     A build in the foreground (make test's) is left alone: its group is make's."""
-    pid = alive(STATE / "run" / "extras.pid")
-    if not pid:
-        return
+    pidfile = STATE / "run" / "extras.pid"
+    pid = alive(pidfile)
     try:
-        if os.getpgid(pid) != pid:
-            return
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and alive(STATE / "run" / "extras.pid"):
-            time.sleep(0.2)
-        if alive(STATE / "run" / "extras.pid"):
-            os.killpg(pid, signal.SIGKILL)
+        leads_its_group = bool(pid) and os.getpgid(pid) == pid
     except ProcessLookupError:
-        pass
-    say("stopped the background build of images (make demo builds what is missing again)")
+        leads_its_group = False
+    if leads_its_group:
+        stop_pid(pidfile, "the background build of images (make demo builds what is missing again)", group=True)
 
 
 def down() -> None:
@@ -118,10 +109,9 @@ def banner(settings) -> str:
         last = f"{course['prefix']}{int(course['students']):02d}"
         lines.append(f"  {course['prefix']}01 .. {last}: {course['students']} students of {course['name']} "
                      f"(password <name>-demo)")
-    building = [(image.name, detail) for image in settings.images
-                for status, detail in [image_status(image)] if status == "building"]
+    building = {image.name: detail for image in settings.images if (detail := building_detail(image))}
     if building:
         lines += ["", "Being built in the background (log: make demo-log); their kernels and jobs wait until then:"]
-        lines += [f"  {name}: {detail}" for name, detail in dict(building).items()]
+        lines += [f"  {name}: {detail}" for name, detail in building.items()]
     lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
     return "\n".join(lines)

@@ -97,16 +97,22 @@ def alive(pidfile: Path) -> int | None:
     return pid
 
 
-def stop_pid(pidfile: Path, name: str, wait: float = 10.0) -> None:
+def stop_pid(pidfile: Path, name: str, wait: float = 10.0, group: bool = False) -> None:
+    """TERM, then KILL after ``wait`` s, to the pid in ``pidfile`` (``group``: its whole process group,
+    whose leader it is)."""
     pid = alive(pidfile)
     if not pid:
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and alive(pidfile):
-        time.sleep(0.2)
-    if alive(pidfile):
-        os.kill(pid, signal.SIGKILL)
+    kill = os.killpg if group else os.kill
+    try:
+        kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and alive(pidfile):
+            time.sleep(0.2)
+        if alive(pidfile):
+            kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     say(f"stopped {name}")
     pidfile.unlink(missing_ok=True)
 
