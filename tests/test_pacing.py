@@ -11,8 +11,9 @@ from jupyterhub.apihandlers.users import UserAPIHandler, UserServerAPIHandler, U
 from jupyterhub.handlers.login import LoginHandler
 from jupyterhub.handlers.pages import HomeHandler, SpawnHandler
 from tornado import web
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from portal.hub.pacing import Pacer, pace_routes, paced
+from portal.hub.pacing import Pacer, TooManyWaiting, lane, pace_routes, paced
 
 pytestmark = pytest.mark.quick
 
@@ -86,3 +87,97 @@ def test_the_routes_of_logins_tokens_and_starts_are_paced_in_place_and_keep_thei
         # The hub's logs and metrics label a request by its handler's module and name: unchanged.
         assert (rule.target.__module__, rule.target.__name__) == (original.__module__, original.__name__)
     assert issubclass(paced(LoginHandler, pacer), LoginHandler)
+
+
+def order_of(pacer: Pacer, arrivals: list[tuple[str, str, str]]) -> list[str]:
+    """Each (name, address, credential) waits for a turn, all at once in this order: the order they ran."""
+    ran: list[str] = []
+
+    async def wait(name: str, address: str, credential: str) -> None:
+        await pacer.turn(address, credential)
+        ran.append(name)
+
+    async def main() -> None:
+        await asyncio.gather(*(wait(*arrival) for arrival in arrivals))
+
+    asyncio.run(main())
+    return ran
+
+
+def test_a_flood_from_one_address_holds_another_back_by_one_turn_not_by_the_flood():
+    flood = [(f"bob {n}", "10.0.0.2", "token b") for n in range(50)]
+    ran = order_of(Pacer(), flood + [("alice", "10.0.0.3", "cookie a"), ("carol", "10.0.0.4", "")])
+    assert ran.index("alice") <= 2 and ran.index("carol") <= 4  # not after bob's fifty
+    assert [r for r in ran if r.startswith("bob")] == [f"bob {n}" for n in range(50)]  # bob's in the order they came
+
+
+def test_behind_one_address_each_user_gets_her_turn_in_round():
+    flood = [(f"bob {n}", "login node", "token b") for n in range(30)]
+    ran = order_of(Pacer(), flood + [("alice", "login node", "cookie a"), ("made up", "login node", "token x")])
+    assert ran.index("alice") <= 2 and ran.index("made up") <= 3
+    # Made-up credentials split their own address's share: another address still gets every other turn.
+    sybil = [(f"fake {n}", "login node", f"token {n}") for n in range(30)]
+    ran = order_of(Pacer(), sybil + [(f"student {n}", f"10.1.0.{n}", f"cookie {n}") for n in range(3)])
+    assert max(ran.index(f"student {n}") for n in range(3)) <= 6
+
+
+def test_an_address_with_too_many_waiting_is_told_to_retry_and_others_are_not():
+    async def main() -> tuple[list[str], list[str]]:
+        pacer, ran, refused = Pacer(most_waiting_per_address=3), [], []
+
+        async def wait(name: str, address: str) -> None:
+            try:
+                await pacer.turn(address, "")
+            except TooManyWaiting as error:
+                assert error.status_code == 429 and error.headers["Retry-After"] == "5"
+                assert "try again in 5 s" in error.jupyterhub_message
+                refused.append(name)
+                return
+            ran.append(name)
+
+        await asyncio.gather(*(wait(f"bob {n}", "10.0.0.2") for n in range(6)), wait("alice", "10.0.0.3"))
+        assert pacer.waiting == 0
+        return ran, refused
+
+    ran, refused = asyncio.run(main())
+    # The first goes at once (nobody waiting), three wait, the other two are refused; alice is served.
+    assert refused == ["bob 4", "bob 5"] and "alice" in ran and len(ran) == 5
+
+
+def handler_for(headers: dict[str, str]) -> web.RequestHandler:
+    """A tornado handler as a hub's own, with the hub's cookie name and secret, for a request with these headers."""
+    application = web.Application(cookie_secret="s" * 32)
+
+    class Hub:
+        cookie_name = "jupyterhub-hub-login"
+
+    class Handler(web.RequestHandler):
+        hub, cookie_max_age_days = Hub(), 14
+
+    request = HTTPServerRequest(start_line=RequestStartLine("POST", "/hub/api/users/bob/tokens", "HTTP/1.1"),
+                                headers=HTTPHeaders({"Host": "127.0.0.1:8000", **headers}),
+                                connection=mock_connection())
+    return Handler(application, request)
+
+
+def mock_connection():
+    class Connection:  # what tornado's handler asks of a connection it has not written to
+        context = type("Context", (), {"remote_ip": "127.0.0.1", "protocol": "http", "address": ("127.0.0.1", 1)})()
+
+        def set_close_callback(self, callback):
+            pass
+
+    return Connection()
+
+
+def test_a_request_s_lane_is_its_address_and_a_credential_a_forger_cannot_take():
+    cookie = web.create_signed_value("s" * 32, "jupyterhub-hub-login", "cookie-id-of-alice").decode()
+    forged = web.create_signed_value("not the hub's", "jupyterhub-hub-login", "cookie-id-of-alice").decode()
+    proxied = {"X-Forwarded-For": "203.0.113.9, 10.0.0.7"}  # the proxy appends the address it saw last
+    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={cookie}"})) == \
+        ("10.0.0.7", "cookie cookie-id-of-alice")
+    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={forged}"})) == ("10.0.0.7", "")
+    address, credential = lane(handler_for({**proxied, "Authorization": "token abc"}))
+    assert address == "10.0.0.7" and credential.startswith("token ") and "abc" not in credential
+    assert lane(handler_for({"Authorization": "bearer abc"})) == ("127.0.0.1", credential)  # the connection's own
+    assert lane(handler_for({})) == ("127.0.0.1", "")

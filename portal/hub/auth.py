@@ -63,14 +63,22 @@ class NotThroughTheProxy(web.HTTPError):
         super().__init__(403, "Log in through the portal's address, not from a session.")
 
 
-def has_session_certificate(handler) -> bool:
-    """The request came with a session's TLS certificate (hub.internal_ssl): one that names a user."""
+def certificate_user(handler) -> str:
+    """The user a session's TLS certificate names (hub.internal_ssl), where the request came with one; else ""."""
     try:
         certificate = handler.request.get_ssl_certificate()  # None: no certificate
     except (AttributeError, ValueError):  # plain HTTP (a socket without certificates); the connection gone
         certificate = None
-    return any(kind == "DNS" and value.endswith(f".{USERS_DOMAIN}")
-               for kind, value in (certificate or {}).get("subjectAltName", ()))
+    suffix = f".{USERS_DOMAIN}"
+    for kind, value in (certificate or {}).get("subjectAltName", ()):
+        if kind == "DNS" and value.endswith(suffix):
+            return value[:-len(suffix)]
+    return ""
+
+
+def has_session_certificate(handler) -> bool:
+    """The request came with a session's TLS certificate: one that names a user."""
+    return bool(certificate_user(handler))
 
 
 class PortalAuthenticator(LDAPAuthenticator):
