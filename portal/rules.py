@@ -14,6 +14,7 @@ Every message is meant for the user and reaches her as it is.
 from __future__ import annotations
 
 import grp
+import keyword
 import os
 import pwd
 import re
@@ -228,10 +229,15 @@ class LaunchPolicy(BaseModel):
 
 
 # ------------------------------------------------------------------------------ a job request
-REQUEST_FIELDS = ("script", "code", "args", "nodes", "gpus_per_node", "tasks_per_node", "image", "walltime",
-                  "profile", "env", "name", "launcher")
+REQUEST_FIELDS = ("script", "code", "notebook", "args", "nodes", "gpus_per_node", "tasks_per_node", "image",
+                  "walltime", "profile", "env", "name", "launcher", "parameters", "grid", "max_running")
+NOTEBOOK_ONLY = ("parameters", "grid", "max_running")  # fields of a notebook run as a job
+MAX_PARAMETERS = 64  # names in a notebook job's parameters, or in its grid
+MAX_VALUES = 100  # values of one list: one parameter's, or one name's in a grid
+MAX_VALUE_CHARS = 1000  # characters of one text value of a parameter
 LAUNCHERS = ("mpi", "torchrun")  # mpi: the profile's MPI launcher (srun --mpi=... or mpirun)
-LONGEST = {"code": MAX_CODE, "script": MAX_PATH, "args": MAX_ITEM, "env": MAX_ITEM}  # others: MAX_FIELD
+LONGEST = {"code": MAX_CODE, "script": MAX_PATH, "notebook": MAX_PATH, "args": MAX_ITEM, "env": MAX_ITEM,
+           "parameters": MAX_VALUE_CHARS, "grid": MAX_VALUE_CHARS}  # others: MAX_FIELD
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = re.compile(r"^(SLURM_|SBATCH_|SRUN_|OMPI_|PMIX_|PMI_|TORCHELASTIC_)")
@@ -275,6 +281,75 @@ def _environment(overrides) -> dict[str, str]:
     return {k: str(v) for k, v in overrides.items()}
 
 
+def _parameter_name(name) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or len(name) > 64:
+        raise RequestError(f"parameter name {shown(name)} is not a Python name (letters, digits, _; at most 64)")
+    return name
+
+
+def _parameter_value(name: str, value, in_list: bool = False):
+    """A JSON value a notebook's parameter may take: null, true/false, a number, text of one line or
+    more (at most MAX_VALUE_CHARS), or a list of those (at most MAX_VALUES)."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise RequestError(f"parameter {name} must be a finite number, not {value}")
+        return value
+    if isinstance(value, str):
+        if len(value) > MAX_VALUE_CHARS or "\0" in value:
+            raise RequestError(f"parameter {name} is text of {len(value):,} characters; at most {MAX_VALUE_CHARS:,} "
+                               "without NUL are allowed")
+        return value
+    if isinstance(value, list) and not in_list:
+        if len(value) > MAX_VALUES:
+            raise RequestError(f"parameter {name} is a list of {len(value):,} values; at most {MAX_VALUES} are allowed")
+        return [_parameter_value(name, v, in_list=True) for v in value]
+    raise RequestError(f"parameter {name} must be null, true/false, a number, text or a list of those, not "
+                       f"{described(value)}")
+
+
+def _parameters(raw) -> dict:
+    if not isinstance(raw, dict):
+        raise RequestError(f"parameters must be an object of name: value, not {described(raw)}")
+    if len(raw) > MAX_PARAMETERS:
+        raise RequestError(f"parameters has {len(raw)} names; at most {MAX_PARAMETERS} are allowed")
+    return {_parameter_name(name): _parameter_value(name, value) for name, value in raw.items()}
+
+
+def _grid(raw) -> dict[str, list]:
+    if not isinstance(raw, dict) or not raw:
+        raise RequestError(f"grid must be an object of name: [values], e.g. {{'lr': [0.001, 0.0003], 'seed': [1, 2]}}, "
+                           f"not {described(raw)}")
+    if len(raw) > MAX_PARAMETERS:
+        raise RequestError(f"grid has {len(raw)} names; at most {MAX_PARAMETERS} are allowed")
+    grid = {}
+    for name, values in raw.items():
+        name = _parameter_name(name)
+        if not isinstance(values, list) or not values:
+            raise RequestError(f"grid's {name} must be a list of one value or more, not {described(values)}")
+        if len(values) > MAX_VALUES:
+            raise RequestError(f"grid's {name} has {len(values):,} values; at most {MAX_VALUES} are allowed")
+        grid[name] = [_parameter_value(name, v, in_list=True) for v in values]
+    return grid
+
+
+def grid_points(grid: dict[str, list]) -> list[dict]:
+    """Every combination of a grid's values, the last name varying fastest: {'a': [1, 2], 'b': [3]} ->
+    [{'a': 1, 'b': 3}, {'a': 2, 'b': 3}]."""
+    points = [{}]
+    for name, values in grid.items():
+        points = [{**point, name: value} for point in points for value in values]
+    return points
+
+
+def grid_size(grid: dict[str, list]) -> int:
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """A multi-node job request (REST body, magic options, Python API), read into typed fields.
@@ -291,6 +366,10 @@ class JobRequest:
     image: str | None = None
     script: str | None = None  # a file of the user's
     code: str | None = None  # or Python source
+    notebook: str | None = None  # or a notebook of the user's, run headless (its parameters, or a grid of them)
+    parameters: dict = field(default_factory=dict)
+    grid: dict[str, list] = field(default_factory=dict)
+    max_running: int | None = None  # of a grid's tasks at once
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     name: str | None = None
@@ -326,10 +405,24 @@ class JobRequest:
         if not isinstance(launcher, str) or launcher not in LAUNCHERS:
             problems["launcher"] = f"launcher must be one of {', '.join(LAUNCHERS)}, not {described(launcher)}"
         script, code = read("script", _text, raw, "script"), read("code", _text, raw, "code")
-        if (script is None) == (code is None):
-            problems["source"] = "give either 'script' (a Python file) or 'code' (Python source), not both or neither"
+        notebook = read("notebook", _text, raw, "notebook")
+        if sum(source is not None for source in (script, code, notebook)) != 1:
+            problems["source"] = ("give one of 'script' (a Python file), 'code' (Python source) or 'notebook' (a "
+                                  ".ipynb file to run as a job)")
         elif script is not None and ("\0" in script or "\n" in script):
             problems["source"] = f"script must be a file name, not {shown(script)}"
+        elif notebook is not None and ("\0" in notebook or "\n" in notebook or not notebook.endswith(".ipynb")):
+            problems["source"] = f"notebook must be the name of a .ipynb file, not {shown(notebook)}"
+        parameters = read("parameters", _parameters, raw.get("parameters", {})) or {}
+        grid = read("grid", _grid, raw["grid"]) if raw.get("grid") not in (None, {}) else {}
+        max_running = read("max_running", _whole, raw, "max_running")
+        if notebook is None and "source" not in problems:
+            for name in NOTEBOOK_ONLY:
+                if raw.get(name) not in (None, {}, ""):
+                    problems["source"] = f"{name} is for a notebook run as a job ('notebook'), not for a script"
+        if grid and parameters and "grid" not in problems and set(grid) & set(parameters):
+            both = ", ".join(sorted(set(grid) & set(parameters)))
+            problems["grid"] = f"{both} is given both in parameters and in grid: give each name once"
         args = raw.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
             problems["args"] = f"args must be a list of text, not {described(args)}"
@@ -341,7 +434,8 @@ class JobRequest:
                    nodes=1 if nodes is None else nodes, gpus_per_node=read("gpus_per_node", _whole, raw, "gpus_per_node"),
                    tasks_per_node=read("tasks_per_node", _whole, raw, "tasks_per_node"),
                    walltime=read("walltime", _text, raw, "walltime"), image=read("image", _text, raw, "image"),
-                   script=script, code=code, args=tuple(args) if "args" not in problems else (),
+                   script=script, code=code, notebook=notebook, parameters=parameters, grid=grid or {},
+                   max_running=max_running, args=tuple(args) if "args" not in problems else (),
                    env=read("env", _environment, raw.get("env", {})) or {}, name=name, problems=problems)
 
 
@@ -362,15 +456,27 @@ class JobPlan:
     args: list[str]
     env: dict[str, str]
     name: str
-    launcher: str = "srun"  # srun | mpirun | torchrun
+    launcher: str = "srun"  # srun | mpirun | torchrun | notebook
+    notebook: str | None = None  # a notebook run headless: each point's parameters, one Slurm array task each
+    points: tuple[dict, ...] = ()
+    max_running: int | None = None
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.tasks_per_node
 
+    @property
+    def array(self) -> bool:
+        return len(self.points) > 1
+
     def describe(self) -> str:
         gpus = f", {self.gpus_per_node} GPU(s) per node" if self.gpus_per_node else ""
         where = f"image {self.image.name}" if self.image else "the session's Python"
+        if self.notebook is not None:
+            runs = (f"{len(self.points)} runs (a Slurm array, at most {self.max_running} at once)" if self.array
+                    else "one run")
+            return (f"notebook {Path(self.notebook).name}, {runs}, {self.cpus_per_task} CPU(s){gpus.replace(' per node', '')} "
+                    f"on {self.profile.partition}, {where}, walltime {self.walltime} each")
         return (f"{self.nodes} node(s) x {self.tasks_per_node} rank(s){gpus} on {self.profile.partition}, "
                 f"{where}, {self.launcher}, walltime {self.walltime}")
 
@@ -388,6 +494,10 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
 
     request.check("nodes")
     nodes = request.nodes
+    if request.notebook is not None and (nodes != 1 or request.tasks_per_node not in (None, 1) or request.args
+                                         or request.launcher != "mpi"):
+        raise RequestError("a notebook runs as one job on one node, in one kernel: leave out nodes, tasks_per_node, "
+                           "args and launcher")
     if nodes < 1:
         raise RequestError(f"a job needs at least 1 node, not {nodes}")
     most_nodes = profile.jobs.max_nodes or policy.node_count.get(profile.partition)
@@ -412,15 +522,29 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
 
     request.check("image")
     image = _image(request.image, policy, profile, image_status)
-    request.check("script", "code", "source")
+    request.check("script", "code", "notebook", "source")
     script = None if request.script is None else _script_file(request.script, base_dir)
+    notebook, points, max_running = None, (), None
+    if request.notebook is not None:
+        notebook = _script_file(request.notebook, base_dir, "notebook")
+        request.check("parameters", "grid", "max_running")
+        size = grid_size(request.grid)
+        most = profile.jobs.max_array_tasks
+        if size > most:
+            raise RequestError(f"the grid makes {size:,} runs; {profile.display_name} allows at most {most} in one "
+                               "array: fewer values, or several arrays")
+        points = tuple({**request.parameters, **point} for point in grid_points(request.grid))
+        max_running = min(size, profile.jobs.max_running if request.max_running is None else request.max_running)
+        if max_running < 1:
+            raise RequestError("max_running must be at least 1")
+        launcher, tasks = "notebook", 1
     request.check("args", "env", "name")
     return JobPlan(
         profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
         cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
         image=image, script=script, code=request.code, args=list(request.args),
-        env={**profile.jobs.env, **request.env}, name=request.name or _default_name(script, launcher),
-        launcher=launcher,
+        env={**profile.jobs.env, **request.env}, name=request.name or _default_name(script or notebook, launcher),
+        launcher=launcher, notebook=notebook, points=points, max_running=max_running,
     )
 
 
@@ -440,17 +564,17 @@ def _image(name: str | None, policy: LaunchPolicy, profile: Profile, image_statu
     return image
 
 
-def _script_file(script: str, base_dir: str | os.PathLike) -> str:
+def _script_file(script: str, base_dir: str | os.PathLike, kind: str = "script") -> str:
     path = Path(os.path.expanduser(script))
     path = path if path.is_absolute() else Path(base_dir) / path
     if not path.is_file():
-        raise RequestError(f"no such script: {path}")
+        raise RequestError(f"no such {kind}: {path}")
     if not os.access(path, os.R_OK):
-        raise RequestError(f"script {path} is not readable")
+        raise RequestError(f"{kind} {path} is not readable")
     return str(path.resolve())
 
 
 def _default_name(script: str | None, launcher: str) -> str:
     stem = Path(script).stem if script else "cell"
-    prefix = "ddp-" if launcher == "torchrun" else "hvd-"
+    prefix = {"torchrun": "ddp-", "notebook": "nb-"}.get(launcher, "hvd-")
     return prefix + (re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:40] or "job")

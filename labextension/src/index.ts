@@ -41,6 +41,7 @@ const tensorboardIcon = new LabIcon({
 
 const COMMANDS = {
   jobs: 'dsportal:open-jobs',
+  runNotebook: 'dsportal:run-notebook-as-job',
   tensorboard: 'dsportal:open-tensorboard',
   tensorboardHere: 'dsportal:open-tensorboard-here',
   freshCopy: 'dsportal:fresh-template-copy',
@@ -293,13 +294,26 @@ const main: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         let panel = tracker.currentWidget;
         if (!panel || panel.isDisposed) {
-          panel = new JobsPanel();
+          panel = new JobsPanel(path => void app.commands.execute('docmanager:open', { path }));
           panel.title.icon = jobsIcon;
           await tracker.add(panel);
           app.shell.add(panel, 'main');
         }
         app.shell.activateById(panel.id);
         return panel;
+      }
+    });
+    app.commands.addCommand(COMMANDS.runNotebook, {
+      label: 'Run as job…',
+      caption: 'Run this notebook headless in a Slurm job of its own: once, or once per point of a grid of parameters',
+      icon: jobsIcon,
+      execute: async () => {
+        const item = fileBrowser(app)?.selectedItems?.().next();
+        if (!item || item.done || item.value?.type !== 'notebook') {
+          return;
+        }
+        const panel = (await app.commands.execute(COMMANDS.jobs)) as JobsPanel;
+        panel.runNotebook(item.value.path);
       }
     });
     app.commands.addCommand(COMMANDS.tensorboard, {
@@ -329,6 +343,7 @@ const main: JupyterFrontEndPlugin<void> = {
     });
 
     app.contextMenu.addItem({ command: COMMANDS.tensorboard, selector: '.jp-DirListing-item[data-isdir="true"]', rank: 3 });
+    app.contextMenu.addItem({ command: COMMANDS.runNotebook, selector: '.jp-DirListing-item[data-file-type="notebook"]', rank: 3 });
     app.contextMenu.addItem({ command: COMMANDS.tensorboardHere, selector: '.jp-DirListing-content', rank: 100 });
     if (launcher) {
       launcher.add({ command: COMMANDS.jobs, category: 'Other', rank: 1 });

@@ -1,11 +1,13 @@
 // The Jobs panel, docked in JupyterLab's main area: launch a multi-node job (Horovod/MPI or
-// torchrun), list mine with their state, follow one job's log live with a rank filter, cancel.
+// torchrun) or run a notebook as a job (once with its parameters, or a grid of them as a Slurm array),
+// list mine with their state, follow one job's log live with a rank filter, cancel, open a notebook
+// job's executed notebook and its runs' results table; a notification when a job ends.
 // Everything goes through the session's REST API and websocket (portal/session/jobs_api.py), which
 // check each request against the user's launch policy: this panel only offers what may pass.
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
-import { api, state, streamUrl } from './api';
+import { api, sessionUrl, state, streamUrl } from './api';
 
 interface Profile {
   name: string;
@@ -41,6 +43,20 @@ export interface Job {
   session: string;
   session_job: number | null;
   from_this_session: boolean;
+  kind: string;
+  notebook: string | null;
+  runs: number;
+  run_states: { [run: string]: string };
+}
+
+interface Results {
+  columns: string[];
+  rows: { [column: string]: unknown }[];
+}
+
+/** Where a job's files are, as the session's contents API names them (its root is the home folder). */
+export function jobFile(jobId: number, name: string): string {
+  return `.dsportal/jobs/${jobId}/${name}`;
 }
 
 type StreamEvent =
@@ -76,8 +92,10 @@ function option(select: HTMLSelectElement, value: string, text: string): void {
 }
 
 export class JobsPanel extends Widget {
-  constructor() {
+  /** ``open`` opens a file of the session in JupyterLab (the executed notebooks). */
+  constructor(open: (path: string) => void = () => undefined) {
     super();
+    this._open = open;
     this.id = 'dsportal-jobs';
     this.addClass('dsportal-Jobs');
     this.title.label = 'Jobs';
@@ -85,8 +103,13 @@ export class JobsPanel extends Widget {
     this.title.closable = true;
 
     const c = this._controls;
-    c.script.placeholder = 'train.py (in your home)';
+    c.script.placeholder = 'train.py or analysis.ipynb (in your home)';
     c.script.required = true;
+    c.script.oninput = () => this._showKind();
+    c.parameters.placeholder = '{"lr": 0.001}';
+    c.grid.placeholder = '{"lr": [0.001, 0.0003], "seed": [1, 2]}';
+    c.max_running.type = 'number';
+    c.max_running.min = '1';
     c.nodes.type = 'number';
     c.nodes.min = '1';
     c.nodes.value = '2';
@@ -98,16 +121,25 @@ export class JobsPanel extends Widget {
     }
     c.profile.onchange = () => this._showProfile();
     const submit = element('button', { type: 'submit', class: 'jp-Button jp-mod-styled jp-mod-accept', text: 'Launch job' });
+    this._nodesField = field('Nodes', c.nodes);
+    this._launcherField = field('Launcher', c.launcher);
+    this._notebookFields = [
+      field('Parameters (JSON)', c.parameters),
+      field('Grid (JSON: one run per combination)', c.grid),
+      field('At most running at once', c.max_running)
+    ];
     this._form.append(
-      field('Script', c.script),
+      field('Script or notebook', c.script),
       field('Partition profile', c.profile),
-      field('Nodes', c.nodes),
+      this._nodesField,
       field('GPUs per node', c.gpus_per_node),
-      field('Launcher', c.launcher),
+      this._launcherField,
+      ...this._notebookFields,
       field('Image', c.image),
       field('Walltime', c.walltime),
       element('div', { class: 'dsportal-Jobs-submit' }, submit)
     );
+    this._showKind();
     this._form.onsubmit = event => {
       event.preventDefault();
       void this._launch();
@@ -134,12 +166,17 @@ export class JobsPanel extends Widget {
           element('code', { text: '%%horovod --nodes 2 --gpus-per-node 2' }),
           ' or ',
           element('code', { text: '%%torchrun --nodes 2 --gpus-per-node 2' }),
-          '.'
+          '. A notebook (.ipynb) runs headless on one node: its cell tagged ',
+          element('code', { text: 'parameters' }),
+          ' takes the values you give, a grid runs once per combination, and what its cell tagged ',
+          element('code', { text: 'results' }),
+          ' prints as JSON becomes a row of the results table.'
         ),
         this._form,
         this._message
       ),
       element('section', {}, element('h2', { text: 'My jobs' }), element('div', { class: 'dsportal-Jobs-tableScroll' }, table)),
+      this._results,
       element(
         'section',
         { class: 'dsportal-Jobs-logSection' },
@@ -147,8 +184,17 @@ export class JobsPanel extends Widget {
         this._log
       )
     );
+    this._results.hidden = true;
     this._message.setAttribute('role', 'status');
     this._log.setAttribute('aria-live', 'polite');
+  }
+
+  /** Fill the form to run this notebook as a job (the file browser's "Run as job"). */
+  runNotebook(path: string): void {
+    this._controls.script.value = path;
+    this._showKind();
+    this._controls.script.focus();
+    this._say(`Choose the slice for ${path}, and parameters if you like, then Launch job.`, 'info');
   }
 
   /** Follow one job's log (replayed from its start, then live). */
@@ -163,7 +209,7 @@ export class JobsPanel extends Widget {
     this._logState.textContent = '';
     this._logState.className = 'dsportal-Jobs-logState';
     const known = this._jobs.get(jobId);
-    this._resetFilter(known ? known.ranks : 0);
+    this._resetFilter(known ? known.ranks : 0, known ? known.runs : 0);
     const socket = new WebSocket(streamUrl(jobId));
     this._socket = socket;
     socket.onmessage = message => {
@@ -210,13 +256,21 @@ export class JobsPanel extends Widget {
       this._say((error as Error).message, 'error');
       return;
     }
+    const before = this._jobs;
     this._jobs = new Map(jobs.map(job => [job.job_id, job]));
+    for (const job of jobs) {
+      const was = before.get(job.job_id);
+      if (was && !was.finished && job.finished) {
+        tellEnded(job);
+      }
+    }
     this._rows.textContent = '';
     for (const job of jobs) {
       const row = this._rows.insertRow();
       row.dataset.jobId = String(job.job_id);
       row.classList.toggle('dsportal-mod-following', job.job_id === this._following);
-      for (const value of [job.job_id, job.name, job.state, job.nodes, job.ranks, job.image || '-']) {
+      const ranks = job.kind === 'notebook' ? (job.runs > 1 ? `${job.runs} runs` : 'notebook') : job.ranks;
+      for (const value of [job.job_id, job.name, job.state, job.nodes, ranks, job.image || '-']) {
         row.insertCell().textContent = String(value);
       }
       row.cells[2].className = `dsportal-state dsportal-state-${job.state.split(' ')[0]}`;
@@ -232,6 +286,17 @@ export class JobsPanel extends Widget {
       const view = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-view', text: 'Log' });
       view.onclick = () => this.follow(job.job_id);
       actions.append(view);
+      if (job.kind === 'notebook' && job.runs === 1) {
+        const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-open', text: 'Notebook' });
+        open.title = 'The executed notebook, outputs included (saved after each cell)';
+        open.onclick = () => this._open(jobFile(job.job_id, 'output.ipynb'));
+        actions.append(open);
+      } else if (job.kind === 'notebook') {
+        const results = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-results', text: 'Results' });
+        results.title = "Each run's parameters, state and results; its executed notebook";
+        results.onclick = () => void this._showResults(job.job_id);
+        actions.append(results);
+      }
       if (!job.finished) {
         const cancel = element('button', { class: 'jp-Button jp-mod-styled jp-mod-warn dsportal-Jobs-cancel', text: 'Cancel' });
         cancel.onclick = () => void this._cancel(job.job_id);
@@ -242,6 +307,41 @@ export class JobsPanel extends Widget {
       this._logState.textContent = this._jobs.get(this._following)!.state;
     }
     state.jobs = jobs.length;
+  }
+
+  private async _showResults(jobId: number): Promise<void> {
+    let table: Results;
+    try {
+      table = await api<Results>('GET', `jobs/${jobId}/results`);
+    } catch (error) {
+      this._say((error as Error).message, 'error');
+      return;
+    }
+    const head = element('tr', {}, ...table.columns.map(c => element('th', { text: c === 'output' ? '' : c })));
+    const body = element('tbody');
+    for (const row of table.rows) {
+      const tr = body.insertRow();
+      for (const column of table.columns) {
+        const cell = tr.insertCell();
+        if (column === 'output') {
+          const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject', text: 'Notebook' });
+          open.onclick = () => this._open(jobFile(jobId, String(row.output)));
+          cell.append(open);
+        } else {
+          cell.textContent = row[column] === undefined ? '' : typeof row[column] === 'string' ? String(row[column]) : JSON.stringify(row[column]);
+          cell.dataset.value = cell.textContent;
+        }
+      }
+    }
+    const results = element('table', { class: 'dsportal-Jobs-table dsportal-Jobs-resultsTable' }, element('thead', {}, head), body);
+    head.querySelectorAll('th').forEach((th, index) => {
+      th.onclick = () => sortBy(body, index);
+      th.title = 'Sort by this column';
+    });
+    const csv = element('a', { href: sessionUrl('dsportal/api/jobs', String(jobId), 'results') + '?format=csv', download: `job-${jobId}-results.csv`, text: 'Download CSV' });
+    this._results.textContent = '';
+    this._results.append(element('h2', { text: `Results of job ${jobId}` }), csv, element('div', { class: 'dsportal-Jobs-tableScroll' }, results));
+    this._results.hidden = false;
   }
 
   private async _loadPolicy(): Promise<void> {
@@ -282,15 +382,51 @@ export class JobsPanel extends Widget {
     c.walltime.placeholder = profile.jobs.default_walltime;
   }
 
+  private _isNotebook(): boolean {
+    return this._controls.script.value.trim().endsWith('.ipynb');
+  }
+
+  private _showKind(): void {
+    const notebook = this._isNotebook();
+    this._nodesField.hidden = notebook;
+    this._launcherField.hidden = notebook;
+    for (const f of this._notebookFields) {
+      f.hidden = !notebook;
+    }
+  }
+
   private async _launch(): Promise<void> {
     const c = this._controls;
-    const request: { [key: string]: unknown } = {
-      script: c.script.value.trim(),
-      profile: c.profile.value,
-      nodes: Number(c.nodes.value),
-      gpus_per_node: Number(c.gpus_per_node.value),
-      launcher: c.launcher.value
-    };
+    const path = c.script.value.trim();
+    let request: { [key: string]: unknown };
+    if (this._isNotebook()) {
+      request = { notebook: path, profile: c.profile.value, gpus_per_node: Number(c.gpus_per_node.value) };
+      for (const [key, control] of [['parameters', c.parameters], ['grid', c.grid]] as [string, HTMLInputElement][]) {
+        if (!control.value.trim()) {
+          continue;
+        }
+        try {
+          request[key] = JSON.parse(control.value);
+        } catch {
+          this._say(`${key} must be JSON, e.g. ${control.placeholder}`, 'error');
+          return;
+        }
+      }
+      if (c.max_running.value) {
+        request.max_running = Number(c.max_running.value);
+      }
+      if ('Notification' in window && Notification.permission === 'default') {
+        void Notification.requestPermission();  // to be told when it ends, in another tab too
+      }
+    } else {
+      request = {
+        script: path,
+        profile: c.profile.value,
+        nodes: Number(c.nodes.value),
+        gpus_per_node: Number(c.gpus_per_node.value),
+        launcher: c.launcher.value
+      };
+    }
     if (c.image.value) {
       request.image = c.image.value;
     }
@@ -322,7 +458,7 @@ export class JobsPanel extends Widget {
   private _onEvent(jobId: number, event: StreamEvent): void {
     if (event.type === 'job') {
       this._jobs.set(jobId, event.job);
-      this._resetFilter(event.job.ranks);
+      this._resetFilter(event.job.ranks, event.job.runs);
       this._logState.textContent = event.job.state;
     } else if (event.type === 'line') {
       this._append(event.rank, event.stream, event.line);
@@ -337,10 +473,11 @@ export class JobsPanel extends Widget {
 
   private _append(rank: number | null, stream: string, text: string): void {
     const who = rank === null ? 'batch' : String(rank);
+    const label = rank === null ? 'batch' : stream === 'task' ? `run ${rank}` : `rank ${rank}`;
     const line = element('div', {
       class: `dsportal-Jobs-line dsportal-Jobs-${stream}`,
       'data-rank': who,
-      text: stream === 'state' || stream === 'error' ? text : `[${rank === null ? 'batch' : `rank ${rank}`}] ${text}`
+      text: stream === 'state' || stream === 'error' ? text : `[${label}] ${text}`
     });
     line.hidden = !this._shows(who, stream);
     const log = this._log;
@@ -356,14 +493,14 @@ export class JobsPanel extends Widget {
     return wanted === 'all' || stream === 'state' || stream === 'error' || who === wanted;
   }
 
-  private _resetFilter(ranks: number): void {
+  private _resetFilter(ranks: number, runs = 0): void {
     const select = this._rankFilter;
     const kept = select.value || 'all';
     select.textContent = '';
-    option(select, 'all', 'all ranks');
+    option(select, 'all', runs > 1 ? 'all runs' : 'all ranks');
     option(select, 'batch', 'batch script');
-    for (let rank = 0; rank < ranks; rank++) {
-      option(select, String(rank), `rank ${rank}`);
+    for (let rank = 0; rank < (runs > 1 ? runs : ranks); rank++) {
+      option(select, String(rank), runs > 1 ? `run ${rank}` : `rank ${rank}`);
     }
     select.value = Array.from(select.options).some(o => o.value === kept) ? kept : 'all';
     this._applyFilter();
@@ -388,8 +525,16 @@ export class JobsPanel extends Widget {
     gpus_per_node: element('select', { name: 'gpus_per_node' }),
     launcher: element('select', { name: 'launcher' }),
     image: element('select', { name: 'image' }),
-    walltime: element('input', { name: 'walltime' })
+    walltime: element('input', { name: 'walltime' }),
+    parameters: element('input', { name: 'parameters' }),
+    grid: element('input', { name: 'grid' }),
+    max_running: element('input', { name: 'max_running' })
   };
+  private _open: (path: string) => void;
+  private _nodesField: HTMLLabelElement;
+  private _launcherField: HTMLLabelElement;
+  private _notebookFields: HTMLLabelElement[];
+  private _results = element('section', { class: 'dsportal-Jobs-results' });
   private _form = element('form', { class: 'dsportal-Jobs-form' });
   private _message = element('div', { class: 'dsportal-Jobs-message' });
   private _rows = element('tbody');
@@ -402,4 +547,27 @@ export class JobsPanel extends Widget {
   private _following: number | null = null;
   private _socket: WebSocket | null = null;
   private _timer = 0;
+}
+
+/** Sort a results table's rows by one column: numbers as numbers, again to reverse. */
+function sortBy(body: HTMLTableSectionElement, index: number): void {
+  const rows = Array.from(body.rows);
+  const value = (row: HTMLTableRowElement) => row.cells[index]?.dataset.value ?? '';
+  const numeric = rows.every(row => value(row) === '' || !isNaN(Number(value(row))));
+  const ascending = body.dataset.sortedBy !== String(index);
+  rows.sort((a, b) => {
+    const order = numeric ? Number(value(a)) - Number(value(b)) : value(a).localeCompare(value(b));
+    return ascending ? order : -order;
+  });
+  body.dataset.sortedBy = ascending ? String(index) : '';
+  body.append(...rows);
+}
+
+/** A job ended while this page watched it: a browser notification (when allowed), else nothing more
+ * than the table's new state. */
+function tellEnded(job: Job): void {
+  state.lastEnded = { job_id: job.job_id, state: job.state };
+  if ('Notification' in window && Notification.permission === 'granted') {
+    new Notification(`Job ${job.job_id} ${job.state.toLowerCase()}`, { body: `${job.name}: ${job.reason || job.description}` });
+  }
 }

@@ -23,12 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import uuid
 from pathlib import Path
 from typing import NamedTuple
 
 from .. import sessionvars
+from ..notebookcells import cell_label, failure_reason, full_traceback
 from ..rules import LaunchPolicy, may_use, unix_groups
 from ..templatesources import notebooks
 
@@ -72,51 +72,12 @@ def run_one(notebook: Path, timeout: int) -> dict:
         result["passed"] = True
     except Exception as error:  # noqa: BLE001 - a broken notebook file is a failed check too, not a crash of the check
         result["error"] = failure_reason(error, running.get("cell"), timeout)[:300]
-        print(f"---- {notebook}: {result['error']}\n{_full_traceback(error)}", file=sys.stderr, flush=True)
+        print(f"---- {notebook}: {result['error']}\n{full_traceback(error)}", file=sys.stderr, flush=True)
     finally:
         result["seconds"] = round(time.monotonic() - started, 1)
         _stop_leftovers(mark)
         shutil.rmtree(scratch, ignore_errors=True)
     return result
-
-
-def failure_reason(error: Exception, cell: str | None, timeout: int) -> str:
-    """One line: ``cell N (first line): Error: message`` (N counts code cells from 1)."""
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
-    if isinstance(error, CellExecutionError):
-        what = f"{error.ename}: {_one_line(error.evalue)}"
-    elif isinstance(error, CellTimeoutError):
-        what = f"no result within {timeout} s (--timeout)"
-    elif isinstance(error, DeadKernelError):
-        what = "the kernel died"
-    else:
-        return f"{type(error).__name__}: {_one_line(str(error))}"
-    return f"{cell}: {what}" if cell else what
-
-
-def cell_label(cells: list, index: int) -> str:
-    """``cell 3 (%%horovod --nodes 2)``: the cell's number among code cells and its first line."""
-    number = sum(cell.cell_type == "code" for cell in cells[:index + 1])
-    first = next((line.strip() for line in cells[index].source.splitlines() if line.strip()), "")
-    return f"cell {number} ({first[:60]})"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(_without_colours(text).split())
-
-
-def _without_colours(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def _full_traceback(error: Exception) -> str:
-    """The kernel's traceback for a failed cell (with the cell's source), else ours."""
-    from nbclient.exceptions import CellControlSignal
-
-    if isinstance(error, CellControlSignal):  # nbclient's message holds the cell and the kernel's traceback
-        return _without_colours(str(error))
-    return "".join(traceback.format_exception(error))
 
 
 def _stop_leftovers(mark: str) -> None:

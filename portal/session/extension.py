@@ -2,7 +2,7 @@
 
 Loaded by the session's Jupyter server (jupyter-config/dsportal-jobs.json). Each feature keeps
 its handlers in its own module; this puts them under the session's base URL:
-  dsportal/api/jobs, jobs/<id>, jobs/<id>/stream, policy, slice   the job launcher (jobs_api.py)
+  dsportal/api/jobs, jobs/<id>, jobs/<id>/stream, jobs/<id>/results, policy, slice   the job launcher (jobs_api.py)
   dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
   dsportal/api/usage                                              use against the slice's limits (gauges.py)
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
@@ -27,6 +27,7 @@ def _load_jupyter_server_extension(server_app):
         # A Slurm job id: 32 bits (int() of a path of thousands of digits would be an error, not a 404).
         (r"dsportal/api/jobs/(\d{1,10})", jobs_api.JobHandler),
         (r"dsportal/api/jobs/(\d{1,10})/stream", jobs_api.JobStreamHandler),
+        (r"dsportal/api/jobs/(\d{1,10})/results", jobs_api.ResultsHandler),
         ("dsportal/api/policy", jobs_api.PolicyHandler),
         ("dsportal/api/slice", jobs_api.SliceHandler),
         ("dsportal/api/extend", jobs_api.ExtendHandler),

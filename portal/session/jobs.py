@@ -17,10 +17,13 @@ unquoted or an ``#SBATCH`` line unchecked.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +35,7 @@ from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job  #
 from ..settings import parse_walltime, whole_number
 from ..templating import render
 from .containers import Bind, Launch, runtime
+from .notebookjob import INPUT, SPEC, output_name, record_name
 
 JOBS_DIR = ".dsportal/jobs"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -100,6 +104,22 @@ def render_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, script: str
     )
 
 
+def render_notebook_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, home: str) -> str:
+    return render(
+        "notebook_job.sbatch.j2",
+        plan=plan, profile=plan.profile.model_dump(), job_dir=job_dir, env=dict(plan.env), workdir=home,
+        python=f"{policy.environment.rstrip('/')}/bin/python", session_job=launching_session()[1],
+    )
+
+
+def _notebook_spec(plan: JobPlan, policy: LaunchPolicy, home: str) -> dict:
+    """What each run reads in its job (portal/session/notebookjob.py): its parameters, its kernel's image."""
+    return {"notebook": plan.notebook, "cwd": str(Path(plan.notebook).parent), "points": list(plan.points),
+            "image": plan.image.model_dump(mode="json") if plan.image else None,
+            "mounts": [m.model_dump(mode="json") for m in policy.data_mounts] if plan.image else [],
+            "home": home, "gpus": plan.gpus_per_node}
+
+
 def _submit_env() -> dict[str, str]:
     """The session's environment minus what would leak the session's own job into the new one."""
     drop = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "JUPYTER", "JPY_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
@@ -134,17 +154,24 @@ def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobI
     job_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     job_dir.mkdir(mode=0o700)
     script = plan.script
-    if plan.code is not None:
-        script = str(job_dir / "cell.py")
-        Path(script).write_text(plan.code)
-    text = render_script(plan, policy, str(job_dir), script, home)
+    if plan.notebook is not None:
+        # The notebook as it is now: editing it while the job waits or runs changes nothing of the job.
+        shutil.copyfile(plan.notebook, job_dir / INPUT)
+        (job_dir / SPEC).write_text(json.dumps(_notebook_spec(plan, policy, home), indent=1))
+        text = render_notebook_script(plan, policy, str(job_dir), home)
+    else:
+        if plan.code is not None:
+            script = str(job_dir / "cell.py")
+            Path(script).write_text(plan.code)
+        text = render_script(plan, policy, str(job_dir), script, home)
     (job_dir / "job.sbatch").write_text(text)
     job_id = slurm().submit_file(str(job_dir / "job.sbatch"))
     session, session_job = launching_session()
     info = JobInfo(job_id=job_id, name=plan.name, folder=str(job_dir), submitted=time.time(),
                    nodes=plan.nodes, ranks=plan.ranks, gpus_per_node=plan.gpus_per_node,
                    partition=plan.profile.partition, image=plan.image.name if plan.image else None,
-                   script=script, description=plan.describe(), session=session, session_job=session_job)
+                   script=script, description=plan.describe(), session=session, session_job=session_job,
+                   kind="notebook" if plan.notebook else "mpi", notebook=plan.notebook, runs=len(plan.points))
     (job_dir / "job.json").write_text(json.dumps(asdict(info), indent=1))
     link = root / str(job_id)
     if link.is_symlink() or link.exists():
@@ -171,10 +198,14 @@ class JobInfo:
     # the default one) and its Slurm job id; jobs from before sessions were recorded have neither.
     session: str = ""
     session_job: int | None = None
+    kind: str = "mpi"  # mpi (Horovod, torchrun, a script or cell) | notebook (a notebook run headless)
+    notebook: str | None = None  # the notebook as the user named it (the job runs its copy)
+    runs: int = 0  # a notebook job's runs: 1, or one per point of its grid (a Slurm array)
     state: str = "PENDING"
     reason: str = ""
     exit_code: str = ""
     node_list: str = ""
+    run_states: dict[str, str] = field(default_factory=dict)  # a notebook job's runs: "0" -> COMPLETED, ...
 
     @property
     def finished(self) -> bool:
@@ -234,6 +265,11 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
     if final.exists():
         info.__dict__.update(json.loads(final.read_text()))
         return info
+    if info.kind == "notebook" and info.runs > 1:
+        _array_state(info, listed if listed is not None else slurm().jobs(job_id), folder)
+        if info.finished:
+            final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "run_states")}))
+        return info
     fields = (listed if listed is not None else slurm().jobs(job_id)).get(int(job_id))
     if fields is None:
         # Forgotten by slurmctld (MinJobAge) before anyone saw it end: accounting remembers.
@@ -249,9 +285,69 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
         info.reason = fields.get("Reason", "")
         info.exit_code = fields.get("ExitCode", "")
         info.node_list = "" if fields.get("NodeList") in (None, "(null)") else fields["NodeList"]
+    if info.kind == "notebook":
+        ran = _run_record(folder, 0)
+        info.run_states = {"0": info.state}
+        if info.state == "FAILED" and ran.get("error"):
+            info.reason = ran["error"]
     if info.finished:
-        final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "exit_code", "node_list")}))
+        final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "exit_code", "node_list",
+                                                                    "run_states")}))
     return info
+
+
+def _run_record(folder: Path, run: int) -> dict:
+    """What a notebook job's run recorded of itself (portal/session/notebookjob.py); {} before it started."""
+    try:
+        record = json.loads((folder / record_name(run)).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def array_tasks(text: str) -> list[int]:
+    """Slurm's ArrayTaskId: '3', '2-5%2', '1,4-5' -> the task numbers."""
+    numbers = []
+    for part in text.split("%")[0].strip("[]").split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            numbers += range(int(first), int(last or first) + 1)
+    return numbers
+
+
+_ACTIVE = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
+
+
+def _array_state(info: JobInfo, listed: dict[int, dict[str, str]], folder: Path) -> None:
+    """A grid's state from its runs': Slurm's for the tasks it knows, else what each run recorded."""
+    slurm_states: dict[int, str] = {}
+    for fields in listed.values():
+        if fields.get("ArrayJobId") == str(info.job_id):
+            for task in array_tasks(fields.get("ArrayTaskId", "")):
+                slurm_states[task] = fields.get("JobState", "UNKNOWN")
+    states, failures = {}, []
+    for run in range(info.runs):
+        record = _run_record(folder, run)
+        state = slurm_states.get(run) or (record.get("state") if record.get("state") in FINISHED else "UNKNOWN")
+        states[str(run)] = state
+        if state not in ("COMPLETED", "PENDING", *_ACTIVE) and state != "UNKNOWN":
+            failures.append(f"run {run}: {record.get('error') or state}")
+    info.run_states = states
+    values = set(states.values())
+    if values & set(_ACTIVE):
+        info.state = "RUNNING"
+    elif "PENDING" in values:
+        info.state = "PENDING"
+    elif values == {"COMPLETED"}:
+        info.state = "COMPLETED"
+    elif "CANCELLED" in values:
+        info.state = "CANCELLED"
+    elif values - {"COMPLETED", "UNKNOWN"}:
+        info.state = "FAILED"
+    else:
+        info.state = "UNKNOWN"
+    done = sum(state == "COMPLETED" for state in states.values())
+    info.reason = f"{done} of {info.runs} runs completed" + (f"; {'; '.join(failures[:3])}" if failures else "")
 
 
 def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
@@ -282,8 +378,43 @@ def cancel(job_id: int, home: str | None = None) -> JobInfo:
     return info
 
 
+# ------------------------------------------------------------------------------ a grid's results
+def results(job_id: int, home: str | None = None) -> dict:
+    """A notebook job's runs as a table: per run its parameters, how it ended and what its cell tagged
+    ``results`` printed as JSON ({"columns": [...], "rows": [{column: value}]}), in run order."""
+    info = load(job_id, home)
+    if info.kind != "notebook":
+        raise JobNotFound(f"job {job_id} is not a notebook job: it has no results table")
+    folder = Path(info.folder)
+    spec = json.loads((folder / SPEC).read_text())
+    rows, columns = [], ["run"]
+    for run, parameters in enumerate(spec["points"]):
+        record = _run_record(folder, run)
+        found = record.get("results") if isinstance(record.get("results"), dict) else {}
+        row = {"run": run, **parameters, "state": info.run_states.get(str(run), record.get("state", "PENDING")),
+               **{k: v for k, v in found.items() if k not in ("run", "state", "output", *parameters)},
+               "output": output_name(run, len(spec["points"]))}
+        for name in row:
+            if name not in columns:
+                columns.append(name)
+        rows.append(row)
+    columns.remove("output")
+    columns.append("output")  # last: the executed notebook
+    return {"job_id": info.job_id, "folder": info.folder, "columns": columns, "rows": rows}
+
+
+def results_csv(table: dict) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=table["columns"], extrasaction="ignore")
+    writer.writeheader()
+    for row in table["rows"]:
+        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+    return out.getvalue()
+
+
 # ------------------------------------------------------------------------------ logs
 _RANK_FILE = re.compile(r"^rank-(\d+)\.(out|err)$")
+_TASK_FILE = re.compile(r"^task-(\d+)\.log$")  # a grid's runs (Slurm array tasks)
 
 
 @dataclass
@@ -307,6 +438,8 @@ class LogFollower:
                 files.append((self.folder / entry, int(match.group(1)), stream))
             elif entry == "batch.log":
                 files.append((self.folder / entry, None, "batch"))
+            elif task := _TASK_FILE.match(entry):
+                files.append((self.folder / entry, int(task.group(1)), "task"))
         return files
 
     def poll(self, final: bool = False) -> list[dict]:
@@ -332,5 +465,7 @@ class LogFollower:
 
 
 def format_event(event: dict) -> str:
+    if event["stream"] == "task":
+        return f"[run {event['rank']}] {event['line']}"
     who = "batch" if event["rank"] is None else f"rank {event['rank']}"
     return f"[{who}] {event['line']}"

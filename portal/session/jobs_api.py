@@ -2,8 +2,10 @@
 
 REST (under the session's base URL, e.g. /user/alice/):
   GET    dsportal/api/jobs               my jobs, newest first, with their state
-  POST   dsportal/api/jobs               submit {script|code, nodes, gpus_per_node, image, ...}
+  POST   dsportal/api/jobs               submit {script|code, nodes, gpus_per_node, image, ...}, or a notebook to
+                                         run headless: {notebook, parameters | grid, max_running, gpus_per_node, ...}
   GET    dsportal/api/jobs/<id>          one job
+  GET    dsportal/api/jobs/<id>/results  a notebook job's runs: parameters, state, results (?format=csv)
   DELETE dsportal/api/jobs/<id>          cancel it
   GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
                                          live, then {"type": "state", ...} once the job ended
@@ -108,6 +110,21 @@ class JobHandler(_JobsAPI):
             self._fail(error)
         self.set_status(202)
         self.finish(json.dumps({"job": info.as_dict()}))
+
+
+class ResultsHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self, job_id):
+        try:
+            table = await asyncio.to_thread(jobs.results, int(job_id))
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        if self.get_query_argument("format", "json") == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", f'attachment; filename="job-{int(job_id)}-results.csv"')
+            self.finish(jobs.results_csv(table))
+            return
+        self.finish(json.dumps(table))
 
 
 class PolicyHandler(_JobsAPI):

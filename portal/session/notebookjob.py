@@ -1,0 +1,145 @@
+"""One run of a notebook job, inside its Slurm job (templates/notebook_job.sbatch.j2).
+
+``python -m portal.session.notebookjob <job folder> <run>`` executes the copy of the notebook taken when
+the job was submitted (``input.ipynb``) with nbclient and a real Jupyter kernel: the environment's
+Python 3 kernel, or the chosen image's (the same kernelspec a session writes for it). The run's
+parameters (``notebook-job.json``: one point per run of a grid, a Slurm array task each) are injected
+after the cell tagged ``parameters``, as papermill does.
+
+What it leaves in the job's folder, for the Jobs panel (portal/session/jobs.py):
+- the executed notebook (``output.ipynb``, ``output-<run>.ipynb`` for a grid), saved after every cell,
+  so it can be opened while the job runs;
+- its log (Slurm's ``batch.log`` / ``task-<run>.log``): which cell runs, then what that cell printed;
+- ``run-<run>.json``: how it ended (the failing cell and its error) and what the cell tagged
+  ``results`` printed as JSON (the grid's results table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..notebookcells import cell_label, failure_reason, full_traceback, inject_parameters, one_line, results_of
+
+SPEC = "notebook-job.json"
+INPUT = "input.ipynb"
+IMAGE_KERNEL = "dsportal-image"
+
+
+def output_name(run: int, runs: int) -> str:
+    return f"output-{run}.ipynb" if runs > 1 else "output.ipynb"
+
+
+def record_name(run: int) -> str:
+    return f"run-{run}.json"
+
+
+def _save(nb, path: Path) -> None:
+    import nbformat
+
+    partial = path.with_name(path.name + ".partial")  # whole or not at all: the Jobs panel may open it meanwhile
+    nbformat.write(nb, str(partial))
+    os.replace(partial, path)
+
+
+def _kernel(spec: dict, runtime: Path) -> str:
+    """The kernel's name: the image's kernelspec, written into ``runtime`` (on JUPYTER_PATH), or python3."""
+    if not spec.get("image"):
+        return "python3"
+    from .kernels import ensure_kernel_pipe_config, kernel_spec
+
+    image = SimpleNamespace(**spec["image"])
+    mounts = [SimpleNamespace(**mount) for mount in spec.get("mounts", [])]
+    cuda = os.environ.get("CUDA_VISIBLE_DEVICES") if spec.get("gpus") else None
+    ensure_kernel_pipe_config(str(runtime))
+    folder = runtime / "kernels" / IMAGE_KERNEL
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kernel.json").write_text(json.dumps(kernel_spec(image, mounts, spec["home"], str(runtime), cuda)))
+    os.environ["JUPYTER_PATH"] = str(runtime)
+    return IMAGE_KERNEL
+
+
+def _echo_outputs(cell) -> None:
+    """What a cell printed, into the run's log after the cell ran (the log follower streams it)."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            text = output.get("text", "")
+            (sys.stdout if output.get("name") == "stdout" else sys.stderr).write(text if text.endswith("\n") else text + "\n")
+        elif output.get("output_type") == "execute_result":
+            print(output.get("data", {}).get("text/plain", ""))
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def run(job_dir: Path, number: int) -> int:
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    spec = json.loads((job_dir / SPEC).read_text())
+    points = spec["points"]
+    parameters = points[number]
+    output = job_dir / output_name(number, len(points))
+    record = {"run": number, "parameters": parameters, "state": "RUNNING", "error": "", "results": None,
+              "output": output.name, "started": time.time()}
+    (job_dir / record_name(number)).write_text(json.dumps(record))
+    nb = nbformat.read(str(job_dir / INPUT), as_version=4)
+    inject_parameters(nb, parameters)
+    if parameters:
+        print(f"dsportal: parameters {json.dumps(parameters)}", flush=True)
+    code_cells = sum(cell.cell_type == "code" for cell in nb.cells)
+    # The kernel's channels are unix sockets in a folder of this run's own (mkdtemp-like: 0700), not TCP ports.
+    runtime = job_dir / f"runtime-{number}"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    running: dict[str, str] = {}
+
+    def starting(cell, cell_index, **_):
+        label = cell_label(nb.cells, cell_index)
+        running["cell"] = label
+        print(f"dsportal: running {label}, of {code_cells} code cells", flush=True)
+
+    def executed(cell, cell_index, **_):
+        _echo_outputs(cell)
+        _save(nb, output)
+
+    kernel_name = _kernel(spec, runtime)
+    kernel = KernelManager(kernel_name=kernel_name, transport="ipc", connection_file=str(runtime / "kernel.json"))
+    client = NotebookClient(nb, km=kernel, kernel_name=kernel_name, timeout=None,
+                            resources={"metadata": {"path": spec.get("cwd") or str(job_dir)}},
+                            on_cell_execute=starting, on_cell_executed=executed)
+    try:
+        client.execute()
+    except Exception as error:  # noqa: BLE001 - every failure is the run's result, told in words
+        record.update(state="FAILED", error=failure_reason(error, running.get("cell"), None)[:1000])
+        print(f"dsportal: {record['error']}", flush=True)
+        print(full_traceback(error), file=sys.stderr, flush=True)
+    else:
+        record.update(state="COMPLETED", results=results_of(nb))
+        print(f"dsportal: all {code_cells} code cells ran", flush=True)
+    finally:
+        _save(nb, output)
+        record["ended"] = time.time()
+        partial = job_dir / (record_name(number) + ".partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, job_dir / record_name(number))
+    return 0 if record["state"] == "COMPLETED" else 1
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m portal.session.notebookjob <job folder> <run>", file=sys.stderr)
+        return 2
+    try:
+        return run(Path(argv[0]), int(argv[1]))
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        print(f"dsportal: the notebook job could not start: {one_line(str(error))}", flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

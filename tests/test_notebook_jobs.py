@@ -1,0 +1,226 @@
+"""Issue 50: a notebook run as a batch job from a session, once with its parameters or once per point of a
+grid (a Slurm array), its executed notebook and results table in the Jobs panel's API.
+
+The request's checks and the batch script need no cluster; the runner executes a real notebook on a
+real kernel; the rest is alice's real session submitting real Slurm jobs, and bob refused all of it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+
+from test_jobs import _policy, jobs_api, stream
+
+TRAIN = [  # (source, tags)
+    ("lr = 0.1\nseed = 0\nlabel = 'default'", ["parameters"]),
+    ("import json\nscore = round(1 / (1 + lr) + seed / 100, 4)\nprint('score', score, label)", []),
+    ("print(json.dumps({'score': score, 'label': label}))", ["results"]),
+]
+FAILING = [("x = 1", ["parameters"]), ("y = x + 1", []), ("z = y / 0", []), ("print('never')", [])]
+
+
+def notebook(cells) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    for source, tags in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["tags"] = tags
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+# -- the request and the batch script (no cluster) ------------------------------------------------------
+@pytest.mark.quick
+@pytest.mark.parametrize("request_fields,expected", [
+    ({"parameters": {"lr; import os": 1}}, "is not a Python name"),
+    ({"parameters": {"class": 1}}, "is not a Python name"),
+    ({"parameters": {"__import__('os').system('id')": 1}}, "is not a Python name"),
+    ({"parameters": {"lr": {"nested": 1}}}, "must be null, true/false, a number, text or a list"),
+    ({"parameters": {"lr": "x" * 1001}}, "at most 1,000"),
+    ({"parameters": {"lr": list(range(101))}}, "at most 100"),
+    ({"parameters": {"lr": float("nan")}}, "finite number"),
+    ({"parameters": "lr=1"}, "must be an object"),
+    ({"grid": {"lr": []}}, "one value or more"),
+    ({"grid": {"lr": list(range(9)), "seed": list(range(9))}}, "the grid makes 81 runs; GPU allows at most 64"),
+    ({"grid": {"lr": [1, 2]}, "parameters": {"lr": 3}}, "given both in parameters and in grid"),
+    ({"grid": {"lr": [1, 2]}, "max_running": 0}, "max_running must be at least 1"),
+    ({"nodes": 2}, "a notebook runs as one job on one node"),
+    ({"launcher": "torchrun"}, "a notebook runs as one job on one node"),
+    ({"notebook": "train.py"}, "notebook must be the name of a .ipynb file"),
+    ({"notebook": "missing.ipynb"}, "no such notebook"),
+    ({"notebook": "train.ipynb", "code": "print(1)"}, "give one of 'script'"),
+])
+def test_a_notebook_job_request_is_judged_before_anything_is_submitted(tmp_path, request_fields, expected):
+    from portal.rules import RequestError
+    from portal.session import jobs
+
+    nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
+    with pytest.raises(RequestError) as refused:
+        jobs.plan({"notebook": "train.ipynb", **request_fields}, _policy(), tmp_path)
+    assert expected in str(refused.value), str(refused.value)
+
+
+@pytest.mark.quick
+def test_parameters_belong_to_notebooks_only(tmp_path):
+    from portal.rules import RequestError
+    from portal.session import jobs
+
+    with pytest.raises(RequestError, match="grid is for a notebook run as a job"):
+        jobs.plan({"code": "print(1)", "grid": {"lr": [1, 2]}}, _policy(), tmp_path)
+
+
+@pytest.mark.quick
+def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
+    from portal.session import jobs
+
+    nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
+    policy = _policy()
+    plan = jobs.plan({"notebook": "train.ipynb", "grid": {"lr": [0.1, 0.2, 0.3], "seed": [1, 2]}, "max_running": 2,
+                      "parameters": {"label": "sweep"}, "gpus_per_node": 1}, policy, tmp_path)
+    assert plan.points == tuple({"label": "sweep", "lr": lr, "seed": seed} for lr in (0.1, 0.2, 0.3) for seed in (1, 2))
+    script = jobs.render_notebook_script(plan, policy, "/home/u/.dsportal/jobs/x", "/home/u")
+    for line in ("#SBATCH --array=0-5%2", "#SBATCH --output=/home/u/.dsportal/jobs/x/task-%a.log", "#SBATCH --nodes=1",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1",
+                 "#SBATCH --job-name=nb-train", 'task=${SLURM_ARRAY_TASK_ID:-0}',
+                 'exec /opt/dsportal/env/bin/python -m portal.session.notebookjob "$job_dir" "$task"'):
+        assert line in script, (line, script)
+    assert "6 runs (a Slurm array, at most 2 at once)" in plan.describe()
+    single = jobs.plan({"notebook": "train.ipynb", "parameters": {"lr": 0.5}}, policy, tmp_path)
+    script = jobs.render_notebook_script(single, policy, "/j", "/home/u")
+    assert "--array" not in script and "#SBATCH --output=/j/batch.log" in script and single.points == ({"lr": 0.5},)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("value", ["it's \"quoted\"", "line\nbreak\\n", "'); import os; os.system('id'); ('", None, True,
+                                   -3, 1e-300, ["a", 1, None, False]])
+def test_an_injected_value_is_the_same_value_in_python_never_code(value):
+    from portal.notebookcells import inject_parameters
+
+    nb = notebook(TRAIN)
+    inject_parameters(nb, {"value": value})
+    injected = nb.cells[1]
+    assert injected.metadata["tags"] == ["injected-parameters"] and nb.cells[0].metadata["tags"] == ["parameters"]
+    tree = ast.parse(injected.source)
+    assert len(tree.body) == 1 and isinstance(tree.body[0], ast.Assign)  # one assignment, nothing else
+    assert ast.literal_eval(tree.body[0].value) == value
+
+
+def run_locally(tmp_path, cells, points) -> tuple[int, dict, nbformat.NotebookNode, str]:
+    """The runner as its Slurm job starts it, here on this machine: exit status, its record, the executed
+    notebook, its log."""
+    from portal.session.notebookjob import INPUT, SPEC
+
+    nbformat.write(notebook(cells), str(tmp_path / INPUT))
+    (tmp_path / SPEC).write_text(json.dumps({"points": points, "cwd": str(tmp_path), "image": None}))
+    done = subprocess.run([sys.executable, "-m", "portal.session.notebookjob", str(tmp_path), str(len(points) - 1)],
+                          capture_output=True, text=True, timeout=120)
+    output = "output.ipynb" if len(points) == 1 else f"output-{len(points) - 1}.ipynb"
+    record = json.loads((tmp_path / f"run-{len(points) - 1}.json").read_text())
+    return done.returncode, record, nbformat.read(str(tmp_path / output), as_version=4), done.stdout + done.stderr
+
+
+@pytest.mark.quick
+def test_the_runner_executes_with_its_parameters_and_records_the_results(tmp_path):
+    status, record, executed, log = run_locally(tmp_path, TRAIN, [{"lr": 0.1}, {"lr": 1.0, "seed": 2, "label": "b"}])
+    assert status == 0, log
+    assert record["state"] == "COMPLETED" and record["results"] == {"score": 0.52, "label": "b"}, record
+    assert "dsportal: running cell 3 (import json), of 4 code cells" in log and "score 0.52 b" in log, log
+    assert executed.cells[1].metadata["tags"] == ["injected-parameters"]
+    assert executed.cells[2].outputs[0]["text"] == "score 0.52 b\n"
+
+
+@pytest.mark.quick
+def test_a_failing_cell_is_named_with_its_error(tmp_path):
+    status, record, executed, log = run_locally(tmp_path, FAILING, [{}])
+    assert status == 1
+    assert record["state"] == "FAILED" and record["error"].startswith("cell 3 (z = y / 0): ZeroDivisionError"), record
+    assert "dsportal: cell 3 (z = y / 0): ZeroDivisionError: division by zero" in log, log
+    assert executed.cells[2].outputs[0]["ename"] == "ZeroDivisionError"  # the executed notebook shows where it stopped
+    assert "outputs" not in executed.cells[3] or not executed.cells[3].outputs
+
+
+# -- alice's session, real Slurm ----------------------------------------------------------------------
+def put_notebook(user, path: str, cells) -> None:
+    folder = os.path.dirname(path)
+    if folder:
+        user.api("PUT", f"/user/{user.name}/api/contents/{folder}", json={"type": "directory"})
+    response = user.api("PUT", f"/user/{user.name}/api/contents/{path}",
+                        json={"type": "notebook", "format": "json", "content": notebook(cells)})
+    assert response.status_code in (200, 201), response.text
+
+
+def wait_finished(user, job_id: int, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = jobs_api(user, "GET", f"/{job_id}").json()["job"]
+        if job["finished"]:
+            return job
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s: {job}")
+
+
+@pytest.fixture
+def alice_cpu(alice):
+    alice.spawn({"profile": "cpu"})
+    return alice
+
+
+def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(alice_cpu, bob):
+    alice = alice_cpu
+    put_notebook(alice, "nbjobs/train.ipynb", TRAIN)
+    put_notebook(alice, "nbjobs/failing.ipynb", FAILING)
+
+    # One run, its parameters overridden; its log says which cell runs while the job runs.
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu",
+                                             "parameters": {"lr": 0.25, "label": "one"}})
+    assert response.status_code == 201, response.text
+    job = response.json()["job"]
+    assert job["kind"] == "notebook" and job["runs"] == 1 and job["notebook"].endswith("/nbjobs/train.ipynb")
+    lines = [m["line"] for m in stream(alice, job["job_id"]) if m["type"] == "line"]
+    assert "dsportal: running cell 3 (import json), of 4 code cells" in lines and "score 0.8 one" in lines, lines
+    job = wait_finished(alice, job["job_id"])
+    assert job["state"] == "COMPLETED", job
+    # The executed notebook opens through the session's own contents API, beside the job's other files.
+    opened = alice.api("GET", f"/user/alice/api/contents/.dsportal/jobs/{job['job_id']}/output.ipynb")
+    assert opened.status_code == 200, opened.text
+    outputs = [o for cell in opened.json()["content"]["cells"] for o in cell.get("outputs", [])]
+    assert {"output_type": "stream", "name": "stdout", "text": "score 0.8 one\n"} in outputs, outputs
+
+    # A 3 x 2 grid: one Slurm array, at most 2 running; its results table has six rows.
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu", "max_running": 2,
+                                             "grid": {"lr": [0.0, 0.25, 1.0], "seed": [1, 2]}})
+    assert response.status_code == 201, response.text
+    array = response.json()["job"]
+    assert array["runs"] == 6 and "6 runs (a Slurm array, at most 2 at once)" in array["description"]
+    array = wait_finished(alice, array["job_id"])
+    assert array["state"] == "COMPLETED" and array["run_states"] == {str(n): "COMPLETED" for n in range(6)}, array
+    table = jobs_api(alice, "GET", f"/{array['job_id']}/results").json()
+    assert table["columns"] == ["run", "lr", "seed", "state", "score", "label", "output"], table
+    assert [(r["lr"], r["seed"], r["score"]) for r in table["rows"]] == [
+        (0.0, 1, 1.01), (0.0, 2, 1.02), (0.25, 1, 0.81), (0.25, 2, 0.82), (1.0, 1, 0.51), (1.0, 2, 0.52)], table
+    assert {r["output"] for r in table["rows"]} == {f"output-{n}.ipynb" for n in range(6)}
+    csv_text = jobs_api(alice, "GET", f"/{array['job_id']}/results", params={"format": "csv"}).text
+    assert csv_text.splitlines()[0] == "run,lr,seed,state,score,label,output" and len(csv_text.splitlines()) == 7
+    listed = {j["job_id"]: j for j in jobs_api(alice, "GET").json()["jobs"]}
+    assert listed[array["job_id"]]["state"] == "COMPLETED"  # the list shows the array as one job
+
+    # A failing cell is named, in the job's state and in its log.
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/failing.ipynb", "profile": "cpu"})
+    failed = wait_finished(alice, response.json()["job"]["job_id"])
+    assert failed["state"] == "FAILED", failed
+    assert failed["reason"].startswith("cell 3 (z = y / 0): ZeroDivisionError: division by zero"), failed
+
+    # bob: refused every part of it, through the API and on disk.
+    for path in ("", f"/{array['job_id']}", f"/{array['job_id']}/results"):
+        assert jobs_api(bob, "GET", path, owner="alice", allow_redirects=False).status_code in (302, 403)
+    folder = listed[array["job_id"]]["folder"]
+    peek = subprocess.run(["runuser", "-u", "bob", "--", "cat", f"{folder}/output-0.ipynb", f"{folder}/run-0.json",
+                           f"{folder}/input.ipynb"], capture_output=True, text=True)
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek
