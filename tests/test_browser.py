@@ -240,3 +240,88 @@ def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
         return sum(int(n) for n in re.findall(r"\d+", css)[:3])
 
     assert brightness(light) > 600 and brightness(dark) < 200, (light, dark)
+
+
+def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_browser(alice):
+    """Issue 50 in the browser: "Run as job" on a course template in the file browser fills the Jobs panel;
+    the run's log says which cell runs and its executed notebook opens from the panel; a 3 x 2 grid runs as
+    one Slurm array whose results table shows six rows, sortable; a failing cell is named."""
+    import re
+
+    from test_notebook_jobs import FAILING, put_notebook
+
+    alice.spawn({"profile": "cpu"})
+    put_notebook(alice, "nbjobs/failing.ipynb", FAILING)
+    SHOTS.mkdir(exist_ok=True)
+
+    def job_id_of(text: str) -> int:
+        return int(re.search(r"Submitted job (\d+)", text).group(1))
+
+    with sync_playwright() as playwright:
+        browser, page = open_lab(playwright, path="lab/tree/templates/dsportal?reset", height=1000)
+        template = page.locator('.jp-DirListing-item[data-file-type="notebook"]', has_text="digits-pytorch.ipynb")
+        template.wait_for(timeout=30_000)
+        template.click(button="right")
+        page.locator(".lm-Menu-item", has_text="Run as job").click()
+        panel = page.locator(".lm-DockPanel .dsportal-Jobs")
+        panel.wait_for(timeout=30_000)
+        page.wait_for_function("window.dsportalLab.jobsPolicy === true", timeout=30_000)
+        assert panel.locator("input[name=script]").input_value() == "templates/dsportal/digits-pytorch.ipynb"
+        assert panel.locator("input[name=nodes]").is_hidden() and panel.locator("input[name=grid]").is_visible()
+
+        # One run, 4 epochs: the log says which cell runs; the executed notebook opens from the panel.
+        panel.locator("select[name=profile]").select_option("cpu")
+        panel.locator("input[name=parameters]").fill('{"epochs": 4}')
+        panel.locator("button[type=submit]").click()
+        message = panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok")
+        message.wait_for(timeout=30_000)
+        job = job_id_of(message.inner_text())
+        log = panel.locator(".dsportal-Jobs-log")
+        log.get_by_text(re.compile(r"^\[batch\] dsportal: running cell 5 \(model = nn\.Sequential\(\), of 7 code cells$")) \
+            .wait_for(timeout=180_000)
+        log.locator(".dsportal-Jobs-state", has_text=f"job {job}: COMPLETED").wait_for(timeout=180_000)
+        assert log.get_by_text(re.compile(r"^\[batch\] test accuracy: 0\.\d{4}$")).count() == 1
+        row = panel.locator(f"tr[data-job-id='{job}']")
+        row.locator(".dsportal-Jobs-open").click()
+        executed = page.locator(".jp-NotebookPanel", has=page.locator(".jp-OutputArea-output", has_text="test accuracy"))
+        executed.wait_for(timeout=60_000)
+        assert page.locator(".lm-TabBar-tab.lm-mod-current", has_text="output.ipynb").count() == 1
+        page.screenshot(path=str(SHOTS / "notebook-job-output.png"))
+        page.locator(".lm-TabBar-tab", has_text="Jobs").click()
+
+        # A 3 x 2 grid, 2 epochs each, at most 2 at once: one array, six rows of results.
+        panel.locator("input[name=parameters]").fill('{"epochs": 2}')
+        panel.locator("input[name=grid]").fill('{"lr": [0.0003, 0.001, 0.003], "seed": [0, 1]}')
+        panel.locator("input[name=max_running]").fill("2")
+        panel.locator("button[type=submit]").click()
+        panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok", has_text="6 runs (a Slurm array, at most 2 at once)") \
+            .wait_for(timeout=30_000)
+        array = job_id_of(panel.locator(".dsportal-Jobs-message").inner_text())
+        row = panel.locator(f"tr[data-job-id='{array}']")
+        row.locator(".dsportal-state-COMPLETED").wait_for(timeout=300_000)
+        assert row.locator("td").nth(4).inner_text() == "6 runs"
+        row.locator(".dsportal-Jobs-results").click()
+        table = panel.locator(".dsportal-Jobs-resultsTable")
+        table.wait_for(timeout=30_000)
+        assert table.locator("thead th").all_inner_texts()[:6] == ["run", "epochs", "lr", "seed", "state", "accuracy"]
+        assert table.locator("tbody tr").count() == 6
+        assert set(table.locator("tbody tr td:nth-child(5)").all_inner_texts()) == {"COMPLETED"}
+        table.locator("thead th", has_text="accuracy").click()
+        accuracies = [float(text) for text in table.locator("tbody tr td:nth-child(6)").all_inner_texts()]
+        assert accuracies == sorted(accuracies) and all(0 < a <= 1 for a in accuracies), accuracies
+        assert panel.get_by_text("Download CSV").get_attribute("href").endswith(f"/dsportal/api/jobs/{array}/results?format=csv")
+        page.screenshot(path=str(SHOTS / "notebook-job-grid.png"))
+
+        # A failing cell is named, in the log and on the job's state.
+        panel.locator("input[name=script]").fill("nbjobs/failing.ipynb")
+        panel.locator("input[name=parameters]").fill("")
+        panel.locator("input[name=grid]").fill("")
+        panel.locator("button[type=submit]").click()
+        message = panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok", has_text="notebook failing.ipynb")
+        message.wait_for(timeout=30_000)
+        failed = job_id_of(message.inner_text())
+        log.get_by_text("[batch] dsportal: cell 3 (z = y / 0): ZeroDivisionError: division by zero").wait_for(timeout=180_000)
+        panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").wait_for(timeout=60_000)
+        assert "cell 3 (z = y / 0): ZeroDivisionError" in \
+            panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").get_attribute("title")
+        browser.close()

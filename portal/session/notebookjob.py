@@ -12,6 +12,9 @@ What it leaves in the job's folder, for the Jobs panel (portal/session/jobs.py):
 - its log (Slurm's ``batch.log`` / ``task-<run>.log``): which cell runs, then what that cell printed;
 - ``run-<run>.json``: how it ended (the failing cell and its error) and what the cell tagged
   ``results`` printed as JSON (the grid's results table).
+
+The kernel runs in the notebook's folder, as when the notebook is opened, or in the job's folder where
+the user cannot write to the notebook's (a course's read-only template).
 """
 
 from __future__ import annotations
@@ -106,10 +109,16 @@ def run(job_dir: Path, number: int) -> int:
         _echo_outputs(cell)
         _save(nb, output)
 
+    # Where the kernel runs: the notebook's folder, as when it is opened; one the user cannot write to (a
+    # course's read-only template) gives way to the job's own folder, where what the notebook saves lands.
+    cwd = spec.get("cwd") or str(job_dir)
+    if not os.access(cwd, os.W_OK):
+        print(f"dsportal: {cwd} is read-only for you: the notebook runs in the job's folder {job_dir}", flush=True)
+        cwd = str(job_dir)
     kernel_name = _kernel(spec, runtime)
     kernel = KernelManager(kernel_name=kernel_name, transport="ipc", connection_file=str(runtime / "kernel.json"))
     client = NotebookClient(nb, km=kernel, kernel_name=kernel_name, timeout=None,
-                            resources={"metadata": {"path": spec.get("cwd") or str(job_dir)}},
+                            resources={"metadata": {"path": cwd}},
                             on_cell_execute=starting, on_cell_executed=executed)
     try:
         client.execute()
