@@ -230,7 +230,7 @@ class LaunchPolicy(BaseModel):
 
 # ------------------------------------------------------------------------------ a job request
 REQUEST_FIELDS = ("script", "code", "notebook", "args", "nodes", "gpus_per_node", "tasks_per_node", "image",
-                  "walltime", "profile", "env", "name", "launcher", "parameters", "grid", "max_running")
+                  "walltime", "profile", "env", "name", "launcher", "parameters", "grid", "max_running", "mail")
 NOTEBOOK_ONLY = ("parameters", "grid", "max_running")  # fields of a notebook run as a job
 MAX_PARAMETERS = 64  # names in a notebook job's parameters, or in its grid
 MAX_VALUES = 100  # values of one list: one parameter's, or one name's in a grid
@@ -370,6 +370,7 @@ class JobRequest:
     parameters: dict = field(default_factory=dict)
     grid: dict[str, list] = field(default_factory=dict)
     max_running: int | None = None  # of a grid's tasks at once
+    mail: bool = False  # Slurm's e-mail when the job ends or fails
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     name: str | None = None
@@ -416,6 +417,9 @@ class JobRequest:
         parameters = read("parameters", _parameters, raw.get("parameters", {})) or {}
         grid = read("grid", _grid, raw["grid"]) if raw.get("grid") not in (None, {}) else {}
         max_running = read("max_running", _whole, raw, "max_running")
+        mail = raw.get("mail", False)
+        if not isinstance(mail, bool):
+            problems["mail"] = f"mail must be true or false (an e-mail when the job ends), not {described(mail)}"
         if notebook is None and "source" not in problems:
             for name in NOTEBOOK_ONLY:
                 if raw.get(name) not in (None, {}, ""):
@@ -435,7 +439,7 @@ class JobRequest:
                    tasks_per_node=read("tasks_per_node", _whole, raw, "tasks_per_node"),
                    walltime=read("walltime", _text, raw, "walltime"), image=read("image", _text, raw, "image"),
                    script=script, code=code, notebook=notebook, parameters=parameters, grid=grid or {},
-                   max_running=max_running, args=tuple(args) if "args" not in problems else (),
+                   max_running=max_running, mail=mail is True, args=tuple(args) if "args" not in problems else (),
                    env=read("env", _environment, raw.get("env", {})) or {}, name=name, problems=problems)
 
 
@@ -460,6 +464,7 @@ class JobPlan:
     notebook: str | None = None  # a notebook run headless: each point's parameters, one Slurm array task each
     points: tuple[dict, ...] = ()
     max_running: int | None = None
+    mail: bool = False  # --mail-type=END,FAIL: Slurm mails <user>@MailDomain (slurm.conf) when it ends
 
     @property
     def ranks(self) -> int:
@@ -538,13 +543,13 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
         if max_running < 1:
             raise RequestError("max_running must be at least 1")
         launcher, tasks = "notebook", 1
-    request.check("args", "env", "name")
+    request.check("args", "env", "name", "mail")
     return JobPlan(
         profile=profile, nodes=nodes, gpus_per_node=gpus, tasks_per_node=tasks,
         cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
         image=image, script=script, code=request.code, args=list(request.args),
         env={**profile.jobs.env, **request.env}, name=request.name or _default_name(script or notebook, launcher),
-        launcher=launcher, notebook=notebook, points=points, max_running=max_running,
+        launcher=launcher, notebook=notebook, points=points, max_running=max_running, mail=request.mail,
     )
 
 

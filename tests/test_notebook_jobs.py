@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import nbformat
 import pytest
 
 from test_jobs import _policy, jobs_api, stream
+from test_session_mail import MAIL_WAIT, mail_since, mailbox_size
 
 TRAIN = [  # (source, tags)
     ("lr = 0.1\nseed = 0\nlabel = 'default'", ["parameters"]),
@@ -56,6 +58,7 @@ def notebook(cells) -> nbformat.NotebookNode:
     ({"notebook": "train.py"}, "notebook must be the name of a .ipynb file"),
     ({"notebook": "missing.ipynb"}, "no such notebook"),
     ({"notebook": "train.ipynb", "code": "print(1)"}, "give one of 'script'"),
+    ({"mail": "yes"}, "mail must be true or false (an e-mail when the job ends)"),
 ])
 def test_a_notebook_job_request_is_judged_before_anything_is_submitted(tmp_path, request_fields, expected):
     from portal.rules import RequestError
@@ -92,9 +95,11 @@ def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
                  'exec /opt/dsportal/env/bin/python -m portal.session.notebookjob "$job_dir" "$task"'):
         assert line in script, (line, script)
     assert "6 runs (a Slurm array, at most 2 at once)" in plan.describe()
-    single = jobs.plan({"notebook": "train.ipynb", "parameters": {"lr": 0.5}}, policy, tmp_path)
+    assert "--mail-type" not in script
+    single = jobs.plan({"notebook": "train.ipynb", "parameters": {"lr": 0.5}, "mail": True}, policy, tmp_path)
     script = jobs.render_notebook_script(single, policy, "/j", "/home/u")
     assert "--array" not in script and "#SBATCH --output=/j/batch.log" in script and single.points == ({"lr": 0.5},)
+    assert "#SBATCH --mail-type=END,FAIL" in script  # Slurm's mail to <user>@MailDomain, as a session's start
 
 
 @pytest.mark.quick
@@ -211,11 +216,17 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     listed = {j["job_id"]: j for j in jobs_api(alice, "GET").json()["jobs"]}
     assert listed[array["job_id"]]["state"] == "COMPLETED"  # the list shows the array as one job
 
-    # A failing cell is named, in the job's state and in its log.
-    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/failing.ipynb", "profile": "cpu"})
+    # A failing cell is named, in the job's state and in its log; Slurm mails her that it failed.
+    mailbox = mailbox_size()
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/failing.ipynb", "profile": "cpu", "mail": True})
     failed = wait_finished(alice, response.json()["job"]["job_id"])
     assert failed["state"] == "FAILED", failed
     assert failed["reason"].startswith("cell 3 (z = y / 0): ZeroDivisionError: division by zero"), failed
+    deadline = time.monotonic() + MAIL_WAIT
+    while not re.search(rf"Job_id={failed['job_id']}\s+Name=nb-failing\s+Failed", mail_since(mailbox)) \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    assert re.search(rf"Job_id={failed['job_id']}\s+Name=nb-failing\s+Failed", mail_since(mailbox)), mail_since(mailbox)
 
     # bob: refused every part of it, through the API and on disk.
     for path in ("", f"/{array['job_id']}", f"/{array['job_id']}/results"):

@@ -110,6 +110,7 @@ export class JobsPanel extends Widget {
     c.grid.placeholder = '{"lr": [0.001, 0.0003], "seed": [1, 2]}';
     c.max_running.type = 'number';
     c.max_running.min = '1';
+    c.mail.type = 'checkbox';
     c.nodes.type = 'number';
     c.nodes.min = '1';
     c.nodes.value = '2';
@@ -126,7 +127,8 @@ export class JobsPanel extends Widget {
     this._notebookFields = [
       field('Parameters (JSON)', c.parameters),
       field('Grid (JSON: one run per combination)', c.grid),
-      field('At most running at once', c.max_running)
+      field('At most running at once', c.max_running),
+      field('E-mail me when it ends', c.mail)
     ];
     this._form.append(
       field('Script or notebook', c.script),
@@ -415,6 +417,9 @@ export class JobsPanel extends Widget {
       if (c.max_running.value) {
         request.max_running = Number(c.max_running.value);
       }
+      if (c.mail.checked) {
+        request.mail = true;
+      }
       if ('Notification' in window && Notification.permission === 'default') {
         void Notification.requestPermission();  // to be told when it ends, in another tab too
       }
@@ -528,7 +533,8 @@ export class JobsPanel extends Widget {
     walltime: element('input', { name: 'walltime' }),
     parameters: element('input', { name: 'parameters' }),
     grid: element('input', { name: 'grid' }),
-    max_running: element('input', { name: 'max_running' })
+    max_running: element('input', { name: 'max_running' }),
+    mail: element('input', { name: 'mail' })
   };
   private _open: (path: string) => void;
   private _nodesField: HTMLLabelElement;
