@@ -31,6 +31,7 @@ from ..notebookcells import cell_label, failure_reason, full_traceback, inject_p
 SPEC = "notebook-job.json"
 INPUT = "input.ipynb"
 IMAGE_KERNEL = "dsportal-image"
+MAX_RESULTS = 64 * 1024  # characters of a run's results (one row of a table, not a data set)
 
 
 def output_name(run: int, runs: int) -> str:
@@ -127,7 +128,12 @@ def run(job_dir: Path, number: int) -> int:
         print(f"dsportal: {record['error']}", flush=True)
         print(full_traceback(error), file=sys.stderr, flush=True)
     else:
-        record.update(state="COMPLETED", results=results_of(nb))
+        found = results_of(nb)
+        if found is not None and len(json.dumps(found)) > MAX_RESULTS:
+            print(f"dsportal: the cell tagged results printed more than {MAX_RESULTS:,} characters of JSON: not "
+                  "kept in the results table (the executed notebook has it)", flush=True)
+            found = None
+        record.update(state="COMPLETED", results=found)
         print(f"dsportal: all {code_cells} code cells ran", flush=True)
     finally:
         _save(nb, output)
