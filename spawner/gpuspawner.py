@@ -23,7 +23,7 @@ from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, 
 from portal import defaults, sessionvars
 from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
-from portal.settings import Profile, human_duration, parse_walltime
+from portal.settings import Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
 from portal.templating import render
 
@@ -67,38 +67,27 @@ class RequestRefused(SpawnFailed):
         super().__init__(message, reason="invalid-request", status_code=400)
 
 
+def _about(model, key: str) -> str:
+    """A trait's help: the portal.yaml key it is set from (portal/hub/config.py) and that key's description."""
+    section = {SessionSettings: "session", SlurmSettings: "slurm"}[model]
+    return f"portal.yaml's {section}.{key}: {model.model_fields[key].description}"
+
+
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
+    """Each trait that mirrors a portal.yaml key is named after it (session.X -> X, slurm.X -> slurm_X or X)
+    and takes its help from the settings model, so one name and one description hold in both layers."""
+
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
-    python_prefix = Unicode(
-        defaults.ENVIRONMENT,
-        help="World-readable Python prefix holding jupyterhub-singleuser, JupyterLab and ipykernel; "
-        "the job runs <environment>/bin/jupyterhub-singleuser.",
-    ).tag(config=True)
+    environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
+    log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
+    workdir = Unicode(defaults.SESSION_WORKDIR, help=_about(SessionSettings, "workdir")).tag(config=True)
+    umask = Unicode(defaults.SESSION_UMASK, help=_about(SessionSettings, "umask")).tag(config=True)
 
-    log_dir = Unicode(
-        defaults.SESSION_LOG_DIR,
-        help="Where the job writes its log, created as the user; {home} and {user} are expanded.",
-    ).tag(config=True)
-
-    workdir = Unicode(defaults.SESSION_WORKDIR, help="Working directory of the session job.").tag(config=True)
-
-    umask = Unicode(
-        defaults.SESSION_UMASK, help="umask of the session job and of the files Slurm writes for it (its log): what a session "
-        "writes is private to its user, whatever the mode of the home folder."
-    ).tag(config=True)
-
-    slurm_conf = Unicode("", help="slurm.conf for the client commands (exported as SLURM_CONF).").tag(
-        config=True
-    )
-    slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help="Folder holding sbatch, squeue, scancel.").tag(config=True)
-    mediator = Unicode(defaults.MEDIATOR, help="The root-owned program the hub runs as a user (sudo or runuser): "
-                       "submit, cancel, certificates, log tail.").tag(config=True)
-    submit_as = Unicode(
-        defaults.SUBMIT_AS, help="How the hub runs sbatch/scancel as the user: 'runuser' (hub is root) or 'sudo'."
-    ).tag(config=True)
-    squeue_interval = Float(
-        defaults.SLURM_POLL_INTERVAL, help="Seconds between looks at the shared squeue snapshot while a session starts."
-    ).tag(config=True)
+    slurm_conf = Unicode("", help=_about(SlurmSettings, "conf")).tag(config=True)
+    slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help=_about(SlurmSettings, "bin_dir")).tag(config=True)
+    mediator = Unicode(defaults.MEDIATOR, help=_about(SlurmSettings, "mediator")).tag(config=True)
+    submit_as = Unicode(defaults.SUBMIT_AS, help=_about(SlurmSettings, "submit_as")).tag(config=True)
+    slurm_poll_interval = Float(defaults.SLURM_POLL_INTERVAL, help=_about(SlurmSettings, "poll_interval")).tag(config=True)
 
     profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
         config=True
@@ -122,14 +111,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
-    save_ahead = Integer(defaults.SAVE_AHEAD, help="Seconds before the walltime's end that the session is told "
-                         "(Slurm's --signal): it saves open documents and stops its kernels.").tag(config=True)
-    activity_interval = Integer(
-        defaults.ACTIVITY_INTERVAL, help="Seconds between the session's activity reports to the hub (busy kernels and GPUs count)."
-    ).tag(config=True)
-    gpu_busy_percent = Integer(defaults.GPU_BUSY_PERCENT, help="GPU utilisation from which the session's GPU counts as in use.").tag(
-        config=True
-    )
+    save_ahead = Integer(defaults.SAVE_AHEAD, help=_about(SessionSettings, "save_ahead")).tag(config=True)
+    activity_interval = Integer(defaults.ACTIVITY_INTERVAL, help=_about(SessionSettings, "activity_interval")).tag(
+        config=True)
+    gpu_busy_percent = Integer(defaults.GPU_BUSY_PERCENT, help=_about(SessionSettings, "gpu_busy_percent")).tag(
+        config=True)
 
     # ------------------------------------------------------- runtime state
     slice = Instance(SessionSlice, allow_none=True,
@@ -154,7 +140,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     # shared snapshot, so the interval only decides how soon a change is noticed.
     @default("startup_poll_interval")
     def _startup_poll_default(self):
-        return self.squeue_interval
+        return self.slurm_poll_interval
 
     # ---------------------------------------------------------------- helpers
     @classmethod
@@ -166,12 +152,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         def value(name):
             return section[name] if name in section else traits[name].default_value
 
-        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"),
+        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("slurm_poll_interval"),
                              value("mediator"))
 
     @property
     def slurm(self) -> Slurm:
-        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval, self.mediator)
+        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.slurm_poll_interval, self.mediator)
 
     @property
     def home(self) -> str:
@@ -192,7 +178,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
 
     def job_script(self, chosen: SessionSlice) -> str:
-        env_prefix = self.python_prefix.rstrip("/")
+        env_prefix = self.environment.rstrip("/")
         command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
             "session.sbatch.j2",
@@ -226,7 +212,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
         may use, the images and data mounts. Live node limits the session reads itself."""
         policy = LaunchPolicy(profiles=self.launch_profiles or [self.profile], default_profile=chosen_profile,
-                              images=self.images, data_mounts=self.data_mounts, environment=self.python_prefix)
+                              images=self.images, data_mounts=self.data_mounts, environment=self.environment)
         return policy.to_env()
 
     def get_env(self):

@@ -151,7 +151,7 @@ def configure(c, settings=None) -> None:
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:
     # with it she could add pages that answer without login (portal/session/singleuser.py).
     c.Spawner.disable_user_config = True
-    c.SlurmGPUSpawner.python_prefix = str(settings.session.environment)
+    c.SlurmGPUSpawner.environment = str(settings.session.environment)
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
     c.SlurmGPUSpawner.umask = settings.session.umask
     c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval
@@ -169,7 +169,7 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
     c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
-    c.SlurmGPUSpawner.squeue_interval = settings.slurm.poll_interval
+    c.SlurmGPUSpawner.slurm_poll_interval = settings.slurm.poll_interval
     c.Spawner.poll_interval = settings.slurm.session_check_interval
     # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/hub/metrics.py)
     metrics.register_slurm(SlurmGPUSpawner.shared_client(c))
