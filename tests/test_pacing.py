@@ -111,23 +111,23 @@ def test_a_flood_from_one_address_holds_another_back_by_one_turn_not_by_the_floo
     assert [r for r in ran if r.startswith("bob")] == [f"bob {n}" for n in range(50)]  # bob's in the order they came
 
 
-def test_behind_one_address_each_user_gets_her_turn_in_round():
-    flood = [(f"bob {n}", "login node", "token b") for n in range(30)]
-    ran = order_of(Pacer(), flood + [("alice", "login node", "cookie a"), ("made up", "login node", "token x")])
-    assert ran.index("alice") <= 2 and ran.index("made up") <= 3
-    # Made-up credentials split their own address's share: another address still gets every other turn.
-    sybil = [(f"fake {n}", "login node", f"token {n}") for n in range(30)]
-    ran = order_of(Pacer(), sybil + [(f"student {n}", f"10.1.0.{n}", f"cookie {n}") for n in range(3)])
+def test_behind_one_address_each_login_gets_her_turn_in_round():
+    flood = [(f"bob {n}", "login node", "") for n in range(30)]  # a script's token requests: the address's lane
+    ran = order_of(Pacer(), flood + [("alice", "login node", "login a"), ("carol", "login node", "login c")])
+    assert ran.index("alice") <= 2 and ran.index("carol") <= 4
+    # Another address still gets every other turn, however many lanes the first one has.
+    logins = [(f"login {n}", "login node", f"login {n}") for n in range(30)]
+    ran = order_of(Pacer(), logins + [(f"student {n}", f"10.1.0.{n}", f"login s{n}") for n in range(3)])
     assert max(ran.index(f"student {n}") for n in range(3)) <= 6
 
 
-def test_an_address_with_too_many_waiting_is_told_to_retry_and_others_are_not():
+def test_a_full_lane_is_told_to_retry_and_no_other_lane_is():
     async def main() -> tuple[list[str], list[str]]:
-        pacer, ran, refused = Pacer(most_waiting_per_address=3), [], []
+        pacer, ran, refused = Pacer(most_waiting_per_lane=3), [], []
 
-        async def wait(name: str, address: str) -> None:
+        async def wait(name: str, address: str, credential: str = "") -> None:
             try:
-                await pacer.turn(address, "")
+                await pacer.turn(address, credential)
             except TooManyWaiting as error:
                 assert error.status_code == 429 and error.headers["Retry-After"] == "5"
                 assert "try again in 5 s" in error.jupyterhub_message
@@ -135,17 +135,20 @@ def test_an_address_with_too_many_waiting_is_told_to_retry_and_others_are_not():
                 return
             ran.append(name)
 
-        await asyncio.gather(*(wait(f"bob {n}", "10.0.0.2") for n in range(6)), wait("alice", "10.0.0.3"))
+        await asyncio.gather(*(wait(f"bob {n}", "10.0.0.2") for n in range(6)), wait("alice", "10.0.0.3"),
+                             wait("carol", "10.0.0.2", "login c"))
         assert pacer.waiting == 0
         return ran, refused
 
     ran, refused = asyncio.run(main())
-    # The first goes at once (nobody waiting), three wait, the other two are refused; alice is served.
-    assert refused == ["bob 4", "bob 5"] and "alice" in ran and len(ran) == 5
+    # The first goes at once (nobody waiting), three wait, the next two in that lane are refused; alice (another
+    # address) and carol (her own login behind bob's address) are served.
+    assert refused == ["bob 4", "bob 5"] and {"alice", "carol"} <= set(ran) and len(ran) == 6
 
 
-def handler_for(headers: dict[str, str]) -> web.RequestHandler:
-    """A tornado handler as a hub's own, with the hub's cookie name and secret, for a request with these headers."""
+def handler_for(headers: dict[str, str], certificate: dict | None = None) -> web.RequestHandler:
+    """A tornado handler as a hub's own, with the hub's cookie name and secret, for a request with these headers
+    on a connection that showed this TLS client certificate (as ssl's getpeercert() tells it)."""
     application = web.Application(cookie_secret="s" * 32)
 
     class Hub:
@@ -157,6 +160,7 @@ def handler_for(headers: dict[str, str]) -> web.RequestHandler:
     request = HTTPServerRequest(start_line=RequestStartLine("POST", "/hub/api/users/bob/tokens", "HTTP/1.1"),
                                 headers=HTTPHeaders({"Host": "127.0.0.1:8000", **headers}),
                                 connection=mock_connection())
+    request.get_ssl_certificate = lambda binary_form=False: certificate
     return Handler(application, request)
 
 
@@ -170,14 +174,22 @@ def mock_connection():
     return Connection()
 
 
-def test_a_request_s_lane_is_its_address_and_a_credential_a_forger_cannot_take():
+def test_a_request_s_lane_is_an_address_and_a_login_nobody_can_make_up():
     cookie = web.create_signed_value("s" * 32, "jupyterhub-hub-login", "cookie-id-of-alice").decode()
     forged = web.create_signed_value("not the hub's", "jupyterhub-hub-login", "cookie-id-of-alice").decode()
     proxied = {"X-Forwarded-For": "203.0.113.9, 10.0.0.7"}  # the proxy appends the address it saw last
-    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={cookie}"})) == \
-        ("10.0.0.7", "cookie cookie-id-of-alice")
-    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={forged}"})) == ("10.0.0.7", "")
-    address, credential = lane(handler_for({**proxied, "Authorization": "token abc"}))
-    assert address == "10.0.0.7" and credential.startswith("token ") and "abc" not in credential
-    assert lane(handler_for({"Authorization": "bearer abc"})) == ("127.0.0.1", credential)  # the connection's own
+    # Through the proxy (its certificate): the address it appended; a login's own lane where the cookie is the hub's.
+    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={cookie}"}, PROXY)) == \
+        ("10.0.0.7", "login cookie-id-of-alice")
+    assert lane(handler_for({**proxied, "Cookie": f"jupyterhub-hub-login={forged}"}, PROXY)) == ("10.0.0.7", "")
+    assert lane(handler_for({**proxied, "Authorization": "token made-up"}, PROXY)) == ("10.0.0.7", "")
+    # Straight to the hub with a session's certificate: that user, whatever the header says.
+    assert lane(handler_for(proxied, SESSION_OF_BOB)) == ("session of bob", "")
+    # No certificate (internal_ssl off): the connection's own address; the header could say anything.
+    assert lane(handler_for(proxied)) == ("127.0.0.1", "")
     assert lane(handler_for({})) == ("127.0.0.1", "")
+
+
+PROXY = {"subject": ((("commonName", "proxy-client"),),),
+         "subjectAltName": (("IP Address", "127.0.0.1"), ("DNS", "localhost"))}
+SESSION_OF_BOB = {"subject": ((("commonName", "bob"),),), "subjectAltName": (("DNS", "bob.users.dsportal.invalid"),)}

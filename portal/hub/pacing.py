@@ -11,11 +11,11 @@ turns the loop reads and serves whatever else arrived. A burst of a hundred then
 request at most one start's work, and the starts themselves lose only the turns in between.
 
 Turns are shared fairly (:func:`lane`): round the client addresses that have requests waiting, and
-within an address round the users (by their signed login cookie or API token). A neighbour who sends
-a thousand token requests delays a student's start by a turn, not by a thousand. Only an address with
-:data:`MOST_WAITING_PER_ADDRESS` requests already waiting is told to retry (429, Retry-After, a
-sentence; nothing started); nothing else is refused, and nothing is remembered once a lane is empty. A
-request whose client went away gives its turn to the next.
+within an address round the logins (signed login cookies). A neighbour who sends a thousand token
+requests delays a student's start by a turn, not by a thousand. Only a lane with
+:data:`MOST_WAITING_PER_LANE` requests already waiting is told to retry (429, Retry-After, a sentence;
+nothing started), and only that lane; nothing else is refused, and nothing is remembered once a lane is
+empty. A request whose client went away gives its turn to the next.
 
 Installed on the routes JupyterHub built, in place (each tornado ``Rule``'s target: its order, and so
 every rule before it such as the redirect of hub pages to the hub's host, stays as it was): those
@@ -26,7 +26,6 @@ paced-new-work).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import deque
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler, UserTokenListAPIHandler
@@ -38,15 +37,17 @@ from tornado import web
 from ..patchcheck import stands_aside
 from . import upstream
 from .auth import certificate_user, client_address
+from .upstream import connection_address
 
 PACED = (UserServerAPIHandler, SpawnHandler, LoginHandler, UserTokenListAPIHandler)
 PACED_METHODS = frozenset({"POST"})
-MOST_WAITING_PER_ADDRESS = 1000  # beyond: 429 at once (a class behind one NAT is 100s, not 1000s)
+MOST_WAITING_PER_LANE = 1000  # beyond: 429 at once (a class behind one NAT is 100s, not 1000s)
 RETRY_SECONDS = 5
+PROXY_CERTIFICATE = "proxy-client"  # the common name of JupyterHub's internal_ssl certificate of its proxy
 
 
 class TooManyWaiting(web.HTTPError):
-    """One client address already has ``MOST_WAITING_PER_ADDRESS`` requests waiting for a turn."""
+    """One lane already has ``MOST_WAITING_PER_LANE`` requests waiting for a turn."""
 
     def __init__(self):
         message = (f"Too many logins, token requests or session starts are waiting from your address right now; "
@@ -60,26 +61,28 @@ class Pacer:
     """Lets one waiter through per turn of the running event loop, fairly between who is waiting.
 
     Waiters queue by lane, ``(address, credential)``: turns go round the addresses that have someone
-    waiting, and within an address round its credentials, each lane in the order its waiters came. One
-    client that sends a thousand requests then holds back each other address (and each other user
-    behind its address) by one turn per round, not by a thousand."""
+    waiting, and within an address round its lanes, each lane in the order its waiters came. One
+    client that sends a thousand requests then holds back each other address (and each user with a
+    login cookie of her own behind its address) by one turn per round, not by a thousand. A full lane
+    refuses what comes next in it, and only that lane."""
 
-    def __init__(self, most_waiting_per_address: int = MOST_WAITING_PER_ADDRESS):
-        self.most_waiting_per_address = most_waiting_per_address
+    def __init__(self, most_waiting_per_lane: int = MOST_WAITING_PER_LANE):
+        self.most_waiting_per_lane = most_waiting_per_lane
         # address -> credential -> waiters; dicts keep insertion order, so the first key is next in turn
         self._lanes: dict[str, dict[str, deque[asyncio.Future]]] = {}
-        self._count: dict[str, int] = {}
+        self._count = 0
         self._turn_taken = False
 
     async def turn(self, address: str = "", credential: str = "") -> None:
         if not self._turn_taken and not self._lanes:
             self._take_turn()
             return
-        if self._count.get(address, 0) >= self.most_waiting_per_address:
+        if len(self._lanes.get(address, {}).get(credential, ())) >= self.most_waiting_per_lane:
             raise TooManyWaiting()
+        waiters = self._lanes.setdefault(address, {}).setdefault(credential, deque())
         future = asyncio.get_running_loop().create_future()
-        self._lanes.setdefault(address, {}).setdefault(credential, deque()).append(future)
-        self._count[address] = self._count.get(address, 0) + 1
+        waiters.append(future)
+        self._count += 1
         await future  # a cancelled waiter (its client gone) is skipped by _next
 
     def _take_turn(self) -> None:
@@ -88,7 +91,7 @@ class Pacer:
         asyncio.get_running_loop().call_soon(self._next)
 
     def _pop(self) -> asyncio.Future | None:
-        """The next waiter round the addresses and their credentials; each lane moved behind the others."""
+        """The next waiter round the addresses and their lanes; each lane moved behind the others."""
         if not self._lanes:
             return None
         address = next(iter(self._lanes))
@@ -97,12 +100,10 @@ class Pacer:
         waiters = credentials.pop(credential)
         future = waiters.popleft()
         if waiters:
-            credentials[credential] = waiters  # behind this address's other credentials
+            credentials[credential] = waiters  # behind this address's other lanes
         if credentials:
             self._lanes[address] = credentials  # behind the other addresses
-        self._count[address] -= 1
-        if not self._count[address]:
-            del self._count[address]
+        self._count -= 1
         return future
 
     def _next(self) -> None:
@@ -115,29 +116,43 @@ class Pacer:
 
     @property
     def waiting(self) -> int:
-        return sum(self._count.values())
+        return self._count
 
 
 def lane(handler) -> tuple[str, str]:
-    """A request's lane: (where it comes from, whose it says it is).
+    """A request's lane: (where it comes from, who it is, where that can be told without a look-up).
 
-    The address is the user a session's TLS certificate names, where the request came straight to the
-    hub with one (any user can read her own, and so could name any address in X-Forwarded-For), else
-    the address the proxy appended to X-Forwarded-For, else the connection's. The credential is the
-    hub's login cookie where its signature holds (a forged one counts as none), else the API token the
-    request carries (not looked up: that is the work being paced; a client that makes up tokens only
-    splits its own address's share)."""
-    certified = certificate_user(handler)
-    address = f"session of {certified}" if certified else client_address(handler)
+    The address is one nobody can make up: the user a session's TLS certificate names, where the request
+    came straight to the hub with one (hub.internal_ssl: the hub takes no connection without a certificate
+    of its CA, and any user can read her own); the address the proxy appended last to X-Forwarded-For,
+    where the request came through the proxy (its certificate); else the connection's own, the header
+    ignored (without internal_ssl anyone could name any address in it). Within an address, a request with
+    the hub's login cookie whose signature holds has the lane of that login; every other one (an API
+    token, which is not looked up: that is the work being paced; a login) shares the address's lane."""
+    kind, name = certificate_of(handler)
+    if kind == "session":
+        address = f"session of {name}"
+    elif kind == "proxy":
+        address = client_address(handler)
+    else:
+        peer = connection_address(handler.request)
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
     # tornado checks the signature (an HMAC of the hub's cookie secret): a forged or malformed one is None
     cookie = handler.get_secure_cookie(handler.hub.cookie_name, max_age_days=handler.cookie_max_age_days)
-    if cookie:
-        return address, "cookie " + cookie.decode("ascii", "replace")
-    authorization = handler.request.headers.get("Authorization", "")
-    kind, _, token = authorization.partition(" ")
-    if kind.lower() in ("token", "bearer") and token.strip():
-        return address, "token " + hashlib.sha256(token.strip().encode()).hexdigest()[:16]
-    return address, ""
+    return address, ("login " + cookie.decode("ascii", "replace")) if cookie else ""
+
+
+def certificate_of(handler) -> tuple[str, str]:
+    """("session", user) for a session's certificate, ("proxy", "") for the proxy's, else ("", "")."""
+    user = certificate_user(handler)
+    if user:
+        return "session", user
+    try:
+        certificate = handler.request.get_ssl_certificate() or {}
+    except (AttributeError, ValueError):
+        return "", ""
+    names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return ("proxy", "") if names == [PROXY_CERTIFICATE] else ("", "")
 
 
 def paced(handler: type, pacer: Pacer) -> type:
