@@ -9,6 +9,7 @@ after it overrides them.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import traceback
@@ -34,10 +35,18 @@ def failure_reason(error: Exception, cell: str | None, timeout: int | None) -> s
 
 
 def cell_label(cells: list, index: int) -> str:
-    """``cell 3 (%%horovod --nodes 2)``: the cell's number among code cells and its first line."""
-    number = sum(cell.cell_type == "code" for cell in cells[:index + 1])
+    """``cell 3 (%%horovod --nodes 2)``: the cell's number among the notebook's code cells (as its author
+    counts them: a cell of injected parameters is not one of them) and its first line."""
+    if INJECTED_TAG in tags(cells[index]):
+        return "the cell of this run's parameters"
+    number = code_cells(cells[:index + 1])
     first = next((line.strip() for line in cells[index].source.splitlines() if line.strip()), "")
     return f"cell {number} ({first[:60]})"
+
+
+def code_cells(cells: list) -> int:
+    """How many of ``cells`` are code cells of the notebook's author (injected parameters not counted)."""
+    return sum(cell.cell_type == "code" and INJECTED_TAG not in tags(cell) for cell in cells)
 
 
 def one_line(text: str) -> str:
@@ -58,7 +67,8 @@ def full_traceback(error: Exception) -> str:
 
 
 def tags(cell) -> list[str]:
-    return list(cell.get("metadata", {}).get("tags", []))
+    found = (cell.get("metadata") or {}).get("tags")
+    return [tag for tag in found if isinstance(tag, str)] if isinstance(found, list) else []
 
 
 def inject_parameters(nb, parameters: dict) -> None:
@@ -91,26 +101,38 @@ def python_literal(value) -> str:
 
 
 def results_of(nb) -> dict | None:
-    """What the cell tagged ``results`` printed last as one JSON object (its stdout, or its result)."""
+    """What the cell tagged ``results`` gave last as one object: a line of JSON it printed, or its value
+    (a dict's JSON or Python literal)."""
     found = None
     for cell in nb.cells:
         if cell.cell_type != "code" or RESULTS_TAG not in tags(cell):
             continue
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream" and output.get("name") == "stdout":
-                texts = output.get("text", "").splitlines()
+                candidates = str(output.get("text", "")).splitlines()
             elif output.get("output_type") == "execute_result":
-                texts = [output.get("data", {}).get("application/json") or output.get("data", {}).get("text/plain", "")]
+                data = output.get("data") or {}
+                candidates = [data.get("application/json"), data.get("text/plain")]
             else:
                 continue
-            for text in texts:
-                if isinstance(text, dict):
-                    found = text
-                    continue
-                try:
-                    value = json.loads(text)
-                except ValueError:
-                    continue
-                if isinstance(value, dict):
+            for candidate in candidates:
+                value = _an_object(candidate)
+                if value is not None:
                     found = value
     return found
+
+
+def _an_object(candidate) -> dict | None:
+    """A dict from JSON text, a Python literal's text, or a JSON object already read; else None."""
+    if isinstance(candidate, dict):
+        return candidate
+    if not isinstance(candidate, str) or not candidate.strip().startswith("{"):
+        return None
+    try:
+        value = json.loads(candidate)
+    except ValueError:
+        try:
+            value = ast.literal_eval(candidate)  # a dict's repr (the cell's value): literals only, never code
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return value if isinstance(value, dict) else None

@@ -14,6 +14,7 @@ Every message is meant for the user and reaches her as it is.
 from __future__ import annotations
 
 import grp
+import json
 import keyword
 import os
 import pwd
@@ -281,9 +282,15 @@ def _environment(overrides) -> dict[str, str]:
     return {k: str(v) for k, v in overrides.items()}
 
 
+RESULT_COLUMNS = ("run", "state", "output")  # the results table's own columns: no parameter may take them
+
+
 def _parameter_name(name) -> str:
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or len(name) > 64:
-        raise RequestError(f"parameter name {shown(name)} is not a Python name (letters, digits, _; at most 64)")
+    if (not isinstance(name, str) or not name.isascii() or not name.isidentifier() or keyword.iskeyword(name)
+            or name.startswith("__") or len(name) > 64):
+        raise RequestError(f"parameter name {shown(name)} is not a Python name (ASCII letters, digits, _; at most 64)")
+    if name in RESULT_COLUMNS:
+        raise RequestError(f"parameter name {name} is taken by the results table: choose another")
     return name
 
 
@@ -309,9 +316,19 @@ def _parameter_value(name: str, value, in_list: bool = False):
                        f"{described(value)}")
 
 
+MAX_PARAMETERS_JSON = 64 * 1024  # characters of a job's parameters, and of its grid, as JSON
+
+
+def _bounded(name: str, raw) -> None:
+    size = len(json.dumps(raw, default=str))
+    if size > MAX_PARAMETERS_JSON:
+        raise RequestError(f"{name} is {size:,} characters of JSON; at most {MAX_PARAMETERS_JSON:,} are allowed")
+
+
 def _parameters(raw) -> dict:
     if not isinstance(raw, dict):
         raise RequestError(f"parameters must be an object of name: value, not {described(raw)}")
+    _bounded("parameters", raw)
     if len(raw) > MAX_PARAMETERS:
         raise RequestError(f"parameters has {len(raw)} names; at most {MAX_PARAMETERS} are allowed")
     return {_parameter_name(name): _parameter_value(name, value) for name, value in raw.items()}
@@ -323,6 +340,7 @@ def _grid(raw) -> dict[str, list]:
                            f"not {described(raw)}")
     if len(raw) > MAX_PARAMETERS:
         raise RequestError(f"grid has {len(raw)} names; at most {MAX_PARAMETERS} are allowed")
+    _bounded("grid", raw)
     grid = {}
     for name, values in raw.items():
         name = _parameter_name(name)
@@ -462,7 +480,8 @@ class JobPlan:
     name: str
     launcher: str = "srun"  # srun | mpirun | torchrun | notebook
     notebook: str | None = None  # a notebook run headless: each point's parameters, one Slurm array task each
-    points: tuple[dict, ...] = ()
+    points: tuple[dict, ...] = ()  # a grid's points ({} for one run), each over ``parameters``
+    parameters: dict = field(default_factory=dict)
     max_running: int | None = None
     mail: bool = False  # --mail-type=END,FAIL: Slurm mails <user>@MailDomain (slurm.conf) when it ends
 
@@ -538,7 +557,7 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
         if size > most:
             raise RequestError(f"the grid makes {size:,} runs; {profile.display_name} allows at most {most} in one "
                                "array: fewer values, or several arrays")
-        points = tuple({**request.parameters, **point} for point in grid_points(request.grid))
+        points = tuple(grid_points(request.grid))  # each run's own values, over the parameters they share
         max_running = min(size, profile.jobs.max_running if request.max_running is None else request.max_running)
         if max_running < 1:
             raise RequestError("max_running must be at least 1")
@@ -549,7 +568,8 @@ def plan_job(request: JobRequest, policy: LaunchPolicy, base_dir: str | os.PathL
         cpus_per_task=max(1, chosen.cpus // tasks), mem_mb_per_node=chosen.mem_mb, walltime=chosen.walltime,
         image=image, script=script, code=request.code, args=list(request.args),
         env={**profile.jobs.env, **request.env}, name=request.name or _default_name(script or notebook, launcher),
-        launcher=launcher, notebook=notebook, points=points, max_running=max_running, mail=request.mail,
+        launcher=launcher, notebook=notebook, points=points, parameters=dict(request.parameters),
+        max_running=max_running, mail=request.mail,
     )
 
 

@@ -365,7 +365,7 @@ class JobSettings(_Model):
     torchrun: bool = Field(True, description="Offer torch.distributed jobs (launcher 'torchrun'): srun starts one "
                            "torchrun per node, which starts one process per GPU (rendezvous c10d on the first node).")
     max_nodes: int | None = Field(None, gt=0, description="Most nodes one job may ask for (default: the partition's).")
-    max_array_tasks: int = Field(64, gt=0, le=10000, description="Most runs one notebook job's grid of parameters may "
+    max_array_tasks: int = Field(64, gt=0, le=1000, description="Most runs one notebook job's grid of parameters may "
                                  "make (one Slurm array task each).")
     max_running: int = Field(4, gt=0, description="Runs of a notebook job's grid at once, where the job names no "
                              "max_running (Slurm's --array=...%K).")

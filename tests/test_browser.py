@@ -277,7 +277,7 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         message.wait_for(timeout=30_000)
         job = job_id_of(message.inner_text())
         log = panel.locator(".dsportal-Jobs-log")
-        log.get_by_text(re.compile(r"^\[batch\] dsportal: running cell 5 \(model = nn\.Sequential\(\), of 7 code cells$")) \
+        log.get_by_text(re.compile(r"^\[batch\] dsportal: running cell 4 \(model = nn\.Sequential\(\), of 6 code cells$")) \
             .wait_for(timeout=180_000)
         log.locator(".dsportal-Jobs-state", has_text=f"job {job}: COMPLETED").wait_for(timeout=180_000)
         assert log.get_by_text(re.compile(r"^\[batch\] test accuracy: 0\.\d{4}$")).count() == 1

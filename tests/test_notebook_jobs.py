@@ -44,9 +44,13 @@ def notebook(cells) -> nbformat.NotebookNode:
     ({"parameters": {"lr; import os": 1}}, "is not a Python name"),
     ({"parameters": {"class": 1}}, "is not a Python name"),
     ({"parameters": {"__import__('os').system('id')": 1}}, "is not a Python name"),
+    ({"parameters": {"ｌｒ": 1}}, "is not a Python name"),  # NFKC makes it lr in Python
+    ({"parameters": {"__debug__": 1}}, "is not a Python name"),
+    ({"parameters": {"state": 1}}, "taken by the results table"),
     ({"parameters": {"lr": {"nested": 1}}}, "must be null, true/false, a number, text or a list"),
     ({"parameters": {"lr": "x" * 1001}}, "at most 1,000"),
     ({"parameters": {"lr": list(range(101))}}, "at most 100"),
+    ({"parameters": {f"p{n}": ["x" * 999] * 100 for n in range(2)}}, "at most 65,536 are allowed"),
     ({"parameters": {"lr": float("nan")}}, "finite number"),
     ({"parameters": "lr=1"}, "must be an object"),
     ({"grid": {"lr": []}}, "one value or more"),
@@ -87,7 +91,8 @@ def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
     policy = _policy()
     plan = jobs.plan({"notebook": "train.ipynb", "grid": {"lr": [0.1, 0.2, 0.3], "seed": [1, 2]}, "max_running": 2,
                       "parameters": {"label": "sweep"}, "gpus_per_node": 1}, policy, tmp_path)
-    assert plan.points == tuple({"label": "sweep", "lr": lr, "seed": seed} for lr in (0.1, 0.2, 0.3) for seed in (1, 2))
+    assert plan.points == tuple({"lr": lr, "seed": seed} for lr in (0.1, 0.2, 0.3) for seed in (1, 2))
+    assert plan.parameters == {"label": "sweep"}  # shared by every run, kept once
     script = jobs.render_notebook_script(plan, policy, "/home/u/.dsportal/jobs/x", "/home/u")
     for line in ("#SBATCH --array=0-5%2", "#SBATCH --output=/home/u/.dsportal/jobs/x/task-%a.log", "#SBATCH --nodes=1",
                  "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1",
@@ -98,7 +103,8 @@ def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
     assert "--mail-type" not in script
     single = jobs.plan({"notebook": "train.ipynb", "parameters": {"lr": 0.5}, "mail": True}, policy, tmp_path)
     script = jobs.render_notebook_script(single, policy, "/j", "/home/u")
-    assert "--array" not in script and "#SBATCH --output=/j/batch.log" in script and single.points == ({"lr": 0.5},)
+    assert "--array" not in script and "#SBATCH --output=/j/batch.log" in script
+    assert single.points == ({},) and single.parameters == {"lr": 0.5}
     assert "#SBATCH --mail-type=END,FAIL" in script  # Slurm's mail to <user>@MailDomain, as a session's start
 
 
@@ -123,7 +129,8 @@ def run_locally(tmp_path, cells, points) -> tuple[int, dict, nbformat.NotebookNo
     from portal.session.notebookjob import INPUT, SPEC
 
     nbformat.write(notebook(cells), str(tmp_path / INPUT))
-    (tmp_path / SPEC).write_text(json.dumps({"points": points, "cwd": str(tmp_path), "image": None}))
+    (tmp_path / SPEC).write_text(json.dumps({"parameters": {"label": "shared"}, "points": points, "cwd": str(tmp_path),
+                                             "image": None}))
     done = subprocess.run([sys.executable, "-m", "portal.session.notebookjob", str(tmp_path), str(len(points) - 1)],
                           capture_output=True, text=True, timeout=120)
     output = "output.ipynb" if len(points) == 1 else f"output-{len(points) - 1}.ipynb"
@@ -136,7 +143,7 @@ def test_the_runner_executes_with_its_parameters_and_records_the_results(tmp_pat
     status, record, executed, log = run_locally(tmp_path, TRAIN, [{"lr": 0.1}, {"lr": 1.0, "seed": 2, "label": "b"}])
     assert status == 0, log
     assert record["state"] == "COMPLETED" and record["results"] == {"score": 0.52, "label": "b"}, record
-    assert "dsportal: running cell 3 (import json), of 4 code cells" in log and "score 0.52 b" in log, log
+    assert "dsportal: running cell 2 (import json), of 3 code cells" in log and "score 0.52 b" in log, log
     assert executed.cells[1].metadata["tags"] == ["injected-parameters"]
     assert executed.cells[2].outputs[0]["text"] == "score 0.52 b\n"
 
@@ -147,8 +154,9 @@ def test_a_failing_cell_is_named_with_its_error(tmp_path):
     assert status == 1
     assert record["state"] == "FAILED" and record["error"].startswith("cell 3 (z = y / 0): ZeroDivisionError"), record
     assert "dsportal: cell 3 (z = y / 0): ZeroDivisionError: division by zero" in log, log
-    assert executed.cells[2].outputs[0]["ename"] == "ZeroDivisionError"  # the executed notebook shows where it stopped
-    assert "outputs" not in executed.cells[3] or not executed.cells[3].outputs
+    by_source = {cell.source: cell for cell in executed.cells}
+    assert by_source["z = y / 0"].outputs[0]["ename"] == "ZeroDivisionError"  # the executed notebook shows where it stopped
+    assert not by_source["print('never')"].get("outputs")
 
 
 # -- alice's session, real Slurm ----------------------------------------------------------------------
@@ -189,14 +197,21 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     job = response.json()["job"]
     assert job["kind"] == "notebook" and job["runs"] == 1 and job["notebook"].endswith("/nbjobs/train.ipynb")
     lines = [m["line"] for m in stream(alice, job["job_id"]) if m["type"] == "line"]
-    assert "dsportal: running cell 3 (import json), of 4 code cells" in lines and "score 0.8 one" in lines, lines
+    assert "dsportal: running cell 2 (import json), of 3 code cells" in lines and "score 0.8 one" in lines, lines
     job = wait_finished(alice, job["job_id"])
     assert job["state"] == "COMPLETED", job
-    # The executed notebook opens through the session's own contents API, beside the job's other files.
-    opened = alice.api("GET", f"/user/alice/api/contents/.dsportal/jobs/{job['job_id']}/output.ipynb")
-    assert opened.status_code == 200, opened.text
+    # The executed notebook, read-only, as the Jobs panel opens it in JupyterLab; the jobs' folder stays hidden
+    # to the contents API (allow_hidden is off).
+    opened = jobs_api(alice, "GET", f"/{job['job_id']}/files/output.ipynb")
+    assert opened.status_code == 200 and opened.json()["writable"] is False, opened.text
     outputs = [o for cell in opened.json()["content"]["cells"] for o in cell.get("outputs", [])]
     assert {"output_type": "stream", "name": "stdout", "text": "score 0.8 one\n"} in outputs, outputs
+    assert jobs_api(alice, "GET", f"/{job['job_id']}/files/input.ipynb").json()["content"]["cells"][0]["source"] \
+        .startswith("lr = 0.1")  # the copy it ran, as submitted
+    for name in ("job.sbatch", "..%2Fjob.json", "output-x.ipynb"):
+        assert jobs_api(alice, "GET", f"/{job['job_id']}/files/{name}").status_code == 404, name
+    hidden = alice.api("GET", f"/user/alice/api/contents/.dsportal/jobs/{job['job_id']}/output.ipynb")
+    assert hidden.status_code == 404, hidden.status_code
 
     # A 3 x 2 grid: one Slurm array, at most 2 running; its results table has six rows.
     response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu", "max_running": 2,
@@ -229,7 +244,7 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     assert re.search(rf"Job_id={failed['job_id']}\s+Name=nb-failing\s+Failed", mail_since(mailbox)), mail_since(mailbox)
 
     # bob: refused every part of it, through the API and on disk.
-    for path in ("", f"/{array['job_id']}", f"/{array['job_id']}/results"):
+    for path in ("", f"/{array['job_id']}", f"/{array['job_id']}/results", f"/{array['job_id']}/files/output-0.ipynb"):
         assert jobs_api(bob, "GET", path, owner="alice", allow_redirects=False).status_code in (302, 403)
     folder = listed[array["job_id"]]["folder"]
     peek = subprocess.run(["runuser", "-u", "bob", "--", "cat", f"{folder}/output-0.ipynb", f"{folder}/run-0.json",

@@ -17,6 +17,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { api, duration, sessionUrl, state } from './api';
+import { JobFilesDrive } from './jobfiles';
 import { JobsPanel } from './jobs';
 import { Slice, SLICE_CHANGED, SliceStatus } from './slice';
 import { OUT_OF_MEMORY, UsagePanel, UsageStatus, UsageWatch } from './gauges';
@@ -286,6 +287,7 @@ const main: JupyterFrontEndPlugin<void> = {
   activate: (app: JupyterFrontEnd, launcher: ILauncher | null, palette: ICommandPalette | null, restorer: ILayoutRestorer | null) => {
     const notify = notifier(app);
     const tracker = new WidgetTracker<JobsPanel>({ namespace: 'dsportal-jobs' });
+    app.serviceManager.contents.addDrive(new JobFilesDrive());
 
     app.commands.addCommand(COMMANDS.jobs, {
       label: 'Multi-node jobs',

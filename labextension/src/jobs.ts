@@ -8,6 +8,7 @@ import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
 import { api, sessionUrl, state, streamUrl } from './api';
+import { DRIVE } from './jobfiles';
 
 interface Profile {
   name: string;
@@ -54,9 +55,9 @@ interface Results {
   rows: { [column: string]: unknown }[];
 }
 
-/** Where a job's files are, as the session's contents API names them (its root is the home folder). */
+/** A notebook job's notebook, as JupyterLab opens it: read-only, in the jobs' own drive (jobfiles.ts). */
 export function jobFile(jobId: number, name: string): string {
-  return `.dsportal/jobs/${jobId}/${name}`;
+  return `${DRIVE}:${jobId}/${name}`;
 }
 
 type StreamEvent =
@@ -238,8 +239,12 @@ export class JobsPanel extends Widget {
       void this._loadPolicy();
     }
     void this.refresh();
+    let ticks = 0;
     this._timer = window.setInterval(() => {
-      if (this.isVisible) {
+      ticks++;
+      // Behind another tab, still every 30 s while a job runs: its end is told (a notification) on time.
+      const running = Array.from(this._jobs.values()).some(job => !job.finished);
+      if (this.isVisible || (running && ticks % 6 === 0)) {
         void this.refresh();
       }
     }, REFRESH_MS);
@@ -390,10 +395,15 @@ export class JobsPanel extends Widget {
 
   private _showKind(): void {
     const notebook = this._isNotebook();
-    this._nodesField.hidden = notebook;
-    this._launcherField.hidden = notebook;
+    const show = (label: HTMLLabelElement, shown: boolean) => {
+      label.hidden = !shown;
+      // a hidden field neither blocks the form's checks nor is sent
+      label.querySelectorAll('input, select').forEach(control => ((control as HTMLInputElement).disabled = !shown));
+    };
+    show(this._nodesField, !notebook);
+    show(this._launcherField, !notebook);
     for (const f of this._notebookFields) {
-      f.hidden = !notebook;
+      show(f, notebook);
     }
   }
 
@@ -468,6 +478,12 @@ export class JobsPanel extends Widget {
     } else if (event.type === 'line') {
       this._append(event.rank, event.stream, event.line);
     } else if (event.type === 'state') {
+      const known = this._jobs.get(jobId);
+      if (known && !known.finished) {
+        const ended = { ...known, state: event.state, reason: event.reason, finished: true };
+        this._jobs.set(jobId, ended);  // told once: the next refresh sees it ended already
+        tellEnded(ended);
+      }
       const text = `job ${jobId}: ${event.state} (exit code ${event.exit_code || '-'})`;
       this._append(null, 'state', text);
       this._logState.textContent = text;
@@ -504,7 +520,8 @@ export class JobsPanel extends Widget {
     select.textContent = '';
     option(select, 'all', runs > 1 ? 'all runs' : 'all ranks');
     option(select, 'batch', 'batch script');
-    for (let rank = 0; rank < (runs > 1 ? runs : ranks); rank++) {
+    // a notebook's one run has the batch log only; a grid's runs their own logs; a multi-node job its ranks
+    for (let rank = 0; rank < (runs > 1 ? runs : runs === 1 ? 0 : ranks); rank++) {
       option(select, String(rank), runs > 1 ? `run ${rank}` : `rank ${rank}`);
     }
     select.value = Array.from(select.options).some(o => o.value === kept) ? kept : 'all';

@@ -467,6 +467,18 @@ class SlurmCommands:
         argv = sacct_argv(self.tool("sacct"), fields, job_ids=job_ids, user=_own_name())
         return parse_sacct(self.run(argv, timeout=timeout), fields)
 
+    def array_states(self, job_id: int, timeout: float = 15) -> dict[int, str]:
+        """The state Slurm accounting recorded of each task of this user's job array ``job_id`` (its rows
+        ID_N), for tasks slurmctld forgot; raises where the cluster keeps no accounting."""
+        argv = sacct_argv(self.tool("sacct"), ("JobID", "State"), job_ids=[job_id], user=_own_name())
+        states = {}
+        for line in self.run(argv, timeout=timeout).splitlines():
+            job, _, state = line.partition("|")
+            array, _, task = job.partition("_")
+            if array == str(int(job_id)) and task.isascii() and task.isdigit():
+                states[int(task)] = (state.split() or ["UNKNOWN"])[0]
+        return states
+
     def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,
                          timeout: float = 60) -> list[dict[str, str]]:
         """Every whole job accounting recorded since ``since`` (a Slurm time: 2026-11-01T00:00:00, now-1minutes)."""

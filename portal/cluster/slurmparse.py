@@ -311,8 +311,6 @@ def parse_sacct(text: str, fields: tuple[str, ...]) -> dict[int, dict[str, str]]
     wrap-around), the newest submission wins."""
     jobs: dict[int, dict[str, str]] = {}
     for record in sacct_records(text, fields):
-        if not record.get("JobID", "").isdigit():
-            continue  # a task of a job array (123_4, 123_[5-9]): its array's job id is not this one
         if "State" in record:
             record["State"] = (record["State"].split() or ["UNKNOWN"])[0]
         earlier = jobs.get(int(record["JobID"]))

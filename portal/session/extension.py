@@ -2,7 +2,7 @@
 
 Loaded by the session's Jupyter server (jupyter-config/dsportal-jobs.json). Each feature keeps
 its handlers in its own module; this puts them under the session's base URL:
-  dsportal/api/jobs, jobs/<id>, jobs/<id>/stream, jobs/<id>/results, policy, slice   the job launcher (jobs_api.py)
+  dsportal/api/jobs, jobs/<id>[/stream, /results, /files/<nb>], policy, slice   the job launcher (jobs_api.py)
   dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
   dsportal/api/usage                                              use against the slice's limits (gauges.py)
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
@@ -28,6 +28,7 @@ def _load_jupyter_server_extension(server_app):
         (r"dsportal/api/jobs/(\d{1,10})", jobs_api.JobHandler),
         (r"dsportal/api/jobs/(\d{1,10})/stream", jobs_api.JobStreamHandler),
         (r"dsportal/api/jobs/(\d{1,10})/results", jobs_api.ResultsHandler),
+        (r"dsportal/api/jobs/(\d{1,10})/files/([A-Za-z0-9_.-]{1,40})", jobs_api.JobNotebookHandler),
         ("dsportal/api/policy", jobs_api.PolicyHandler),
         ("dsportal/api/slice", jobs_api.SliceHandler),
         ("dsportal/api/extend", jobs_api.ExtendHandler),

@@ -31,7 +31,7 @@ from pathlib import Path
 from .. import sessionvars
 from ..cluster.images import image_status
 from ..cluster.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
-from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job  # noqa: F401 (RequestError: jobs_api's)
+from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
 from ..settings import parse_walltime, whole_number
 from ..templating import render
 from .containers import Bind, Launch, runtime
@@ -114,7 +114,8 @@ def render_notebook_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, ho
 
 def _notebook_spec(plan: JobPlan, policy: LaunchPolicy, home: str) -> dict:
     """What each run reads in its job (portal/session/notebookjob.py): its parameters, its kernel's image."""
-    return {"notebook": plan.notebook, "cwd": str(Path(plan.notebook).parent), "points": list(plan.points),
+    return {"notebook": plan.notebook, "cwd": str(Path(plan.notebook).parent), "parameters": plan.parameters,
+            "points": list(plan.points),
             "image": plan.image.model_dump(mode="json") if plan.image else None,
             "mounts": [m.model_dump(mode="json") for m in policy.data_mounts] if plan.image else [],
             "home": home, "gpus": plan.gpus_per_node}
@@ -127,6 +128,7 @@ def _submit_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env["SLURM_BITSTR_LEN"] = "0"  # an array's task ids in full in scontrol's answers, never cut short with "..."
     # The session's TMPDIR is a private folder on its own node that ends with it: a job gets the
     # TMPDIR the session job itself was given (none: the node's /tmp, private to the job where
     # Slurm's job_container/tmpfs is on).
@@ -149,6 +151,9 @@ def jobs_root(home: str | None = None) -> Path:
 def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobInfo:
     """sbatch the plan as the calling user; returns the job with its log folder."""
     home = home or os.path.expanduser("~")
+    if plan.notebook is not None and os.path.getsize(plan.notebook) > MAX_NOTEBOOK_BYTES:
+        raise RequestError(f"{plan.notebook} is over {MAX_NOTEBOOK_BYTES // 2**20} MB: clear its outputs first "
+                           "(Edit > Clear Outputs of All Cells)")
     root = jobs_root(home)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     job_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -267,7 +272,7 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
         return info
     if info.kind == "notebook" and info.runs > 1:
         _array_state(info, listed if listed is not None else slurm().jobs(job_id), folder)
-        if info.finished:
+        if info.finished and info.state != "UNKNOWN":  # UNKNOWN: asked about again next time
             final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "run_states")}))
         return info
     fields = (listed if listed is not None else slurm().jobs(job_id)).get(int(job_id))
@@ -306,76 +311,53 @@ def _run_record(folder: Path, run: int) -> dict:
 
 
 def array_tasks(text: str) -> list[int]:
-    """Slurm's ArrayTaskId: '3', '2-5%2', '1,4-5' -> the task numbers."""
+    """Slurm's ArrayTaskId: '3', '2-5%2', '[1,4-5]', '1-7:2' -> the task numbers (written in full: the
+    session's Slurm commands run with SLURM_BITSTR_LEN=0)."""
     numbers = []
     for part in text.split("%")[0].strip("[]").split(","):
-        first, _, last = part.partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            numbers += range(int(first), int(last or first) + 1)
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if first.isdigit() and (not last or last.isdigit()) and (not step or step.isdigit() and int(step) > 0):
+            numbers += range(int(first), int(last or first) + 1, int(step or 1))
     return numbers
 
 
-_ACTIVE = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED")
-
-
 def _array_state(info: JobInfo, listed: dict[int, dict[str, str]], folder: Path) -> None:
-    """A grid's state from its runs': Slurm's for the tasks it knows, else what each run recorded."""
+    """A grid's state from its runs': Slurm's for the tasks slurmctld knows, else what each run recorded
+    of its end, else Slurm accounting's (a run killed by its walltime or memory limit records nothing)."""
     slurm_states: dict[int, str] = {}
     for fields in listed.values():
         if fields.get("ArrayJobId") == str(info.job_id):
             for task in array_tasks(fields.get("ArrayTaskId", "")):
                 slurm_states[task] = fields.get("JobState", "UNKNOWN")
-    states, failures = {}, []
-    for run in range(info.runs):
-        record = _run_record(folder, run)
-        state = slurm_states.get(run) or (record.get("state") if record.get("state") in FINISHED else "UNKNOWN")
-        states[str(run)] = state
-        if state not in ("COMPLETED", "PENDING", *_ACTIVE) and state != "UNKNOWN":
-            failures.append(f"run {run}: {record.get('error') or state}")
-    info.run_states = states
+    records = {run: _run_record(folder, run) for run in range(info.runs)}
+    states = {run: slurm_states.get(run) or (records[run].get("state") if records[run].get("state") in FINISHED
+                                             else "UNKNOWN") for run in range(info.runs)}
+    if "UNKNOWN" in states.values():
+        try:
+            accounted = slurm().array_states(info.job_id)
+        except SlurmError:
+            accounted = {}  # no accounting on this cluster: the run stays UNKNOWN, and is asked about again
+        states.update({run: accounted[run] for run, state in states.items() if state == "UNKNOWN" and run in accounted})
+    info.run_states = {str(run): state for run, state in states.items()}
     values = set(states.values())
-    if values & set(_ACTIVE):
-        info.state = "RUNNING"
+    active = {state for state in values if state not in FINISHED and state not in ("PENDING", "UNKNOWN")}
+    if active:
+        info.state = "RUNNING"  # RUNNING, COMPLETING, REQUEUED, SUSPENDED, ...: not over
     elif "PENDING" in values:
         info.state = "PENDING"
     elif values == {"COMPLETED"}:
         info.state = "COMPLETED"
+    elif "UNKNOWN" in values:
+        info.state = "UNKNOWN"
     elif "CANCELLED" in values:
         info.state = "CANCELLED"
-    elif values - {"COMPLETED", "UNKNOWN"}:
-        info.state = "FAILED"
     else:
-        info.state = "UNKNOWN"
+        info.state = "FAILED"
+    failures = [f"run {run}: {records[run].get('error') or state}" for run, state in states.items()
+                if state in FINISHED and state != "COMPLETED"]
     done = sum(state == "COMPLETED" for state in states.values())
     info.reason = f"{done} of {info.runs} runs completed" + (f"; {'; '.join(failures[:3])}" if failures else "")
-
-
-def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
-    root = jobs_root(home)
-    if not root.is_dir():
-        return []
-    # Newest first by submission (the folders are named by time): job ids restart when a
-    # cluster's Slurm state is reset, so the highest id is not the latest job.
-    links = [(os.readlink(p), int(p.name)) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()]
-    ids = [job_id for _, job_id in sorted(links, reverse=True)[:limit]]
-    listed = slurm().jobs() if ids else {}
-    # One sacct for all the jobs slurmctld forgot whose end nobody recorded yet.
-    forgotten = [j for j in ids if j not in listed and not (root / str(j) / "state.json").exists()]
-    accounting = _accounting(forgotten)
-    jobs = []
-    for job_id in ids:
-        try:
-            jobs.append(load(job_id, home, listed, accounting))
-        except JobNotFound:
-            continue
-    return jobs
-
-
-def cancel(job_id: int, home: str | None = None) -> JobInfo:
-    info = load(job_id, home)  # only jobs launched from the user's sessions
-    if not info.finished:
-        slurm().cancel(job_id)
-    return info
 
 
 # ------------------------------------------------------------------------------ a grid's results
@@ -388,7 +370,8 @@ def results(job_id: int, home: str | None = None) -> dict:
     folder = Path(info.folder)
     spec = json.loads((folder / SPEC).read_text())
     rows, columns = [], ["run"]
-    for run, parameters in enumerate(spec["points"]):
+    for run, point in enumerate(spec["points"]):
+        parameters = {**spec.get("parameters", {}), **point}
         record = _run_record(folder, run)
         found = record.get("results") if isinstance(record.get("results"), dict) else {}
         row = {"run": run, **parameters, "state": info.run_states.get(str(run), record.get("state", "PENDING")),
@@ -401,6 +384,33 @@ def results(job_id: int, home: str | None = None) -> dict:
     columns.remove("output")
     columns.append("output")  # last: the executed notebook
     return {"job_id": info.job_id, "folder": info.folder, "columns": columns, "rows": rows}
+
+
+_JOB_NOTEBOOK = re.compile(r"^(input|output|output-\d{1,5})\.ipynb$")
+MAX_NOTEBOOK_BYTES = 50 * 2**20
+
+
+def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:
+    """A notebook job's notebook (its copy as submitted, or an executed one) as a read-only model of
+    Jupyter's contents API: the Jobs panel opens it in JupyterLab (a drive of the panel's own), while the
+    job's folder stays hidden to the session's file browser and contents API."""
+    info = load(job_id, home)
+    if info.kind != "notebook" or not _JOB_NOTEBOOK.match(name):
+        raise JobNotFound(f"job {job_id} has no notebook {name}")
+    path = Path(info.folder) / name
+    try:
+        if path.is_symlink() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            raise JobNotFound(f"{name} of job {job_id} is not a notebook the panel opens (a link, or over 50 MB)")
+        stat = path.stat()
+        content = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise JobNotFound(f"job {job_id} has no {name} yet: it is written once the run's first cell has run") from None
+    except (OSError, ValueError) as error:
+        raise JobNotFound(f"{name} of job {job_id} cannot be read: {error}") from None
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stat.st_mtime))
+    return {"name": name, "path": f"{int(job_id)}/{name}", "type": "notebook", "format": "json", "mimetype": None,
+            "content": content, "writable": False, "created": stamp, "last_modified": stamp, "size": stat.st_size,
+            "hash": None, "hash_algorithm": None}
 
 
 def results_csv(table: dict) -> str:

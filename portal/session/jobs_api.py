@@ -6,6 +6,8 @@ REST (under the session's base URL, e.g. /user/alice/):
                                          run headless: {notebook, parameters | grid, max_running, gpus_per_node, ...}
   GET    dsportal/api/jobs/<id>          one job
   GET    dsportal/api/jobs/<id>/results  a notebook job's runs: parameters, state, results (?format=csv)
+  GET    dsportal/api/jobs/<id>/files/<output.ipynb | output-N.ipynb | input.ipynb>
+                                         a notebook job's notebook, as a read-only model of the contents API
   DELETE dsportal/api/jobs/<id>          cancel it
   GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
                                          live, then {"type": "state", ...} once the job ended
@@ -117,6 +119,9 @@ class ResultsHandler(_JobsAPI):
     async def get(self, job_id):
         try:
             table = await asyncio.to_thread(jobs.results, int(job_id))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise web.HTTPError(409, f"The results of job {int(job_id)} cannot be read from its folder: "
+                                f"{type(error).__name__}: {error}") from None
         except Exception as error:  # noqa: BLE001
             self._fail(error)
         if self.get_query_argument("format", "json") == "csv":
@@ -125,6 +130,17 @@ class ResultsHandler(_JobsAPI):
             self.finish(jobs.results_csv(table))
             return
         self.finish(json.dumps(table))
+
+
+class JobNotebookHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self, job_id, name):
+        try:
+            model = await asyncio.to_thread(jobs.job_notebook, int(job_id), name)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(model))
 
 
 class PolicyHandler(_JobsAPI):

@@ -26,7 +26,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..notebookcells import cell_label, failure_reason, full_traceback, inject_parameters, one_line, results_of
+from ..notebookcells import (
+    cell_label,
+    code_cells,
+    failure_reason,
+    full_traceback,
+    inject_parameters,
+    one_line,
+    results_of,
+)
 
 SPEC = "notebook-job.json"
 INPUT = "input.ipynb"
@@ -86,7 +94,7 @@ def run(job_dir: Path, number: int) -> int:
 
     spec = json.loads((job_dir / SPEC).read_text())
     points = spec["points"]
-    parameters = points[number]
+    parameters = {**spec.get("parameters", {}), **points[number]}
     output = job_dir / output_name(number, len(points))
     record = {"run": number, "parameters": parameters, "state": "RUNNING", "error": "", "results": None,
               "output": output.name, "started": time.time()}
@@ -95,7 +103,7 @@ def run(job_dir: Path, number: int) -> int:
     inject_parameters(nb, parameters)
     if parameters:
         print(f"dsportal: parameters {json.dumps(parameters)}", flush=True)
-    code_cells = sum(cell.cell_type == "code" for cell in nb.cells)
+    cells = code_cells(nb.cells)
     # The kernel's channels are unix sockets in a folder of this run's own (mkdtemp-like: 0700), not TCP ports.
     runtime = job_dir / f"runtime-{number}"
     runtime.mkdir(mode=0o700, exist_ok=True)
@@ -104,7 +112,7 @@ def run(job_dir: Path, number: int) -> int:
     def starting(cell, cell_index, **_):
         label = cell_label(nb.cells, cell_index)
         running["cell"] = label
-        print(f"dsportal: running {label}, of {code_cells} code cells", flush=True)
+        print(f"dsportal: running {label}, of {cells} code cells", flush=True)
 
     def executed(cell, cell_index, **_):
         _echo_outputs(cell)
@@ -134,7 +142,7 @@ def run(job_dir: Path, number: int) -> int:
                   "kept in the results table (the executed notebook has it)", flush=True)
             found = None
         record.update(state="COMPLETED", results=found)
-        print(f"dsportal: all {code_cells} code cells ran", flush=True)
+        print(f"dsportal: all {cells} code cells ran", flush=True)
     finally:
         _save(nb, output)
         record["ended"] = time.time()
@@ -149,10 +157,19 @@ def main(argv=None) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
         print("usage: python -m portal.session.notebookjob <job folder> <run>", file=sys.stderr)
         return 2
+    job_dir, number = Path(argv[0]), int(argv[1])
     try:
-        return run(Path(argv[0]), int(argv[1]))
-    except (OSError, ValueError, KeyError, IndexError) as error:
-        print(f"dsportal: the notebook job could not start: {one_line(str(error))}", flush=True)
+        return run(job_dir, number)
+    except Exception as error:  # noqa: BLE001 - whatever it is, the run's record and log say it, in words
+        reason = f"the run could not go on: {type(error).__name__}: {one_line(str(error))}"[:1000]
+        print(f"dsportal: {reason}", flush=True)
+        try:
+            record = json.loads((job_dir / record_name(number)).read_text())
+        except (OSError, ValueError):
+            record = {"run": number}
+        if record.get("state") != "FAILED":
+            record.update(state="FAILED", error=reason, ended=time.time())
+            (job_dir / record_name(number)).write_text(json.dumps(record))
         return 1
 
 
