@@ -213,6 +213,15 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     hidden = alice.api("GET", f"/user/alice/api/contents/.dsportal/jobs/{job['job_id']}/output.ipynb")
     assert hidden.status_code == 404, hidden.status_code
 
+    # The same notebook with its kernel in a container image (Apptainer), the image's own Python.
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu", "image": "debian-python",
+                                             "parameters": {"lr": 1.0, "label": "in the image"}})
+    assert response.status_code == 201, response.text
+    contained = wait_finished(alice, response.json()["job"]["job_id"])
+    assert contained["state"] == "COMPLETED" and contained["image"] == "debian-python", contained
+    executed = jobs_api(alice, "GET", f"/{contained['job_id']}/files/output.ipynb").json()["content"]
+    assert "score 0.5 in the image" in json.dumps(executed), executed
+
     # A 3 x 2 grid: one Slurm array, at most 2 running; its results table has six rows.
     response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu", "max_running": 2,
                                              "grid": {"lr": [0.0, 0.25, 1.0], "seed": [1, 2]}})
