@@ -74,11 +74,13 @@ def _about(model, key: str) -> str:
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
-    """Each trait that mirrors a portal.yaml key is named after it (session.X -> X, slurm.X -> slurm_X or X)
-    and takes its help from the settings model, so one name and one description hold in both layers."""
+    """Each trait that mirrors a portal.yaml key is named after it (session.X -> X, slurm.X -> slurm_X or X;
+    session_environment, as JupyterHub's Spawner has an environment of its own) and takes its help from the
+    settings model, so one name and one description hold in both layers."""
 
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
-    environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
+    # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
+    session_environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
     log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
     workdir = Unicode(defaults.SESSION_WORKDIR, help=_about(SessionSettings, "workdir")).tag(config=True)
     umask = Unicode(defaults.SESSION_UMASK, help=_about(SessionSettings, "umask")).tag(config=True)
@@ -178,7 +180,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
 
     def job_script(self, chosen: SessionSlice) -> str:
-        env_prefix = self.environment.rstrip("/")
+        env_prefix = self.session_environment.rstrip("/")
         command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
             "session.sbatch.j2",
@@ -212,7 +214,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
         may use, the images and data mounts. Live node limits the session reads itself."""
         policy = LaunchPolicy(profiles=self.launch_profiles or [self.profile], default_profile=chosen_profile,
-                              images=self.images, data_mounts=self.data_mounts, environment=self.environment)
+                              images=self.images, data_mounts=self.data_mounts, environment=self.session_environment)
         return policy.to_env()
 
     def get_env(self):

@@ -208,7 +208,7 @@ BAD_JOBS = [
     ({"code": "print(1)", "profile": "staff"}, "not permitted partition profile 'staff'"),
     ({"code": "print(1)", "walltime": "99:00:00"}, "longer than the 12:00:00"),
     ({"script": "train.py; touch /var/tmp/dsportal-pwned"}, "no such script"),
-    ({"script": "x.py", "code": "print(1)"}, "either 'script'"),
+    ({"script": "x.py", "code": "print(1)"}, "give one of 'script'"),
     ({"code": "print(1)", "env": {"A; touch /var/tmp/dsportal-pwned": "1"}}, "is not valid"),
     ({"code": "print(1)", "env": {"SLURM_JOB_UID": "0"}}, "cannot be overridden"),
     ({"code": "print(1)", "name": "x\n#SBATCH --uid=0"}, "may hold only letters"),

@@ -161,7 +161,7 @@ export class JobsPanel extends Widget {
       element(
         'section',
         {},
-        element('h2', { text: 'Launch a multi-node job' }),
+        element('h2', { text: 'Launch a job: multi-node, or a notebook' }),
         element(
           'p',
           { class: 'dsportal-Jobs-hint' },

@@ -151,7 +151,7 @@ def configure(c, settings=None) -> None:
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:
     # with it she could add pages that answer without login (portal/session/singleuser.py).
     c.Spawner.disable_user_config = True
-    c.SlurmGPUSpawner.environment = str(settings.session.environment)
+    c.SlurmGPUSpawner.session_environment = str(settings.session.environment)
     c.SlurmGPUSpawner.log_dir = settings.session.log_dir
     c.SlurmGPUSpawner.umask = settings.session.umask
     c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval

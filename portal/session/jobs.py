@@ -360,6 +360,34 @@ def _array_state(info: JobInfo, listed: dict[int, dict[str, str]], folder: Path)
     info.reason = f"{done} of {info.runs} runs completed" + (f"; {'; '.join(failures[:3])}" if failures else "")
 
 
+def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
+    root = jobs_root(home)
+    if not root.is_dir():
+        return []
+    # Newest first by submission (the folders are named by time): job ids restart when a
+    # cluster's Slurm state is reset, so the highest id is not the latest job.
+    links = [(os.readlink(p), int(p.name)) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()]
+    ids = [job_id for _, job_id in sorted(links, reverse=True)[:limit]]
+    listed = slurm().jobs() if ids else {}
+    # One sacct for all the jobs slurmctld forgot whose end nobody recorded yet.
+    forgotten = [j for j in ids if j not in listed and not (root / str(j) / "state.json").exists()]
+    accounting = _accounting(forgotten)
+    jobs = []
+    for job_id in ids:
+        try:
+            jobs.append(load(job_id, home, listed, accounting))
+        except JobNotFound:
+            continue
+    return jobs
+
+
+def cancel(job_id: int, home: str | None = None) -> JobInfo:
+    info = load(job_id, home)  # only jobs launched from the user's sessions
+    if not info.finished:
+        slurm().cancel(job_id)
+    return info
+
+
 # ------------------------------------------------------------------------------ a grid's results
 def results(job_id: int, home: str | None = None) -> dict:
     """A notebook job's runs as a table: per run its parameters, how it ended and what its cell tagged
@@ -402,7 +430,9 @@ def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:
         if path.is_symlink() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
             raise JobNotFound(f"{name} of job {job_id} is not a notebook the panel opens (a link, or over 50 MB)")
         stat = path.stat()
-        content = json.loads(path.read_text())
+        import nbformat  # its reader joins each text's lines, as the contents API serves a notebook
+
+        content = nbformat.reads(path.read_text(), as_version=nbformat.NO_CONVERT)
     except FileNotFoundError:
         raise JobNotFound(f"job {job_id} has no {name} yet: it is written once the run's first cell has run") from None
     except (OSError, ValueError) as error:
