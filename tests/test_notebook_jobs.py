@@ -259,3 +259,20 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     peek = subprocess.run(["runuser", "-u", "bob", "--", "cat", f"{folder}/output-0.ipynb", f"{folder}/run-0.json",
                            f"{folder}/input.ipynb"], capture_output=True, text=True)
     assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek
+
+
+@pytest.mark.quick
+def test_results_json_cannot_hold_are_left_out_and_the_run_still_completes(tmp_path):
+    cells = [("import json", []), ("print(json.dumps({'loss': float('nan')}))", ["results"])]
+    status, record, executed, log = run_locally(tmp_path, cells, [{}])
+    assert status == 0 and record["state"] == "COMPLETED" and record["results"] is None, (record, log)
+    assert "dsportal: the cell tagged results gave what JSON cannot hold" in log, log
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("text,tasks", [("3", [3]), ("2-5%2", [2, 3, 4, 5]), ("[4-9%2]", [4, 5, 6, 7, 8, 9]),
+                                        ("[1,4-5]", [1, 4, 5]), ("1-7:2", [1, 3, 5, 7]), ("x", []), ("", [])])
+def test_slurm_s_array_task_ids_are_read_in_every_form(text, tasks):
+    from portal.cluster.slurmparse import array_task_ids
+
+    assert array_task_ids(text) == tasks

@@ -5,6 +5,7 @@ The pacer on a real asyncio loop, and the routes it takes over as JupyterHub bui
 own logins, tokens and starts run through it in every cluster test."""
 
 import asyncio
+import json
 
 import pytest
 from jupyterhub.apihandlers.users import UserAPIHandler, UserServerAPIHandler, UserTokenListAPIHandler
@@ -193,3 +194,43 @@ def test_a_request_s_lane_is_an_address_and_a_login_nobody_can_make_up():
 PROXY = {"subject": ((("commonName", "proxy-client"),),),
          "subjectAltName": (("IP Address", "127.0.0.1"), ("DNS", "localhost"))}
 SESSION_OF_BOB = {"subject": ((("commonName", "bob"),),), "subjectAltName": (("DNS", "bob.users.dsportal.invalid"),)}
+
+
+def test_a_refused_request_is_answered_429_in_words_by_a_real_server():
+    """A full lane's request gets 429, Retry-After and the sentence, as JSON under /api/ and as a page else,
+    before the handler's own prepare (JupyterHub's error pages could not be written yet)."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    class Full(Pacer):
+        async def turn(self, address: str = "", credential: str = "") -> None:
+            raise TooManyWaiting()
+
+    class Hub:
+        cookie_name = "jupyterhub-hub-login"
+
+    class Handler(web.RequestHandler):
+        hub, cookie_max_age_days = Hub(), 14
+
+        def post(self, *args):
+            self.finish("served")
+
+    async def main() -> list:
+        app = web.Application([(r"/hub/api/users/bob/tokens", paced(Handler, Full())),
+                               (r"/hub/login", paced(Handler, Full()))], cookie_secret="s" * 32)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(app)
+        server.add_sockets(sockets)
+        port = sockets[0].getsockname()[1]
+        client = AsyncHTTPClient()
+        answers = [await client.fetch(f"http://127.0.0.1:{port}{path}", method="POST", body="", raise_error=False)
+                   for path in ("/hub/api/users/bob/tokens", "/hub/login")]
+        server.stop()
+        return answers
+
+    api, page = asyncio.run(main())
+    for answer in (api, page):
+        assert answer.code == 429 and answer.headers["Retry-After"] == "5", answer
+    assert json.loads(api.body)["message"].startswith("Too many logins, token requests or session starts")
+    assert b"Please try again in 5 s." in page.body and page.headers["Content-Type"].startswith("text/html")

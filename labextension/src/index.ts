@@ -296,7 +296,7 @@ const main: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         let panel = tracker.currentWidget;
         if (!panel || panel.isDisposed) {
-          panel = new JobsPanel(path => void app.commands.execute('docmanager:open', { path }));
+          panel = new JobsPanel(path => app.commands.execute('docmanager:open', { path }));
           panel.title.icon = jobsIcon;
           await tracker.add(panel);
           app.shell.add(panel, 'main');

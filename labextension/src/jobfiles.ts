@@ -7,7 +7,8 @@ import { api, sessionUrl } from './api';
 
 export const DRIVE = 'JobFiles';
 
-const READ_ONLY = "A job's notebook is kept as the job left it: File > Save Notebook As… keeps a copy you can edit.";
+const READ_ONLY =
+  "A job's notebook is kept as the job left it. To edit it, File > Download it and upload it to a folder of yours.";
 
 /** A do-nothing signal: a job's notebooks change only while it runs, and are read afresh when opened. */
 const quiet = { connect: () => true, disconnect: () => true, block: () => undefined } as any;
@@ -29,7 +30,7 @@ export class JobFilesDrive implements Contents.IDrive {
 
   async getDownloadUrl(localPath: string): Promise<string> {
     const [jobId, name] = localPath.split('/');
-    return sessionUrl('dsportal/api/jobs', jobId, 'files', name ?? '');
+    return sessionUrl('dsportal/api/jobs', jobId, 'files', name ?? '') + '?download=1';
   }
 
   async listCheckpoints(): Promise<Contents.ICheckpointModel[]> {

@@ -94,7 +94,7 @@ function option(select: HTMLSelectElement, value: string, text: string): void {
 
 export class JobsPanel extends Widget {
   /** ``open`` opens a file of the session in JupyterLab (the executed notebooks). */
-  constructor(open: (path: string) => void = () => undefined) {
+  constructor(open: (path: string) => Promise<unknown> = () => Promise.resolve()) {
     super();
     this._open = open;
     this.id = 'dsportal-jobs';
@@ -296,7 +296,7 @@ export class JobsPanel extends Widget {
       if (job.kind === 'notebook' && job.runs === 1) {
         const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-open', text: 'Notebook' });
         open.title = 'The executed notebook, outputs included (saved after each cell)';
-        open.onclick = () => this._open(jobFile(job.job_id, 'output.ipynb'));
+        open.onclick = () => this._openNotebook(job.job_id, 'output.ipynb');
         actions.append(open);
       } else if (job.kind === 'notebook') {
         const results = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-results', text: 'Results' });
@@ -316,6 +316,16 @@ export class JobsPanel extends Widget {
     state.jobs = jobs.length;
   }
 
+  /** Open a job's notebook; why not, in the panel's message (e.g. no cell has run yet). */
+  private async _openNotebook(jobId: number, name: string): Promise<void> {
+    try {
+      await api('GET', `jobs/${jobId}/files/${encodeURIComponent(name)}`);  // its reason in words, if refused
+      await this._open(jobFile(jobId, name));
+    } catch (error) {
+      this._say((error as Error).message, 'error');
+    }
+  }
+
   private async _showResults(jobId: number): Promise<void> {
     let table: Results;
     try {
@@ -332,7 +342,7 @@ export class JobsPanel extends Widget {
         const cell = tr.insertCell();
         if (column === 'output') {
           const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject', text: 'Notebook' });
-          open.onclick = () => this._open(jobFile(jobId, String(row.output)));
+          open.onclick = () => this._openNotebook(jobId, String(row.output));
           cell.append(open);
         } else {
           cell.textContent = row[column] === undefined ? '' : typeof row[column] === 'string' ? String(row[column]) : JSON.stringify(row[column]);
@@ -553,7 +563,7 @@ export class JobsPanel extends Widget {
     max_running: element('input', { name: 'max_running' }),
     mail: element('input', { name: 'mail' })
   };
-  private _open: (path: string) => void;
+  private _open: (path: string) => Promise<unknown>;
   private _nodesField: HTMLLabelElement;
   private _launcherField: HTMLLabelElement;
   private _notebookFields: HTMLLabelElement[];

@@ -36,6 +36,7 @@ from .slurmparse import (
     SlurmError,
     SlurmMissing,
     SlurmUnavailable,
+    array_task_ids,
     bounded_tail,
     checked_output,
     job_gpus as job_gpus,  # imported from here by portal/session/
@@ -474,9 +475,12 @@ class SlurmCommands:
         states = {}
         for line in self.run(argv, timeout=timeout).splitlines():
             job, _, state = line.partition("|")
-            array, _, task = job.partition("_")
-            if array == str(int(job_id)) and task.isascii() and task.isdigit():
-                states[int(task)] = (state.split() or ["UNKNOWN"])[0]
+            array, _, tasks = job.partition("_")
+            if array != str(int(job_id)) or not tasks.isascii():
+                continue
+            # one row per task that ran (ID_3); one for those that never did (ID_[4-9%2], cancelled pending)
+            for task in array_task_ids(tasks):
+                states[task] = (state.split() or ["UNKNOWN"])[0]
         return states
 
     def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,

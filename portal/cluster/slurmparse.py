@@ -358,3 +358,15 @@ def bounded_tail(text: str, lines: int) -> str:
     kept = text.splitlines()[-max(0, int(lines)):] if lines else []
     return "\n".join(line if len(line) <= LINE_CHARS else f"{line[:LINE_CHARS]} [... {len(line) - LINE_CHARS} more characters]"
                      for line in kept)
+
+
+def array_task_ids(text: str) -> list[int]:
+    """Slurm's ArrayTaskId: '3', '2-5%2', '[1,4-5]', '1-7:2' -> the task numbers (written in full: the
+    session's Slurm commands run with SLURM_BITSTR_LEN=0)."""
+    numbers = []
+    for part in text.split("%")[0].strip("[]").split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if first.isdigit() and (not last or last.isdigit()) and (not step or step.isdigit() and int(step) > 0):
+            numbers += range(int(first), int(last or first) + 1, int(step or 1))
+    return numbers

@@ -15,7 +15,11 @@ within an address round the logins (signed login cookies). A neighbour who sends
 requests delays a student's start by a turn, not by a thousand. Only a lane with
 :data:`MOST_WAITING_PER_LANE` requests already waiting is told to retry (429, Retry-After, a sentence;
 nothing started), and only that lane; nothing else is refused, and nothing is remembered once a lane is
-empty. A request whose client went away gives its turn to the next.
+empty. (A request whose client went away still takes its turn, and is answered to nobody.)
+
+The address is the one the proxy saw. Where another proxy terminates TLS in front of
+configurable-http-proxy (nginx), that proxy's address is the one configurable-http-proxy appends for
+everyone: fairness then goes by login cookie only, and requests without one share one lane.
 
 Installed on the routes JupyterHub built, in place (each tornado ``Rule``'s target: its order, and so
 every rule before it such as the redirect of hub pages to the hub's host, stays as it was): those
@@ -26,6 +30,8 @@ paced-new-work).
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 from collections import deque
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler, UserTokenListAPIHandler
@@ -155,13 +161,31 @@ def certificate_of(handler) -> tuple[str, str]:
     return ("proxy", "") if names == [PROXY_CERTIFICATE] else ("", "")
 
 
+def refuse(handler, refused: TooManyWaiting) -> None:
+    """429 with Retry-After and the sentence: JSON for the REST API, a short page else (a login, a start)."""
+    handler.set_status(429)
+    handler.set_header("Retry-After", refused.headers["Retry-After"])
+    handler.set_header("Cache-Control", "no-store")
+    if "/api/" in handler.request.path:
+        handler.set_header("Content-Type", "application/json")
+        handler.finish(json.dumps({"status": 429, "message": refused.jupyterhub_message}))
+        return
+    handler.set_header("Content-Type", "text/html; charset=utf-8")
+    handler.finish(f"<!doctype html><html><head><title>The portal is busy</title></head><body><p>"
+                   f"{html.escape(refused.jupyterhub_message)}</p></body></html>")
+
+
 def paced(handler: type, pacer: Pacer) -> type:
     """``handler``'s subclass whose POSTs wait for ``pacer``'s turn before anything else."""
 
     class Paced(handler):
         async def prepare(self):
             if self.request.method in PACED_METHODS:
-                await pacer.turn(*lane(self))
+                try:
+                    await pacer.turn(*lane(self))
+                except TooManyWaiting as refused:
+                    refuse(self, refused)  # written here: JupyterHub's error pages need its prepare to have run
+                    return None
             return await maybe_future(super().prepare())  # as BaseHandler.prepare awaits tornado's
 
     # Its name and module stay upstream's: the hub's logs and its metrics' handler labels do not change.

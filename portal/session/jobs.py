@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import sessionvars
 from ..cluster.images import image_status
 from ..cluster.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
+from ..cluster.slurmparse import array_task_ids
 from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
 from ..settings import parse_walltime, whole_number
 from ..templating import render
@@ -310,25 +311,13 @@ def _run_record(folder: Path, run: int) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def array_tasks(text: str) -> list[int]:
-    """Slurm's ArrayTaskId: '3', '2-5%2', '[1,4-5]', '1-7:2' -> the task numbers (written in full: the
-    session's Slurm commands run with SLURM_BITSTR_LEN=0)."""
-    numbers = []
-    for part in text.split("%")[0].strip("[]").split(","):
-        span, _, step = part.partition(":")
-        first, _, last = span.partition("-")
-        if first.isdigit() and (not last or last.isdigit()) and (not step or step.isdigit() and int(step) > 0):
-            numbers += range(int(first), int(last or first) + 1, int(step or 1))
-    return numbers
-
-
 def _array_state(info: JobInfo, listed: dict[int, dict[str, str]], folder: Path) -> None:
     """A grid's state from its runs': Slurm's for the tasks slurmctld knows, else what each run recorded
     of its end, else Slurm accounting's (a run killed by its walltime or memory limit records nothing)."""
     slurm_states: dict[int, str] = {}
     for fields in listed.values():
         if fields.get("ArrayJobId") == str(info.job_id):
-            for task in array_tasks(fields.get("ArrayTaskId", "")):
+            for task in array_task_ids(fields.get("ArrayTaskId", "")):
                 slurm_states[task] = fields.get("JobState", "UNKNOWN")
     records = {run: _run_record(folder, run) for run in range(info.runs)}
     states = {run: slurm_states.get(run) or (records[run].get("state") if records[run].get("state") in FINISHED

@@ -140,6 +140,11 @@ class JobNotebookHandler(_JobsAPI):
         except Exception as error:  # noqa: BLE001
             self._fail(error)
         self.set_header("Cache-Control", "no-store")
+        if self.get_query_argument("download", ""):  # File > Download: the notebook file itself
+            self.set_header("Content-Type", "application/x-ipynb+json")
+            self.set_header("Content-Disposition", f'attachment; filename="job-{int(job_id)}-{name}"')
+            self.finish(json.dumps(model["content"], indent=1))
+            return
         self.finish(json.dumps(model))
 
 

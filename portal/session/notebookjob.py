@@ -137,7 +137,13 @@ def run(job_dir: Path, number: int) -> int:
         print(full_traceback(error), file=sys.stderr, flush=True)
     else:
         found = results_of(nb)
-        if found is not None and len(json.dumps(found)) > MAX_RESULTS:
+        try:
+            size = len(json.dumps(found, allow_nan=False)) if found is not None else 0
+        except (ValueError, TypeError) as error:  # NaN or infinity (a diverged run), a set, bytes: not JSON
+            print(f"dsportal: the cell tagged results gave what JSON cannot hold ({error}): not kept in the results "
+                  "table (the executed notebook has it)", flush=True)
+            found, size = None, 0
+        if size > MAX_RESULTS:
             print(f"dsportal: the cell tagged results printed more than {MAX_RESULTS:,} characters of JSON: not "
                   "kept in the results table (the executed notebook has it)", flush=True)
             found = None
