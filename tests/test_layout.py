@@ -30,7 +30,7 @@ def layer(module: str) -> str:
                   "portal.cluster.images"):
         return "core"
     if module in ("portal.rules", "portal.templating", "portal.templatesources", "portal.patchcheck",
-                  "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc"):
+                  "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc", "portal.notebookcells"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
                          ("portal.cluster", "admin"), ("portal.cli", "cli")):
