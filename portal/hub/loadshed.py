@@ -19,6 +19,7 @@ before the hub's own handlers); the matcher answers None, passing the request on
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 import time
@@ -98,18 +99,24 @@ class ShedHandler(web.RequestHandler):
     def prepare(self):
         retry_after = self.lag.retry_after()
         metrics.REQUESTS_SHED.inc()
-        self.set_status(429)
-        self.set_header("Retry-After", str(retry_after))
-        self.set_header("Cache-Control", "no-store")
-        text = message(retry_after)
-        if self.request.path.startswith(self.api_prefix):
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"status": 429, "message": text}))
-            return
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(f"<!doctype html><html><head><title>The portal is busy</title>"
-                    f'<meta http-equiv="refresh" content="{retry_after}"></head>'
-                    f"<body><p>{text} This page reloads by itself.</p></body></html>")
+        answer_busy(self, message(retry_after), retry_after, self.request.path.startswith(self.api_prefix), reload=True)
+
+
+def answer_busy(handler, text: str, retry_after: int, as_json: bool, reload: bool = False) -> None:
+    """429 with Retry-After and ``text``: JSON for the REST API, else a short page (that reloads itself
+    after ``retry_after`` where ``reload``: a GET may be asked again; a login's POST may not)."""
+    handler.set_status(429)
+    handler.set_header("Retry-After", str(retry_after))
+    handler.set_header("Cache-Control", "no-store")
+    if as_json:
+        handler.set_header("Content-Type", "application/json")
+        handler.finish(json.dumps({"status": 429, "message": text}))
+        return
+    refresh = f'<meta http-equiv="refresh" content="{retry_after}">' if reload else ""
+    after = " This page reloads by itself." if reload else ""
+    handler.set_header("Content-Type", "text/html; charset=utf-8")
+    handler.finish(f"<!doctype html><html><head><title>The portal is busy</title>{refresh}</head>"
+                   f"<body><p>{html.escape(text)}{after}</p></body></html>")
 
 
 def install(lag: LoopLag) -> None:

@@ -30,8 +30,6 @@ paced-new-work).
 from __future__ import annotations
 
 import asyncio
-import html
-import json
 from collections import deque
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler, UserTokenListAPIHandler
@@ -43,6 +41,7 @@ from tornado import web
 from ..patchcheck import stands_aside
 from . import upstream
 from .auth import certificate_user, client_address
+from .loadshed import answer_busy
 from .upstream import connection_address
 
 PACED = (UserServerAPIHandler, SpawnHandler, LoginHandler, UserTokenListAPIHandler)
@@ -161,20 +160,6 @@ def certificate_of(handler) -> tuple[str, str]:
     return ("proxy", "") if names == [PROXY_CERTIFICATE] else ("", "")
 
 
-def refuse(handler, refused: TooManyWaiting) -> None:
-    """429 with Retry-After and the sentence: JSON for the REST API, a short page else (a login, a start)."""
-    handler.set_status(429)
-    handler.set_header("Retry-After", refused.headers["Retry-After"])
-    handler.set_header("Cache-Control", "no-store")
-    if "/api/" in handler.request.path:
-        handler.set_header("Content-Type", "application/json")
-        handler.finish(json.dumps({"status": 429, "message": refused.jupyterhub_message}))
-        return
-    handler.set_header("Content-Type", "text/html; charset=utf-8")
-    handler.finish(f"<!doctype html><html><head><title>The portal is busy</title></head><body><p>"
-                   f"{html.escape(refused.jupyterhub_message)}</p></body></html>")
-
-
 def paced(handler: type, pacer: Pacer) -> type:
     """``handler``'s subclass whose POSTs wait for ``pacer``'s turn before anything else."""
 
@@ -184,7 +169,8 @@ def paced(handler: type, pacer: Pacer) -> type:
                 try:
                     await pacer.turn(*lane(self))
                 except TooManyWaiting as refused:
-                    refuse(self, refused)  # written here: JupyterHub's error pages need its prepare to have run
+                    # written here: JupyterHub's error pages need its prepare to have run
+                    answer_busy(self, refused.jupyterhub_message, RETRY_SECONDS, "/api/" in self.request.path)
                     return None
             return await maybe_future(super().prepare())  # as BaseHandler.prepare awaits tornado's
 
