@@ -32,7 +32,7 @@ from .. import sessionvars
 from ..cluster.images import image_status
 from ..cluster.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
 from ..cluster.slurmparse import array_task_ids
-from ..rules import JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
+from ..rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
 from ..settings import parse_walltime, whole_number
 from ..templating import render
 from .containers import Bind, Launch, runtime
@@ -392,7 +392,7 @@ def results(job_id: int, home: str | None = None) -> dict:
         record = _run_record(folder, run)
         found = record.get("results") if isinstance(record.get("results"), dict) else {}
         row = {"run": run, **parameters, "state": info.run_states.get(str(run), record.get("state", "PENDING")),
-               **{k: v for k, v in found.items() if k not in ("run", "state", "output", *parameters)},
+               **{k: v for k, v in found.items() if k not in (*RESULT_COLUMNS, *parameters)},
                "output": output_name(run, len(spec["points"]))}
         for name in row:
             if name not in columns:
