@@ -63,14 +63,19 @@ class NotThroughTheProxy(web.HTTPError):
         super().__init__(403, "Log in through the portal's address, not from a session.")
 
 
-def certificate_user(handler) -> str:
-    """The user a session's TLS certificate names (hub.internal_ssl), where the request came with one; else ""."""
+def client_certificate(handler) -> dict:
+    """The TLS client certificate the request's connection showed (hub.internal_ssl), as ssl tells it; {} without."""
     try:
-        certificate = handler.request.get_ssl_certificate()  # None: no certificate
+        return handler.request.get_ssl_certificate() or {}  # None: no certificate
     except (AttributeError, ValueError):  # plain HTTP (a socket without certificates); the connection gone
-        certificate = None
+        return {}
+
+
+def certificate_user(handler, certificate: dict | None = None) -> str:
+    """The user a session's TLS certificate names, where the request came with one; else ""."""
+    certificate = client_certificate(handler) if certificate is None else certificate
     suffix = f".{USERS_DOMAIN}"
-    for kind, value in (certificate or {}).get("subjectAltName", ()):
+    for kind, value in certificate.get("subjectAltName", ()):
         if kind == "DNS" and value.endswith(suffix):
             return value[:-len(suffix)]
     return ""

@@ -40,7 +40,7 @@ from tornado import web
 
 from ..patchcheck import stands_aside
 from . import upstream
-from .auth import certificate_user, client_address
+from .auth import certificate_user, client_address, client_certificate
 from .loadshed import answer_busy
 from .upstream import connection_address
 
@@ -149,13 +149,10 @@ def lane(handler) -> tuple[str, str]:
 
 def certificate_of(handler) -> tuple[str, str]:
     """("session", user) for a session's certificate, ("proxy", "") for the proxy's, else ("", "")."""
-    user = certificate_user(handler)
+    certificate = client_certificate(handler)  # read once, for both questions
+    user = certificate_user(handler, certificate)
     if user:
         return "session", user
-    try:
-        certificate = handler.request.get_ssl_certificate() or {}
-    except (AttributeError, ValueError):
-        return "", ""
     names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
     return ("proxy", "") if names == [PROXY_CERTIFICATE] else ("", "")
 
