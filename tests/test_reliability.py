@@ -2,6 +2,7 @@
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -97,3 +98,25 @@ def test_a_stop_while_slurmctld_hangs_does_not_block_the_next_start_and_goes_thr
     assert "pending stop" not in message, message
     assert "scheduler is not answering" in message, message
     assert wait_no_jobs("alice", timeout=120) == [], "the job of the stopped session still holds its slice"
+
+
+def test_a_pidfile_whose_pid_came_round_to_another_program_names_no_daemon(tmp_path):
+    """A daemon killed without its pidfile removed: the next `make demo` must start it again, and
+    `make stop` must not signal whatever program holds the pid by then (pid_max is 32768)."""
+    from portal.cluster.demo.base import alive, stop_pid
+
+    pidfile = tmp_path / "slapd.pid"
+    innocent = subprocess.Popen(["sleep", "60"])
+    try:
+        pidfile.write_text(f"{innocent.pid}\n")
+        os.utime(pidfile, (time.time() - 3, time.time() - 3))  # older than the process with its pid
+        assert alive(pidfile) is None
+        stop_pid(pidfile, "slapd")
+        assert innocent.poll() is None, "stop_pid signalled a program the stale pidfile named by chance"
+
+        pidfile.write_text(f"{innocent.pid}\n")  # written by the daemon after it started: its own
+        assert alive(pidfile) == innocent.pid
+    finally:
+        innocent.kill()
+        innocent.wait()
+    assert alive(pidfile) is None
