@@ -149,6 +149,29 @@ def test_the_runner_executes_with_its_parameters_and_records_the_results(tmp_pat
 
 
 @pytest.mark.quick
+def test_a_notebook_in_a_folder_others_can_write_runs_in_its_job_folder_not_importing_what_they_left(tmp_path):
+    """alice runs /tmp/x.ipynb (or one in a shared scratch folder): bob's planted module there must
+    not be what her kernel imports, as it would be from the kernel's working folder."""
+    from portal.session.notebookjob import INPUT, SPEC
+
+    shared, job = tmp_path / "shared", tmp_path / "job"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # like /tmp
+    job.mkdir(mode=0o700)
+    (shared / "planted.py").write_text("raise SystemExit('bob was here')\n")
+    nbformat.write(notebook([("import os, importlib.util\nprint('cwd', os.getcwd())\n"
+                              "print('planted', importlib.util.find_spec('planted'))", [])]), str(job / INPUT))
+    (job / SPEC).write_text(json.dumps({"parameters": {}, "points": [{}], "cwd": str(shared), "image": None}))
+    done = subprocess.run([sys.executable, "-m", "portal.session.notebookjob", str(job), "0"],
+                          capture_output=True, text=True, timeout=120)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
+    assert f"dsportal: {shared} is not yours alone (others may put files there): the notebook runs in the job's " \
+           f"folder {job}" in log, log
+    assert f"cwd {job}" in log and "planted None" in log, log
+
+
+@pytest.mark.quick
 def test_a_failing_cell_is_named_with_its_error(tmp_path):
     status, record, executed, log = run_locally(tmp_path, FAILING, [{}])
     assert status == 1
@@ -208,6 +231,9 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     assert {"output_type": "stream", "name": "stdout", "text": "score 0.8 one\n"} in outputs, outputs
     assert jobs_api(alice, "GET", f"/{job['job_id']}/files/input.ipynb").json()["content"]["cells"][0]["source"] \
         .startswith("lr = 0.1")  # the copy it ran, as submitted
+    downloaded = jobs_api(alice, "GET", f"/{job['job_id']}/files/output.ipynb", params={"download": "1"})
+    assert downloaded.headers["Content-Type"] == "application/x-ipynb+json", downloaded.headers
+    assert json.loads(downloaded.text)["cells"] == opened.json()["content"]["cells"]
     for name in ("job.sbatch", "..%2Fjob.json", "output-x.ipynb"):
         assert jobs_api(alice, "GET", f"/{job['job_id']}/files/{name}").status_code == 404, name
     hidden = alice.api("GET", f"/user/alice/api/contents/.dsportal/jobs/{job['job_id']}/output.ipynb")
@@ -235,7 +261,9 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     assert [(r["lr"], r["seed"], r["score"]) for r in table["rows"]] == [
         (0.0, 1, 1.01), (0.0, 2, 1.02), (0.25, 1, 0.81), (0.25, 2, 0.82), (1.0, 1, 0.51), (1.0, 2, 0.52)], table
     assert {r["output"] for r in table["rows"]} == {f"output-{n}.ipynb" for n in range(6)}
-    csv_text = jobs_api(alice, "GET", f"/{array['job_id']}/results", params={"format": "csv"}).text
+    csv_answer = jobs_api(alice, "GET", f"/{array['job_id']}/results", params={"format": "csv"})
+    assert csv_answer.headers["Content-Type"] == "text/csv; charset=utf-8", csv_answer.headers
+    csv_text = csv_answer.text
     assert csv_text.splitlines()[0] == "run,lr,seed,state,score,label,output" and len(csv_text.splitlines()) == 7
     listed = {j["job_id"]: j for j in jobs_api(alice, "GET").json()["jobs"]}
     assert listed[array["job_id"]]["state"] == "COMPLETED"  # the list shows the array as one job
@@ -259,6 +287,24 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     peek = subprocess.run(["runuser", "-u", "bob", "--", "cat", f"{folder}/output-0.ipynb", f"{folder}/run-0.json",
                            f"{folder}/input.ipynb"], capture_output=True, text=True)
     assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek
+
+
+@pytest.mark.quick
+def test_the_results_csv_holds_no_formula_a_spreadsheet_would_run():
+    """A result can quote text another user wrote (a file name from a shared data set)."""
+    import csv
+    import io
+
+    from portal.session.jobs import results_csv
+
+    table = {"columns": ["run", "=cmd|' /C calc'!A0", "worst", "loss", "tags"],
+             "rows": [{"run": 0, "=cmd|' /C calc'!A0": 1, "worst": "=HYPERLINK(\"http://x\")", "loss": -0.5,
+                       "tags": ["@a"]},
+                      {"run": 1, "worst": "+1", "loss": "-2", "tags": []}]}
+    rows = list(csv.reader(io.StringIO(results_csv(table))))
+    assert rows[0] == ["run", "'=cmd|' /C calc'!A0", "worst", "loss", "tags"]
+    assert rows[1] == ["0", "1", "'=HYPERLINK(\"http://x\")", "-0.5", '["@a"]']
+    assert rows[2] == ["1", "", "'+1", "'-2", "[]"]
 
 
 @pytest.mark.quick

@@ -310,7 +310,7 @@ export class JobsPanel extends Widget {
         actions.append(cancel);
       }
     }
-    if (this._following !== null && this._jobs.has(this._following) && !this._logState.textContent?.includes('exit code')) {
+    if (this._following !== null && this._jobs.has(this._following) && !this._logState.classList.contains('dsportal-state')) {
       this._logState.textContent = this._jobs.get(this._following)!.state;
     }
     state.jobs = jobs.length;
@@ -494,7 +494,8 @@ export class JobsPanel extends Widget {
         this._jobs.set(jobId, ended);  // told once: the next refresh sees it ended already
         tellEnded(ended);
       }
-      const text = `job ${jobId}: ${event.state} (exit code ${event.exit_code || '-'})`;
+      // An array's tasks each have their own exit code: Slurm gives the array none.
+      const text = `job ${jobId}: ${event.state}` + (event.exit_code ? ` (exit code ${event.exit_code})` : '');
       this._append(null, 'state', text);
       this._logState.textContent = text;
       this._logState.className = `dsportal-Jobs-logState dsportal-state dsportal-state-${event.state.split(' ')[0]}`;

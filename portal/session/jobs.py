@@ -274,7 +274,7 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
     if info.kind == "notebook" and info.runs > 1:
         _array_state(info, listed if listed is not None else slurm().jobs(job_id), folder)
         if info.finished and info.state != "UNKNOWN":  # UNKNOWN: asked about again next time
-            final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "run_states")}))
+            _write_state(final, info, ("state", "reason", "run_states"))
         return info
     fields = (listed if listed is not None else slurm().jobs(job_id)).get(int(job_id))
     if fields is None:
@@ -293,13 +293,22 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
         info.node_list = "" if fields.get("NodeList") in (None, "(null)") else fields["NodeList"]
     if info.kind == "notebook":
         ran = _run_record(folder, 0)
+        if info.state == "UNKNOWN" and ran.get("state") in FINISHED:  # the run's own record of its end
+            info.state, info.reason = ran["state"], "as the run recorded its end"
         info.run_states = {"0": info.state}
         if info.state == "FAILED" and ran.get("error"):
             info.reason = ran["error"]
     if info.finished:
-        final.write_text(json.dumps({k: getattr(info, k) for k in ("state", "reason", "exit_code", "node_list",
-                                                                    "run_states")}))
+        _write_state(final, info, ("state", "reason", "exit_code", "node_list", "run_states"))
     return info
+
+
+def _write_state(final: Path, info: JobInfo, keys: tuple[str, ...]) -> None:
+    """A finished job's state.json, whole or not at all: the panel, its log stream and the results
+    table read it at the same time."""
+    partial = final.with_name(f".{final.name}.{secrets.token_hex(4)}")
+    partial.write_text(json.dumps({k: getattr(info, k) for k in keys}))
+    os.replace(partial, final)
 
 
 def _run_record(folder: Path, run: int) -> dict:
@@ -433,12 +442,20 @@ def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:
 
 
 def results_csv(table: dict) -> str:
+    """The results table as CSV. A text cell a spreadsheet would take for a formula (=, +, -, @, tab,
+    CR first) is written with a ' before it, as OWASP advises: a result can quote text from a file
+    another user wrote. Numbers stay numbers."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=table["columns"], extrasaction="ignore")
-    writer.writeheader()
+    writer = csv.writer(out)
+    writer.writerow([_inert(column) for column in table["columns"]])
     for row in table["rows"]:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+        cells = (row.get(column, "") for column in table["columns"])
+        writer.writerow([_inert(json.dumps(v) if isinstance(v, (list, dict)) else v) for v in cells])
     return out.getvalue()
+
+
+def _inert(value):
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 # ------------------------------------------------------------------------------ logs

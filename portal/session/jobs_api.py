@@ -125,9 +125,9 @@ class ResultsHandler(_JobsAPI):
         except Exception as error:  # noqa: BLE001
             self._fail(error)
         if self.get_query_argument("format", "json") == "csv":
-            self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition", f'attachment; filename="job-{int(job_id)}-results.csv"')
-            self.finish(jobs.results_csv(table))
+            # jupyter_server's APIHandler.finish sets its own Content-Type unless told this one
+            self.finish(jobs.results_csv(table), set_content_type="text/csv; charset=utf-8")
             return
         self.finish(json.dumps(table))
 
@@ -141,9 +141,8 @@ class JobNotebookHandler(_JobsAPI):
             self._fail(error)
         self.set_header("Cache-Control", "no-store")
         if self.get_query_argument("download", ""):  # File > Download: the notebook file itself
-            self.set_header("Content-Type", "application/x-ipynb+json")
             self.set_header("Content-Disposition", f'attachment; filename="job-{int(job_id)}-{name}"')
-            self.finish(json.dumps(model["content"], indent=1))
+            self.finish(json.dumps(model["content"], indent=1), set_content_type="application/x-ipynb+json")
             return
         self.finish(json.dumps(model))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,19 @@ def _save(nb, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")  # whole or not at all: the Jobs panel may open it meanwhile
     nbformat.write(nb, str(partial))
     os.replace(partial, path)
+
+
+def _not_a_folder_to_run_in(folder: str) -> str | None:
+    """Why a kernel must not run in ``folder`` (None: it may): not the user's, or writable by others."""
+    try:
+        st = os.stat(folder)
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    if not os.access(folder, os.W_OK):
+        return "is read-only for you"
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "is not yours alone (others may put files there)"
+    return None
 
 
 def _kernel(spec: dict, runtime: Path) -> str:
@@ -118,11 +132,14 @@ def run(job_dir: Path, number: int) -> int:
         _echo_outputs(cell)
         _save(nb, output)
 
-    # Where the kernel runs: the notebook's folder, as when it is opened; one the user cannot write to (a
-    # course's read-only template) gives way to the job's own folder, where what the notebook saves lands.
+    # Where the kernel runs: the notebook's folder, as when it is opened, where it is the user's own. A
+    # folder she cannot write to (a course's read-only template) gives way to the job's own folder, where
+    # what the notebook saves lands; so does one others can write to (/tmp, a shared scratch folder): the
+    # kernel imports from its folder first, and a stranger's numpy.py there would run as her.
     cwd = spec.get("cwd") or str(job_dir)
-    if not os.access(cwd, os.W_OK):
-        print(f"dsportal: {cwd} is read-only for you: the notebook runs in the job's folder {job_dir}", flush=True)
+    why = _not_a_folder_to_run_in(cwd)
+    if why:
+        print(f"dsportal: {cwd} {why}: the notebook runs in the job's folder {job_dir}", flush=True)
         cwd = str(job_dir)
     kernel_name = _kernel(spec, runtime)
     kernel = KernelManager(kernel_name=kernel_name, transport="ipc", connection_file=str(runtime / "kernel.json"))
