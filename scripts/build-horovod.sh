@@ -28,7 +28,7 @@ fi
 
 wheel=$(ls "$WHEELS"/horovod-$HOROVOD-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
-  say "building Horovod $HOROVOD from its sdist (about 12 minutes on 2 cores)"
+  say "building Horovod $HOROVOD from its sdist (4-12 minutes on 2 cores)"
   "${pip[@]}" psutil cloudpickle pyyaml packaging "setuptools>=68" wheel
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
