@@ -337,3 +337,42 @@ def test_job_list_is_newest_first_even_when_slurm_ids_restart(portal, tmp_path):
         (root / str(job_id)).symlink_to(stamp)
     assert [j.job_id for j in jobs.list_jobs(str(tmp_path))] == [3, 950, 900]
     assert [j.job_id for j in jobs.list_jobs(str(tmp_path), limit=1)] == [3]
+
+
+def test_a_neighbour_s_job_named_like_a_line_of_hers_does_not_end_her_job_in_the_list(portal, tmp_path, monkeypatch):
+    """Without PrivateData=jobs (Slurm's default; the demo sets it) everyone's jobs are listed, and
+    scontrol prints a job's name with its line breaks: bob's `sbatch -J $'x\\nJobId=<hers>
+    JobState=COMPLETED'` prints a line that reads as hers. The session asks Slurm only about her own
+    jobs, each by its id; here an scontrol that lists everyone's, bob's forged line among them."""
+    from portal.cluster.slurmclient import SlurmCommands
+    from portal.session import jobs
+
+    env = {**os.environ, "SLURM_CONF": DEMO_SLURM_CONF}
+    job_id = int(subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "-p", "cpu", "-t", "2",
+                                 "--wrap", "sleep 120"], env=env, capture_output=True, text=True,
+                                check=True).stdout.split(";")[0])
+    try:
+        wrapper = tmp_path / "bin"
+        wrapper.mkdir()
+        real = subprocess.run(["which", "scontrol"], capture_output=True, text=True, check=True).stdout.strip()
+        (wrapper / "scontrol").write_text(
+            "#!/bin/sh\n"
+            f"{real} \"$@\"; status=$?\n"
+            # everyone's jobs, as without PrivateData=jobs: bob's forged line comes after hers
+            f"[ \"$*\" = 'show job -o' ] && echo 'JobId={job_id} JobState=COMPLETED Reason=None ExitCode=0:0'\n"
+            "exit $status\n")
+        (wrapper / "scontrol").chmod(0o755)
+        monkeypatch.setattr(jobs, "slurm", lambda: SlurmCommands(env={**env, "PATH": f"{wrapper}:{env['PATH']}"}))
+        root = jobs.jobs_root(str(tmp_path))
+        folder = root / "20260101-100000-aaaaaa"
+        folder.mkdir(parents=True)
+        info = jobs.JobInfo(job_id=job_id, name="hers", folder=str(folder), submitted=0, nodes=1, ranks=1,
+                            gpus_per_node=0, partition="cpu", image=None, script="x.py")
+        (folder / "job.json").write_text(json.dumps(info.as_dict()))
+        (root / str(job_id)).symlink_to(folder.name)
+
+        [listed] = jobs.list_jobs(str(tmp_path))
+        assert listed.state in ("PENDING", "RUNNING", "CONFIGURING"), listed
+        assert not (folder / "state.json").exists()
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=env, capture_output=True)

@@ -290,6 +290,52 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
 
 
 @pytest.mark.quick
+def test_the_notebook_a_job_runs_is_judged_and_read_through_one_open_file(tmp_path):
+    """A notebook in a folder someone else can write may be swapped between a check and a copy: a FIFO
+    would hang the server's thread, /dev/zero fill her quota. One open file is judged and read."""
+    from portal.rules import RequestError
+    from portal.session.jobs import MAX_NOTEBOOK_BYTES, _read_notebook
+
+    fine = tmp_path / "fine.ipynb"
+    nbformat.write(notebook([("x = 1", [])]), str(fine))
+    assert _read_notebook(str(fine)) == fine.read_bytes()
+    fifo = tmp_path / "fifo.ipynb"
+    os.mkfifo(fifo)
+    with pytest.raises(RequestError, match="is not a regular file"):
+        _read_notebook(str(fifo))  # at once: nothing writes to it
+    with pytest.raises(RequestError, match="is not a regular file"):
+        _read_notebook("/dev/zero")
+    big = tmp_path / "big.ipynb"
+    big.write_bytes(b" " * (MAX_NOTEBOOK_BYTES + 1))
+    with pytest.raises(RequestError, match="is over 50 MB: clear its outputs first"):
+        _read_notebook(str(big))
+
+
+@pytest.mark.quick
+def test_a_large_grid_s_logs_are_followed_a_slice_at_a_time_and_every_line_arrives(tmp_path):
+    """Opening the log of a grid of many runs must not read every run's log into memory at once."""
+    from pathlib import Path
+
+    from portal.session.jobs import LogFollower
+
+    line = "x" * 99 + "\n"
+    for task in range(3):
+        Path(tmp_path / f"task-{task}.log").write_text(line * 30_000 + f"last of {task}")  # ~3 MB, no newline
+    follower, seen, reads = LogFollower(folder=tmp_path), [], 0
+    while True:
+        events = follower.poll(final=True, budget=2**20)
+        reads += 1
+        assert sum(len(e["line"]) + 1 for e in events) <= 2**20 + 200  # one slice (and a carried part line)
+        seen += events
+        if not follower.behind:
+            break
+    assert reads >= 9
+    for task in range(3):
+        mine = [e["line"] for e in seen if e["rank"] == task]
+        assert len(mine) == 30_001 and mine[-1] == f"last of {task}" and set(mine[:-1]) == {"x" * 99}
+
+
+@pytest.mark.quick
 def test_the_results_csv_holds_no_formula_a_spreadsheet_would_run():
     """A result can quote text another user wrote (a file name from a shared data set)."""
     import csv

@@ -452,10 +452,14 @@ class SlurmCommands:
     def cancel(self, job_id: int) -> None:
         self.run([self.tool("scancel"), str(int(job_id))])
 
-    def jobs(self, job_id: int | None = None) -> dict[int, dict[str, str]]:
-        """``scontrol show job``'s fields of one job or of all (only her own, with PrivateData=jobs);
-        {} for an id slurmctld does not know (any more)."""
-        argv = [self.tool("scontrol"), "show", "job", "-o"] + ([str(int(job_id))] if job_id is not None else [])
+    def jobs(self, job_id: int) -> dict[int, dict[str, str]]:
+        """``scontrol show job``'s fields of one of the user's jobs (an array's: each task's), by job id;
+        {} for an id slurmctld does not know (any more).
+
+        Never of all jobs: without PrivateData=jobs (Slurm's default) that lists everyone's, and
+        scontrol prints a job's name and comment as they were given, line breaks included, so a
+        neighbour's job named "x\\nJobId=<hers> JobState=COMPLETED" would read as a line of hers."""
+        argv = [self.tool("scontrol"), "show", "job", "-o", str(int(job_id))]
         try:
             return parse_scontrol_jobs(self.run(argv))
         except SlurmError as error:

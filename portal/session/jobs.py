@@ -23,7 +23,7 @@ import json
 import os
 import re
 import secrets
-import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -149,12 +149,31 @@ def jobs_root(home: str | None = None) -> Path:
     return Path(home or os.path.expanduser("~")) / JOBS_DIR
 
 
+def _read_notebook(path: str) -> bytes:
+    """The notebook's bytes, judged and read through one open file: a file someone else can replace
+    (a shared folder's) cannot become a FIFO or /dev/zero between the check and the copy."""
+    too_big = RequestError(f"{path} is over {MAX_NOTEBOOK_BYTES // 2**20} MB: clear its outputs first "
+                           "(Edit > Clear Outputs of All Cells)")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise RequestError(f"notebook {path} cannot be read: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RequestError(f"notebook {path} is not a regular file")
+        if st.st_size > MAX_NOTEBOOK_BYTES:
+            raise too_big
+        data = file.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise too_big
+    return data
+
+
 def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobInfo:
     """sbatch the plan as the calling user; returns the job with its log folder."""
     home = home or os.path.expanduser("~")
-    if plan.notebook is not None and os.path.getsize(plan.notebook) > MAX_NOTEBOOK_BYTES:
-        raise RequestError(f"{plan.notebook} is over {MAX_NOTEBOOK_BYTES // 2**20} MB: clear its outputs first "
-                           "(Edit > Clear Outputs of All Cells)")
+    notebook = _read_notebook(plan.notebook) if plan.notebook is not None else None
     root = jobs_root(home)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     job_dir = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -162,7 +181,7 @@ def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobI
     script = plan.script
     if plan.notebook is not None:
         # The notebook as it is now: editing it while the job waits or runs changes nothing of the job.
-        shutil.copyfile(plan.notebook, job_dir / INPUT)
+        (job_dir / INPUT).write_bytes(notebook)
         (job_dir / SPEC).write_text(json.dumps(_notebook_spec(plan, policy, home), indent=1))
         text = render_notebook_script(plan, policy, str(job_dir), home)
     else:
@@ -366,9 +385,14 @@ def list_jobs(home: str | None = None, limit: int = 50) -> list[JobInfo]:
     # cluster's Slurm state is reset, so the highest id is not the latest job.
     links = [(os.readlink(p), int(p.name)) for p in root.iterdir() if p.name.isdigit() and p.is_symlink()]
     ids = [job_id for _, job_id in sorted(links, reverse=True)[:limit]]
-    listed = slurm().jobs() if ids else {}
+    # Slurm is asked only about her jobs whose end is not recorded yet (usually a few), each by its id:
+    # their lines are hers alone (SlurmCommands.jobs).
+    unfinished = [j for j in ids if not (root / str(j) / "state.json").exists()]
+    listed: dict[int, dict[str, str]] = {}
+    for job_id in unfinished:
+        listed.update(slurm().jobs(job_id))
     # One sacct for all the jobs slurmctld forgot whose end nobody recorded yet.
-    forgotten = [j for j in ids if j not in listed and not (root / str(j) / "state.json").exists()]
+    forgotten = [j for j in unfinished if j not in listed]
     accounting = _accounting(forgotten)
     jobs = []
     for job_id in ids:
@@ -395,7 +419,7 @@ def results(job_id: int, home: str | None = None) -> dict:
         raise JobNotFound(f"job {job_id} is not a notebook job: it has no results table")
     folder = Path(info.folder)
     spec = json.loads((folder / SPEC).read_text())
-    rows, columns = [], ["run"]
+    rows, columns = [], {"run": None}  # a dict as an ordered set: thousands of result names stay cheap
     for run, point in enumerate(spec["points"]):
         parameters = {**spec.get("parameters", {}), **point}
         record = _run_record(folder, run)
@@ -403,13 +427,11 @@ def results(job_id: int, home: str | None = None) -> dict:
         row = {"run": run, **parameters, "state": info.run_states.get(str(run), record.get("state", "PENDING")),
                **{k: v for k, v in found.items() if k not in (*RESULT_COLUMNS, *parameters)},
                "output": output_name(run, len(spec["points"]))}
-        for name in row:
-            if name not in columns:
-                columns.append(name)
+        columns.update(dict.fromkeys(row))
         rows.append(row)
-    columns.remove("output")
-    columns.append("output")  # last: the executed notebook
-    return {"job_id": info.job_id, "folder": info.folder, "columns": columns, "rows": rows}
+    columns.pop("output", None)
+    return {"job_id": info.job_id, "folder": info.folder, "columns": [*columns, "output"],  # last: the notebook
+            "rows": rows}
 
 
 _JOB_NOTEBOOK = re.compile(r"^(input|output|output-\d{1,5})\.ipynb$")
@@ -427,7 +449,7 @@ def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:
     try:
         if path.is_symlink() or path.stat().st_size > MAX_NOTEBOOK_BYTES:
             raise JobNotFound(f"{name} of job {job_id} is not a notebook the panel opens (a link, or over 50 MB)")
-        stat = path.stat()
+        st = path.stat()
         import nbformat  # its reader joins each text's lines, as the contents API serves a notebook
 
         content = nbformat.reads(path.read_text(), as_version=nbformat.NO_CONVERT)
@@ -435,9 +457,9 @@ def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:
         raise JobNotFound(f"job {job_id} has no {name} yet: it is written once the run's first cell has run") from None
     except (OSError, ValueError) as error:
         raise JobNotFound(f"{name} of job {job_id} cannot be read: {error}") from None
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stat.st_mtime))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))
     return {"name": name, "path": f"{int(job_id)}/{name}", "type": "notebook", "format": "json", "mimetype": None,
-            "content": content, "writable": False, "created": stamp, "last_modified": stamp, "size": stat.st_size,
+            "content": content, "writable": False, "created": stamp, "last_modified": stamp, "size": st.st_size,
             "hash": None, "hash_algorithm": None}
 
 
@@ -470,6 +492,8 @@ class LogFollower:
     folder: Path
     offsets: dict[str, int] = field(default_factory=dict)
     partial: dict[str, str] = field(default_factory=dict)
+    # Set by poll: it stopped at its budget with more written than it read (call again at once).
+    behind: bool = False
 
     def _files(self) -> list[tuple[Path, int | None, str]]:
         files = []
@@ -488,21 +512,30 @@ class LogFollower:
                 files.append((self.folder / entry, int(task.group(1)), "task"))
         return files
 
-    def poll(self, final: bool = False) -> list[dict]:
-        events = []
+    def poll(self, final: bool = False, budget: int = 4 * 2**20) -> list[dict]:
+        """The new complete lines of every file (``final``: the last unfinished ones too), reading at
+        most ``budget`` bytes in all: a grid of a thousand runs' logs is read a slice per call, not
+        all at once into memory."""
+        events, self.behind = [], False
         for path, rank, stream in self._files():
+            if budget <= 0:
+                self.behind = True
+                break
             key = path.name
             try:
                 with open(path, "rb") as handle:
                     handle.seek(self.offsets.get(key, 0))
-                    data = handle.read(4 * 2**20)
+                    data = handle.read(budget)
                     self.offsets[key] = handle.tell()
+                    at_end = len(data) < budget or not handle.read(1)
             except OSError:
                 continue
+            budget -= len(data)
+            self.behind = self.behind or not at_end
             text = self.partial.pop(key, "") + data.decode(errors="replace")
             lines = text.split("\n")
             rest = lines.pop()
-            if rest and final:
+            if rest and final and at_end:
                 lines.append(rest)
             elif rest:
                 self.partial[key] = rest

@@ -229,9 +229,12 @@ class JobStreamHandler(JupyterHandler, websocket.WebSocketHandler):
                     except SlurmUnavailable:
                         pass  # keep streaming; ask again next second
                 ended = info.finished
-                for event in follower.poll(final=ended):
+                # in a thread, a slice at a time: a large grid's logs never hold up the server
+                for event in await asyncio.to_thread(follower.poll, ended):
                     if not await self._send({"type": "line", **event}):
                         return
+                if follower.behind:
+                    continue  # more written than one slice: the rest at once
                 if ended:
                     await self._send({"type": "state", "state": info.state, "exit_code": info.exit_code,
                                       "reason": info.reason})

@@ -75,6 +75,8 @@ class Job:
                     checked, info = time.monotonic(), self.info()
                 for event in self._follower.poll(final=info.finished):
                     print(jobs.format_event(event), file=err if event["stream"] == "stderr" else out, flush=True)
+                if self._follower.behind:
+                    continue  # more written than one slice: the rest at once
                 if info.finished:
                     print(f"job {self.id}: {info.state} (exit code {info.exit_code or '-'})", file=out, flush=True)
                     return info
