@@ -69,11 +69,15 @@ def test_sessions_are_accounted_with_their_gpus_and_reported_per_user(alice):
 def sacct_totals(user: str, account: str, profile: str) -> dict:
     fields = ("JobID", "JobName", "Account", "Comment", "ElapsedRaw", "AllocTRES")
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 86400))
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-u", user, "-S", since, "-E", "now", "-o", ",".join(fields)],
-                         capture_output=True, text=True, check=True).stdout
+    end = "\x1fend-of-field\x1f"  # each field ends with it: names and comments may hold line breaks
+    out = subprocess.run(["sacct", "-X", "-n", "-p", f"--delimiter={end}", "-u", user, "-S", since, "-E", "now",
+                          "-o", ",".join(fields)], capture_output=True, text=True, check=True).stdout
+    values = out.split(end)[:-1]
     totals = {"sessions": 0, "session_gpu_h": 0.0}
-    for line in out.splitlines():
-        record = dict(zip(fields, line.split("|"), strict=True))
+    for start in range(0, len(values), len(fields)):
+        record = dict(zip(fields, values[start:start + len(fields)], strict=True))
+        if not record["JobID"].strip().isdigit():
+            continue  # an array's tasks
         # A named session's comment adds ",dsportal-session=<name>" after its profile.
         named = re.match(r"dsportal-profile=([^,]+)", record["Comment"])
         if (record["Account"], named and named.group(1)) != (account, profile) or \
@@ -162,3 +166,24 @@ def test_course_qos_allows_two_gpus_per_user_and_refuses_more_in_slurms_words(bo
     direct = subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "-p", "gpu", "--account=intro-dl", "--wrap", "true"],
                             capture_output=True, text=True, cwd="/tmp")
     assert direct.returncode != 0 and "Invalid account" in direct.stderr, direct
+
+
+def test_a_job_named_like_an_accounting_line_adds_no_usage_to_anyone_else(bob):
+    """sacct prints a job's name as its user gave it, line breaks included: bob's job named
+    "x\\n<id>|alice|dsportal-alice" read, in lines split at '|', as a session of alice's with bob's
+    GPUs and time. The admin's report (everyone's jobs) must count it as bob's job alone."""
+    forged = subprocess.run(["runuser", "-u", "bob", "--", "sbatch", "--parsable", "--wait", "-p", "gpu",
+                             "--gres=gpu:1", "-t", "1", "-J", "x\n999999|alice|dsportal-alice",
+                             "--comment", "dsportal-profile=gpu", "--wrap", "sleep 2"],
+                            capture_output=True, text=True, timeout=180)
+    assert forged.returncode == 0, forged.stderr
+    sacct(int(forged.stdout.strip().split(";")[0]), user="bob")  # in accounting
+
+    def alice_rows(*args: str) -> list[str]:
+        report = subprocess.run([DSPORTAL, "usage", "--since", "1d", *args], capture_output=True, text=True)
+        assert report.returncode == 0, report.stderr
+        return [line for line in report.stdout.splitlines()[1:-1] if line.split()[0] == "alice"]
+
+    assert alice_rows() == alice_rows("--user", "alice")  # everyone's report vs hers alone
+    everyone = subprocess.run([DSPORTAL, "usage", "--since", "1d"], capture_output=True, text=True).stdout
+    assert any(line.split()[0] == "bob" and line.split()[2] == "gpu" for line in everyone.splitlines()), everyone

@@ -57,6 +57,27 @@ def one_start_at_a_time(config):
     config["hub"].update(concurrent_spawn_limit=1, spawn_retry_seconds=[1, 2])
 
 
+@pytest.mark.quick
+def test_sacct_records_are_read_whole_whatever_a_name_or_comment_holds():
+    """As sacct -p --delimiter prints them: a forged record in a name's line break stays in the name."""
+    from portal.cluster.slurmparse import parse_sacct, sacct_records, sacct_separator
+
+    fields = ("JobID", "User", "JobName", "Comment", "State")
+    sep = sacct_separator()
+    text = "".join(sep.join(values) + sep + "\n" for values in (
+        ("41", "bob", "x\n999|alice|dsportal-alice|dsportal-profile=gpu|COMPLETED", "a|b\nc", "COMPLETED"),
+        ("42", "alice", "dsportal-alice", "dsportal-profile=gpu", "CANCELLED by 0"),
+        ("43_2", "alice", "nb-x", "", "FAILED")))
+    assert [r["JobID"] for r in sacct_records(text, fields, sep)] == ["41", "42"]  # whole jobs only
+    assert [r["JobID"] for r in sacct_records(text, fields, sep, whole_jobs=False)] == ["41", "42", "43_2"]
+    jobs = parse_sacct(text, fields, sep)
+    assert set(jobs) == {41, 42} and jobs[41]["JobName"].startswith("x\n999|alice") and jobs[41]["User"] == "bob"
+    assert jobs[42]["State"] == "CANCELLED"
+    with pytest.raises(SlurmError, match="sacct's answer could not be read"):
+        sacct_records(text + "44" + sep, fields, sep)
+    assert sacct_records("", fields, sep) == []
+
+
 def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_lost(second_hub):
     base = second_hub(one_start_at_a_time)
     alice, bob = login(base, "alice"), login(base, "bob")

@@ -50,6 +50,7 @@ from .slurmparse import (
     queue_places,
     refusal_hint as refusal_hint,  # imported from here by portal/session/ and spawner/
     sacct_records,
+    sacct_separator,
     slurm_minutes,
     squeue_format,
 )
@@ -63,10 +64,11 @@ TAIL_BYTES = 64 * 1024
 PASSED_ON = {"PATH", "LANG", "LANGUAGE", "TZ", "SLURM_CONF", "MUNGE_SOCKET"}
 
 
-def sacct_argv(sacct: str, fields: tuple[str, ...], *, job_ids: Iterable[int] = (), since: str = "",
+def sacct_argv(sacct: str, fields: tuple[str, ...], separator: str, *, job_ids: Iterable[int] = (), since: str = "",
                user: str | None = None) -> list[str]:
-    """Whole jobs (-X), one per line (-P): those of ``job_ids``, or those since ``since``; of ``user``, or all."""
-    argv = [sacct, "-X", "-n", "-P"]
+    """Whole jobs (-X), each field followed by ``separator`` (slurmparse.sacct_separator; -p): those of
+    ``job_ids``, or those since ``since``; of ``user``, or all."""
+    argv = [sacct, "-X", "-n", "-p", f"--delimiter={separator}"]
     if job_ids:
         argv += ["-j", ",".join(str(int(j)) for j in job_ids)]
     if since:
@@ -311,11 +313,13 @@ class Slurm:
         """The job as Slurm accounting (slurmdbd) recorded it, once slurmctld has forgotten it;
         None where the cluster keeps no accounting or has no record. Job ids come round again
         (a reset cluster, wrap-around): the newest record of the id (of that user) is the one."""
+        separator = sacct_separator()
         try:
-            out = await self.run(sacct_argv(self.tool("sacct"), ACCOUNTING_FIELDS, job_ids=[job_id], user=user))
+            out = await self.run(sacct_argv(self.tool("sacct"), ACCOUNTING_FIELDS, separator, job_ids=[job_id],
+                                            user=user))
+            record = parse_sacct(out, ACCOUNTING_FIELDS, separator).get(int(job_id))
         except SlurmError:
             return None
-        record = parse_sacct(out, ACCOUNTING_FIELDS).get(int(job_id))
         if record is None or (user and record["User"] != user):
             return None
         exit_code = record.get("ExitCode", "0:0").split(":")[0]
@@ -469,17 +473,19 @@ class SlurmCommands:
 
     def accounting(self, job_ids: list[int], fields: tuple[str, ...], timeout: float = 15) -> dict[int, dict[str, str]]:
         """What Slurm accounting recorded of this user's ``job_ids`` (raises where the cluster keeps none)."""
-        argv = sacct_argv(self.tool("sacct"), fields, job_ids=job_ids, user=_own_name())
-        return parse_sacct(self.run(argv, timeout=timeout), fields)
+        separator = sacct_separator()
+        argv = sacct_argv(self.tool("sacct"), fields, separator, job_ids=job_ids, user=_own_name())
+        return parse_sacct(self.run(argv, timeout=timeout), fields, separator)
 
     def array_states(self, job_id: int, timeout: float = 15) -> dict[int, str]:
         """The state Slurm accounting recorded of each task of this user's job array ``job_id`` (its rows
         ID_N), for tasks slurmctld forgot; raises where the cluster keeps no accounting."""
-        argv = sacct_argv(self.tool("sacct"), ("JobID", "State"), job_ids=[job_id], user=_own_name())
+        separator = sacct_separator()
+        argv = sacct_argv(self.tool("sacct"), ("JobID", "State"), separator, job_ids=[job_id], user=_own_name())
         states = {}
-        for line in self.run(argv, timeout=timeout).splitlines():
-            job, _, state = line.partition("|")
-            array, _, tasks = job.partition("_")
+        for record in sacct_records(self.run(argv, timeout=timeout), ("JobID", "State"), separator, whole_jobs=False):
+            state = record["State"]
+            array, _, tasks = record["JobID"].partition("_")
             if array != str(int(job_id)) or not tasks.isascii():
                 continue
             # one row per task that ran (ID_3); one for those that never did (ID_[4-9%2], cancelled pending)
@@ -490,8 +496,9 @@ class SlurmCommands:
     def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,
                          timeout: float = 60) -> list[dict[str, str]]:
         """Every whole job accounting recorded since ``since`` (a Slurm time: 2026-11-01T00:00:00, now-1minutes)."""
-        return sacct_records(self.run(sacct_argv(self.tool("sacct"), fields, since=since, user=user),
-                                      timeout=timeout), fields)
+        separator = sacct_separator()
+        return sacct_records(self.run(sacct_argv(self.tool("sacct"), fields, separator, since=since, user=user),
+                                      timeout=timeout), fields, separator)
 
     def nodes(self, timeout: float = 10) -> list[Node]:
         return parse_sinfo_json(self.run([self.tool("sinfo"), "--json"], timeout=timeout))

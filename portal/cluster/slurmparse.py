@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -305,12 +306,12 @@ def parse_scontrol_jobs(text: str) -> dict[int, dict[str, str]]:
     return jobs
 
 
-def parse_sacct(text: str, fields: tuple[str, ...]) -> dict[int, dict[str, str]]:
-    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> {job id: {field: value}}, the State's first
+def parse_sacct(text: str, fields: tuple[str, ...], separator: str) -> dict[int, dict[str, str]]:
+    """sacct's answer to :func:`sacct_argv` (JobID first) -> {job id: {field: value}}, the State's first
     word ('CANCELLED by 5101' -> 'CANCELLED'). Where an id comes round again (a reset cluster,
     wrap-around), the newest submission wins."""
     jobs: dict[int, dict[str, str]] = {}
-    for record in sacct_records(text, fields):
+    for record in sacct_records(text, fields, separator):
         if "State" in record:
             record["State"] = (record["State"].split() or ["UNKNOWN"])[0]
         earlier = jobs.get(int(record["JobID"]))
@@ -319,13 +320,28 @@ def parse_sacct(text: str, fields: tuple[str, ...]) -> dict[int, dict[str, str]]
     return jobs
 
 
-def sacct_records(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
-    """``sacct -X -n -P -o <fields>`` lines (JobID first) -> one {field: value} per whole job."""
+def sacct_separator() -> str:
+    """A separator of sacct's fields no job's name or comment holds: new and random for each call."""
+    return f"\x1f{secrets.token_hex(8)}\x1f"
+
+
+def sacct_records(text: str, fields: tuple[str, ...], separator: str, whole_jobs: bool = True) -> list[dict[str, str]]:
+    """sacct's answer to :func:`sacct_argv` -> one {field: value} per record (``whole_jobs``: only those
+    whose JobID is a number, not an array's tasks ID_N).
+
+    Each record ends with the call's own separator and a line break: a job's name or comment is
+    given by its user, line breaks and field-like text included ("x\\n999|alice|..." made a record of
+    its own when lines were split at '|'), and stays one value here."""
+    values = text.split(separator)
+    count = len(fields)
+    if (len(values) - 1) % count or values[-1].strip():
+        raise SlurmError(f"sacct's answer could not be read ({len(values) - 1} values for {count} fields a job)")
     records = []
-    for line in text.splitlines():
-        values = line.split("|")
-        if len(values) == len(fields) and values[0].isascii() and values[0].isdigit():
-            records.append(dict(zip(fields, values, strict=True)))
+    for start in range(0, len(values) - 1, count):
+        record = dict(zip(fields, values[start:start + count], strict=True))
+        record[fields[0]] = record[fields[0]].lstrip("\n")  # each record after the first begins with the line break
+        if not whole_jobs or (record[fields[0]].isascii() and record[fields[0]].isdigit()):
+            records.append(record)
     return records
 
 
