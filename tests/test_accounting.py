@@ -174,7 +174,8 @@ def test_a_job_named_like_an_accounting_line_adds_no_usage_to_anyone_else(bob):
     GPUs and time. The admin's report (everyone's jobs) must count it as bob's job alone."""
     forged = subprocess.run(["runuser", "-u", "bob", "--", "sbatch", "--parsable", "--wait", "-p", "gpu",
                              "--gres=gpu:1", "-t", "1", "-J", "x\n999999|alice|dsportal-alice",
-                             "--comment", "dsportal-profile=gpu", "--wrap", "sleep 2"],
+                             "--comment", "dsportal-profile=gpu", "--chdir=/tmp", "--output=/dev/null",
+                             "--wrap", "sleep 2"],
                             capture_output=True, text=True, timeout=180)
     assert forged.returncode == 0, forged.stderr
     sacct(int(forged.stdout.strip().split(";")[0]), user="bob")  # in accounting
