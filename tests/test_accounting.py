@@ -170,21 +170,22 @@ def test_course_qos_allows_two_gpus_per_user_and_refuses_more_in_slurms_words(bo
 
 def test_a_job_named_like_an_accounting_line_adds_no_usage_to_anyone_else(bob):
     """sacct prints a job's name as its user gave it, line breaks included: bob's job named
-    "x\\n<id>|alice|dsportal-alice" read, in lines split at '|', as a session of alice's with bob's
-    GPUs and time. The admin's report (everyone's jobs) must count it as bob's job alone."""
+    "x\\n<id>|dave|dsportal-dave" read, in lines split at '|', as a session of dave's with bob's
+    GPUs and time. The admin's report (everyone's jobs) must count it as bob's job alone. (dave, not
+    alice: test_visibility checks that bob's jobs never name alice.)"""
     forged = subprocess.run(["runuser", "-u", "bob", "--", "sbatch", "--parsable", "--wait", "-p", "gpu",
-                             "--gres=gpu:1", "-t", "1", "-J", "x\n999999|alice|dsportal-alice",
+                             "--gres=gpu:1", "-t", "1", "-J", "x\n999999|dave|dsportal-dave",
                              "--comment", "dsportal-profile=gpu", "--chdir=/tmp", "--output=/dev/null",
                              "--wrap", "sleep 2"],
                             capture_output=True, text=True, timeout=180)
     assert forged.returncode == 0, forged.stderr
     sacct(int(forged.stdout.strip().split(";")[0]), user="bob")  # in accounting
 
-    def alice_rows(*args: str) -> list[str]:
+    def daves_rows(*args: str) -> list[str]:
         report = subprocess.run([DSPORTAL, "usage", "--since", "1d", *args], capture_output=True, text=True)
         assert report.returncode == 0, report.stderr
-        return [line for line in report.stdout.splitlines()[1:-1] if line.split()[0] == "alice"]
+        return [line for line in report.stdout.splitlines()[1:-1] if line.split()[0] == "dave"]
 
-    assert alice_rows() == alice_rows("--user", "alice")  # everyone's report vs hers alone
+    assert daves_rows() == daves_rows("--user", "dave")  # everyone's report vs his alone
     everyone = subprocess.run([DSPORTAL, "usage", "--since", "1d"], capture_output=True, text=True).stdout
     assert any(line.split()[0] == "bob" and line.split()[2] == "gpu" for line in everyone.splitlines()), everyone

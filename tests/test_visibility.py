@@ -24,19 +24,21 @@ def as_user(user: str, *argv: str) -> str:
     return done.stdout + done.stderr
 
 
-def bobs_own_finished_job() -> str:
+def bobs_own_finished_job(since: str) -> str:
     """A job of bob's that has ended, once accounting (slurmdbd, written a moment later) has it."""
     out = as_user("bob", "sbatch", "--parsable", "--wait", "--partition=cpu", "--mem=100M", "--time=2",
                   "--output=/dev/null", "--chdir=/tmp", "--job-name=bobs-own", "--wrap", "true")
     job_id = out.strip().split(";")[0]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and f"{job_id}|bob|bobs-own" not in bobs_sacct():
+    while time.monotonic() < deadline and f"{job_id}|bob|bobs-own" not in bobs_sacct(since):
         time.sleep(0.5)
     return job_id
 
 
-def bobs_sacct() -> str:
-    return as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-S", "now-1hours", "-o", "JobID,User,JobName,NodeList")
+def bobs_sacct(since: str) -> str:
+    """What accounting shows bob of the jobs since ``since``: this test's, not his earlier ones (another
+    test's job of his may be named after alice: test_accounting's forged one)."""
+    return as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-S", since, "-o", "JobID,User,JobName,NodeList")
 
 
 def free_gpus_in_form(user) -> int:
@@ -47,7 +49,8 @@ def free_gpus_in_form(user) -> int:
 
 
 def test_bob_sees_none_of_alices_jobs_while_the_portal_sees_what_it_needs(alice, bob):
-    bobs_id = bobs_own_finished_job()
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
+    bobs_id = bobs_own_finished_job(since)
     assert bobs_id.isdigit(), bobs_id
     alice.spawn({"profile": "gpu", "gpus": 1})
     job = active_jobs("alice")[0]  # root's squeue: what the hub reads
@@ -61,7 +64,7 @@ def test_bob_sees_none_of_alices_jobs_while_the_portal_sees_what_it_needs(alice,
         "squeue her id": as_user("bob", "squeue", "-h", "-j", alices["id"], "-o", "%i %j %u %N"),
         "scontrol all": as_user("bob", "scontrol", "show", "job", "-o"),
         "scontrol her id": as_user("bob", "scontrol", "show", "job", "-o", alices["id"]),
-        "sacct": bobs_sacct(),
+        "sacct": bobs_sacct(since),
         "sacct her id": as_user("bob", "sacct", "-a", "-X", "-n", "-P", "-j", alices["id"], "-o", "JobID,User,JobName"),
     }
     for command, out in bob_sees.items():
