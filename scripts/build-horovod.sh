@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Horovod wheel used by multi-node jobs (and installs it with PyTorch into the
-# session environment). The build takes ~12 min on 2 cores, so the wheel is cached in
-# $WHEELS and later runs only reinstall it.
+# session environment). The wheel is cached in $WHEELS, so later runs only reinstall it; the first
+# build takes 4-12 minutes on 2 cores.
 #
 # Recipe (seen working on Debian bookworm): Horovod 0.28.1 from its sdist, against the CPU
 # build of torch 2.13.0, C++17 instead of its C++14, CMAKE_POLICY_VERSION_MINIMUM=3.5,
@@ -12,6 +12,8 @@ WHEELS=${DSPORTAL_WHEELS:-/var/cache/dsportal/wheels}
 HOROVOD=0.28.1
 TORCH=2.13.0
 say() { echo "[horovod] $*"; }
+# Without pip's one warning per package where a pip.conf names a local index folder that does not exist.
+exec 2> >(grep -v --line-buffered "is ignored: it is neither a file nor a directory" >&2)
 
 mkdir -p "$WHEELS"
 chmod 755 "$(dirname "$WHEELS")" "$WHEELS"

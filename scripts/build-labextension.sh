@@ -31,7 +31,9 @@ if [ ! -f "$CACHE/$key/package.json" ]; then
   # packages of other platforms (the native builder bindings), which npm ci refuses.
   rm -rf "$work/src" "$work/style" "$work/lib" "$work/build"
   cp -r labextension/package.json labextension/package-lock.json labextension/tsconfig.json labextension/src labextension/style "$work/"
-  (cd "$work" && npm install --no-audit --no-fund --loglevel=error && npx tsc && PATH="$ENV/bin:$PATH" jupyter-builder build .)
+  log=$work/build.log  # the builder's output, shown only when it fails
+  (cd "$work" && npm install --no-audit --no-fund --loglevel=error && npx tsc && PATH="$ENV/bin:$PATH" jupyter-builder build .) \
+    > "$log" 2>&1 || { tail -n 40 "$log"; echo "[labextension] build failed: see $log" >&2; exit 1; }
   rm -rf "$CACHE/$key.new"
   cp -r "$work/build/dsportal-lab" "$CACHE/$key.new"
   mv "$CACHE/$key.new" "$CACHE/$key"

@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 PREFIX=${DSPORTAL_PREFIX:-/opt/dsportal}
 ENV=$PREFIX/env
 say() { echo "[install] $*"; }
+# pip, without the one warning per package that a pip.conf naming a missing local index folder
+# (extra-index-url = file:///...) gives; every other line passes.
+pip_() { "$ENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 [ "$(id -u)" = 0 ] || { echo "install-deps.sh must run as root" >&2; exit 1; }
 
@@ -37,7 +40,7 @@ bash scripts/install-apptainer.sh
 if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ]; then
   say "configurable-http-proxy (npm)"
   mkdir -p "$PREFIX/chp"
-  (cd "$PREFIX/chp" && npm install --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6)
+  (cd "$PREFIX/chp" && npm install --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6 >/dev/null)
 fi
 
 if [ ! -x "$ENV/bin/python" ]; then
@@ -50,7 +53,7 @@ stamp="$ENV/.dsportal-deps"
 want=$(sha256sum requirements.lock | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "Python packages (requirements.lock changed)"
-  "$ENV/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements.lock
+  pip_ install -q --disable-pip-version-check --require-hashes -r requirements.lock
   echo "$want" > "$stamp"
 fi
 # Sessions do not load jupyter_lsp's server extension (no language server is installed for it to
@@ -61,7 +64,7 @@ done
 # PyTorch (CPU) and Horovod for multi-node jobs come after, from scripts/build-extras.sh (make demo runs it
 # in the background, make test before the tests): they take minutes, and the portal serves without them.
 # Our own code: always the checkout's current version (a copy, readable by every user).
-"$ENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
+pip_ install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 # Every package's requirements met: nothing missing, nothing at a version another one excludes.
 "$ENV/bin/pip" check --disable-pip-version-check >/dev/null || { "$ENV/bin/pip" check; exit 1; }
 # The JupyterLab extension, built from its TypeScript sources by JupyterLab's builder (cached).

@@ -22,6 +22,7 @@ def ssha(password: str) -> str:
 def ensure_accounts() -> None:
     """Unix accounts matching the LDAP entries: jobs must run as the user who logged in."""
     data = directory()
+    created = []
     for user in data["users"]:
         name, uid = user["name"], int(user["uid"])
         try:
@@ -32,9 +33,11 @@ def ensure_accounts() -> None:
             if subprocess.run(["getent", "group", name], capture_output=True).returncode != 0:
                 run(["groupadd", "-g", str(uid), name])
             run(["useradd", "-m", "-u", str(uid), "-g", str(uid), "-s", "/bin/bash", "-c", user["full_name"], name])
-            say(f"Unix account {name} (uid {uid})")
+            created.append(name)
         # Private homes: the demo's users share its nodes like strangers share a GPU node.
         os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+    if created:  # one line, not one per account: a fresh demo makes hundreds
+        say(f"Unix accounts created: {len(created)} ({', '.join(created[:3])}{', ...' if len(created) > 3 else ''})")
     for group in data["groups"]:
         if subprocess.run(["getent", "group", group["name"]], capture_output=True).returncode != 0:
             run(["groupadd", "-g", str(group["gid"]), group["name"]])
