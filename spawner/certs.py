@@ -52,9 +52,9 @@ KEY_BITS = 2048  # what Certipy asks create_key_pair for (its RSA default); answ
 
 
 def _new_key():
-    """An EC key (P-256) for a user's CA, client or session: 0.02 ms of CPU. Certipy's own RSA-2048
-    keys took 20-300 ms each (74 ms on average here), 3 per student on a hub that never served
-    them (a CA, a client and a session key): 22 s of the hub's CPU for a class of 100 (issue 33).
+    """An EC key (P-256) for a user's CA, client or session: cheap to make, where Certipy's own
+    RSA-2048 keys are costly, and the hub makes three for every student it has not served before
+    (a CA, a client and a session key), on its own CPU, while a whole class may be starting.
     Python's ssl, Tornado and the proxy (Node) take P-256 keys as they take RSA ones, and the
     TLS handshakes they sign are cheaper too."""
     return ec.generate_private_key(ec.SECP256R1())
@@ -69,7 +69,7 @@ class _Store(Certipy):
     record per certificate and every signee under its CA) after each step, 5 times per new user, so
     that the cost of a start grew with the users the hub had served; here it is written once, when
     the lock is let go (:meth:`write`). And it read and checked its CA's RSA key from disk for every
-    signature (12 ms); here a key or certificate is parsed once while its file's bytes stay the same
+    signature; here a key or certificate is parsed once while its file's bytes stay the same
     (:func:`_cached_load`)."""
 
     def __init__(self, keys=(), **kwargs):
@@ -210,8 +210,8 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     """What JupyterHub's Spawner.create_certs makes (a key and certificate from notebooks-ca, for
     localhost and ``alt_names``, plus the user's own name), made here so that the hub can make it off its event loop. The
     user's pair from their last start is used again while it fits (:func:`_still_fits`): a new one
-    costs the hub 7-12 ms of CPU (with Certipy's RSA keys and store writes it was 50-80 ms, which
-    every start waited for and a class of 30 paid 30 times over)."""
+    costs the hub's CPU, which the start waits for and a class starting together pays once per
+    student."""
     names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name(user)}", *alt_names]
     name = record_name(user, server)
     key = None

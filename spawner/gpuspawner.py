@@ -376,9 +376,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.port and self.port == port and str(job_id) == str(self.job_id):
             return None
         if self.submitting is not None and not self.submitting.is_set():
-            # The job can run and report before sbatch has brought its id back to the hub: sbatch took
-            # 4 s while a class of 100 started, and a session's server was serving within them. The
-            # report waits for the submission, then is judged as any other.
+            # The job can run and report before sbatch has brought its id back to the hub: sbatch slows
+            # while a whole class is being submitted, and a session's server can be serving before it
+            # returns. The report waits for the submission, then is judged as any other.
             try:
                 await asyncio.wait_for(self.submitting.wait(), REPORT_WAITS_FOR_SUBMISSION)
             except TimeoutError:

@@ -361,7 +361,7 @@ class Slurm:
 
     async def _fetch_jobs(self) -> dict[int, Job]:
         # squeue --json (Slurm 22.05) filters nothing and prints ~100 fields of every job the controller
-        # knows, which the hub parsed at each poll: its cost grew with the whole cluster's queue (issue 33).
+        # knows, which the hub parsed at each poll: its cost grew with the whole cluster's queue.
         separator = f"\x1f{secrets.token_hex(8)}\x1f"
         out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all"],
                              env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})

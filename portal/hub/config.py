@@ -49,11 +49,11 @@ def _sqlite_commits_without_waiting_for_disk(dbapi_connection, _record) -> None:
     """The hub's SQLite in write-ahead-log mode, synced at checkpoints rather than at every commit.
 
     JupyterHub commits on nearly every request and spawn step, on its event loop; with SQLite's
-    default rollback journal each commit waits for the disk (fsync of journal and database). When a
-    class of 30 starts, the commits were the largest single share of the hub's loop (py-spy), and
-    every API call waits behind them. With WAL + synchronous=NORMAL a commit is an append, and
-    the database stays consistent; a crash of the hub loses nothing, only a crash of the login
-    node's operating system (or power) can lose the last commits."""
+    default rollback journal each commit waits for the disk (fsync of journal and database), and
+    every API call waits behind them, most of all while a class starts. With WAL +
+    synchronous=NORMAL a commit is an append, and the database stays consistent; a crash of the hub
+    loses nothing, only a crash of the login node's operating system (or power) can lose the last
+    commits."""
     if isinstance(dbapi_connection, sqlite3.Connection):
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")

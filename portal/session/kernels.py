@@ -163,7 +163,7 @@ CATALOG_FILE = "catalog.json"  # in the session's folder: the images a user's ow
 def read_catalog(catalog: dict) -> tuple[list, list]:
     """A catalog as the hub writes it: {"images": [...], "data_mounts": [...]}, its validated settings
     (Image and DataMount, every field), read here as they come: a session start does not import
-    pydantic and the settings models for them (40 ms of every start)."""
+    pydantic and the settings models for them (an import every start would wait for)."""
     return ([SimpleNamespace(**image) for image in catalog.get("images", [])],
             [SimpleNamespace(**mount) for mount in catalog.get("data_mounts", [])])
 

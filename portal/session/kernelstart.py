@@ -1,7 +1,7 @@
 """The session's Python 3 kernel: ipykernel's launcher, with Python's cyclic garbage collector paused
 while the kernel loads.
 
-A kernel's start creates ~100,000 objects that live as long as the kernel (modules, classes, the
+A kernel's start creates many objects that live as long as the kernel (modules, classes, the
 shell and its traits) and hardly any garbage; with the collector on, it ran again and again while
 they were made, each time looking over all of them. Here the collector is off until the kernel is
 built; then what the start made is frozen (gc.freeze: left out of every later collection, which

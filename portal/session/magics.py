@@ -32,7 +32,8 @@ from pathlib import Path
 from .onuse import after_import, module_on_use
 
 # Every Python kernel of a session loads this module; the job machinery (the rules, the settings'
-# models, the Slurm client: 0.1 s of CPU per kernel start) loads when a cell first launches a job.
+# models, the Slurm client: slow to import, and most kernels never launch a job) loads when a cell
+# first launches a job.
 jobs = module_on_use("portal.session.jobs")
 _rules = module_on_use("portal.rules")
 _slurm = module_on_use("portal.cluster.slurmclient")

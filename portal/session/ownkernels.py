@@ -69,7 +69,7 @@ class OwnKernelSpecManager(KernelSpecManager):
         """Jupyter's kernels folders (disable_user_config keeps the home out of its data path),
         without the ~/.ipython/kernels that jupyter_client adds: in the home, it would list her
         kernelspecs there unchecked, as the portal's. Her folder is the one __init__ adds. (It also
-        keeps IPython, ~0.05 CPU-s, out of the server: jupyter_client imports it for that folder.)"""
+        keeps IPython, a costly import, out of the server: jupyter_client imports it for that folder.)"""
         return jupyter_path("kernels")
 
     def __init__(self, **kwargs):

@@ -1,8 +1,8 @@
 """The session's one port report to the hub, sent once its Jupyter server listens.
 
 The hub's start() returns when the report arrives, and JupyterHub then checks the server over
-HTTP with a growing back-off (0.2 s, 0.4 s, ... in practice up to ~1.5 s were lost waiting for
-its next try). Reported from the running server, the first check finds it answering.
+HTTP with a growing back-off (0.2 s, 0.4 s, ...): time lost while a server already up waits for
+its next try. Reported from the running server, the first check finds it answering.
 
 The hub, not the session, decides when a start has failed. A hub that answers slowly (a class
 starting, an overload) is waited for; one that does not answer at all (a restart, connections

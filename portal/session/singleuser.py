@@ -61,9 +61,9 @@ def write_session_kernels() -> None:
 
 def collect_garbage_from_now_on() -> None:
     """The end of :func:`main`'s pause of Python's cyclic garbage collector, once the server serves.
-    A session's start creates ~70,000 objects that live as long as the server (modules, classes,
-    traits, routes) and hardly any garbage; with the collector on, it ran ~170 times while they
-    were made, each time looking over all of them again (~0.04-0.07 CPU-s of every start). They are
+    A session's start creates many objects that live as long as the server (modules, classes,
+    traits, routes) and hardly any garbage; with the collector on, it ran again and again while
+    they were made, each time looking over all of them again, a cost every start paid. They are
     frozen (gc.freeze: left out of every later collection, which looks at what the server makes
     while it serves) and the collector runs again (:func:`started`); nothing if the collector runs
     already (a server not started by main)."""

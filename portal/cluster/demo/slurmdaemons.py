@@ -18,7 +18,7 @@ GPUS_PER_NODE = 4
 # Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
 # what a department's sessions need. 32 cores for a full 4-GPU slice (4 x 8) beside 64 for the cpu
 # partition (its MaxCPUsPerNode), so the cpu partition holds a class of 100 one-core sessions on two
-# nodes (issue 33; with 16 per node, 68 of 100 waited).
+# nodes (with fewer cores per node, much of such a class waits in the queue).
 CPUS_PER_NODE = 96
 # 4 x 48 GB for the GPU slices + 64 x 4 GB for the cpu partition's cores (cpu profile: 4 cores, 16 GB),
 # and above slurm.conf's DefMemPerCPU x CPUS_PER_NODE (6000 MB x 96). Each job's own memory limit is
