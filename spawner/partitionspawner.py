@@ -59,7 +59,7 @@ class PartitionSpawner(WrapSpawner):
         return self.start_timeout  # read before the observer below first changes it
 
     @observe("user_options")
-    def _allow_the_profiles_queue_time(self, change):
+    def _set_start_timeout(self, change):
         """JupyterHub gives start() ``start_timeout``, read before start() runs (after it sets the
         options): the profile's time in Slurm's queue (the child withdraws a job that waits longer,
         in words), then the time to come up once it runs."""

@@ -66,8 +66,8 @@ import json
 from portal.session import activity, kernelpipe, magics, singleuser, upstream
 # as singleuser.main does, then the session's extension and its kernels
 singleuser.check_patches()
-upstream.leave_out_the_users_config_folders()
-upstream.trust_the_hubs_ca_only()
+upstream.exclude_home_config_paths()
+upstream.install_hub_tls_context()
 activity.count_only_changes_as_use()
 kernelpipe.private_iopub_pipe()
 class Kernel:  # what magics' load_ipython_extension uses of IPython's shell

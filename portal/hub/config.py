@@ -45,7 +45,7 @@ def configure_internal_ssl(c, hub, data_dir: Path) -> None:
     c.ConfigurableHTTPProxy.api_url = urlunparse(urlparse(hub.proxy_api_url)._replace(scheme="https"))
 
 
-def _sqlite_commits_without_waiting_for_disk(dbapi_connection, _record) -> None:
+def _sqlite_wal(dbapi_connection, _record) -> None:
     """The hub's SQLite in write-ahead-log mode, synced at checkpoints rather than at every commit.
 
     JupyterHub commits on nearly every request and spawn step, on its event loop; with SQLite's
@@ -73,8 +73,8 @@ def configure_database(c, hub) -> None:
         raise SystemExit(f"dsportal: the hub's database: {error}") from None
     c.JupyterHub.db_url = url
     c.JupyterHub.upgrade_db = True
-    if hubdatabase.is_sqlite(url) and not event.contains(Engine, "connect", _sqlite_commits_without_waiting_for_disk):
-        event.listen(Engine, "connect", _sqlite_commits_without_waiting_for_disk)
+    if hubdatabase.is_sqlite(url) and not event.contains(Engine, "connect", _sqlite_wal):
+        event.listen(Engine, "connect", _sqlite_wal)
 
 
 def _is_address(name: str) -> bool:

@@ -59,7 +59,7 @@ def _save(nb, path: Path) -> None:
     os.replace(partial, path)
 
 
-def _not_a_folder_to_run_in(folder: str) -> str | None:
+def _unsafe_folder(folder: str) -> str | None:
     """Why a kernel must not run in ``folder`` (None: it may): not the user's, or writable by others."""
     try:
         st = os.stat(folder)
@@ -137,7 +137,7 @@ def run(job_dir: Path, number: int) -> int:
     # what the notebook saves lands; so does one others can write to (/tmp, a shared scratch folder): the
     # kernel imports from its folder first, and a stranger's numpy.py there would run as her.
     cwd = spec.get("cwd") or str(job_dir)
-    why = _not_a_folder_to_run_in(cwd)
+    why = _unsafe_folder(cwd)
     if why:
         print(f"dsportal: {cwd} {why}: the notebook runs in the job's folder {job_dir}", flush=True)
         cwd = str(job_dir)

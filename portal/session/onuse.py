@@ -16,7 +16,7 @@ import sys
 import types
 
 
-def _spec_of_the_other_finders(finder, name, path, target):
+def _other_finders_spec(finder, name, path, target):
     """The spec with a loader that the finders on sys.meta_path other than ``finder`` give for
     ``name`` (the first), or None."""
     for other in sys.meta_path:
@@ -72,7 +72,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != self.name:
             return None
-        spec = _spec_of_the_other_finders(self, name, path, target)
+        spec = _other_finders_spec(self, name, path, target)
         if spec is not None:
             spec.loader = _ThenLoader(spec.loader, self._imported)
         return spec

@@ -59,7 +59,7 @@ def write_session_kernels() -> None:
         print(f"dsportal: container kernels unavailable ({error}); the Python 3 kernel still works", flush=True)
 
 
-def collect_garbage_from_now_on() -> None:
+def resume_gc() -> None:
     """The end of :func:`main`'s pause of Python's cyclic garbage collector, once the server serves.
     A session's start creates many objects that live as long as the server (modules, classes,
     traits, routes) and hardly any garbage; with the collector on, it ran again and again while
@@ -77,7 +77,7 @@ def collect_garbage_from_now_on() -> None:
 def started() -> None:
     """The server's start is over (it serves): Python's garbage collector runs again. Called by the
     session's extension as the server's loop starts, or by :func:`main`'s fallback timer."""
-    collect_garbage_from_now_on()
+    resume_gc()
 
 
 def check_patches() -> None:
@@ -104,8 +104,8 @@ def main() -> None:
         os.environ["JUPYTERHUB_SERVICE_URL"] = urlunparse(url._replace(netloc=f"{url.hostname}:{port}"))
     else:
         sys.argv.append(f"--port={port}")
-    upstream.leave_out_the_users_config_folders()
-    upstream.trust_the_hubs_ca_only()
+    upstream.exclude_home_config_paths()
+    upstream.install_hub_tls_context()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]
     run_path(command, run_name="__main__")

@@ -28,12 +28,12 @@ from ..patchcheck import Definition, Mentions, Patch, stands_aside
 
 
 # ------------------------------------------------------------------ jupyter_core.paths.jupyter_config_path
-def _the_paths(*, paths=()) -> list[str]:
+def _kept_config_paths(*, paths=()) -> list[str]:
     """Stands in for jupyter_core.paths.jupyter_config_path (its code; the list is its keyword default)."""
     return list(paths)
 
 
-def leave_out_the_users_config_folders() -> None:
+def exclude_home_config_paths() -> None:
     """With JUPYTERHUB_DISABLE_USER_CONFIG (the hub's disable_user_config), jupyterhub-singleuser leaves
     the home's config files, extensions and data folders out (config_file_paths, jupyter_path), but not
     jupyter_config_path: JupyterLab's page config (labconfig/page_config.json: disabled extensions,
@@ -47,7 +47,7 @@ def leave_out_the_users_config_folders() -> None:
     home = Path.home().resolve()
     kept = tuple(path for path in jupyter_core.paths.jupyter_config_path()
                  if not Path(path).resolve().is_relative_to(home))
-    jupyter_core.paths.jupyter_config_path.__code__ = _the_paths.__code__
+    jupyter_core.paths.jupyter_config_path.__code__ = _kept_config_paths.__code__
     jupyter_core.paths.jupyter_config_path.__kwdefaults__ = {"paths": kept}
 
 
@@ -79,7 +79,7 @@ def hub_tls_context(keyfile, certfile, cafile=None, purpose=ssl.Purpose.SERVER_A
     return _TLS_CONTEXTS[key]
 
 
-def trust_the_hubs_ca_only() -> None:
+def install_hub_tls_context() -> None:
     """The jupyterhub modules a session loads (jupyterhub.singleuser's, HubAuth's) build their TLS
     contexts with :func:`hub_tls_context`. Imports them (as jupyterhub-singleuser does). Idempotent."""
     for name in TLS_CONTEXT_MODULES:
@@ -252,7 +252,7 @@ PATCHES = [
           "with disable_user_config, ~/.jupyter's page config and frontend config are not read either",
           (Definition("jupyter_core.paths", "jupyter_config_path", "a6f7b5390a2dddff"),
            Definition("jupyterhub.singleuser._disable_user_config", "_disable_user_config", "3f60c9ed4d539c34")),
-          lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _the_paths.__code__),
+          lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _kept_config_paths.__code__),
           guards=True, hook="jupyterhub-singleuser's disable_user_config leaving the home out of "
           "jupyter_config_path too, as it does for jupyter_path"),
     Patch("hub-tls-context", "portal/session/singleuser.py",
