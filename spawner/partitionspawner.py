@@ -25,18 +25,18 @@ from portal import defaults
 from portal.cluster.images import building_detail
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import RequestError, SessionSlice, may_use, parse_options, plain_mail_address, unix_groups, wants_mail
-from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
+from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
 from portal.templating import render
 
 from . import certs, mailaddress, metrics
 from .form import options_from_form
-from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed
+from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about
 
 
 class PartitionSpawner(WrapSpawner):
     profiles = List(help="Partition profiles (portal.settings.Profile fields) offered to users.").tag(config=True)
     default_profile = Unicode(help="Profile used when a request names none.").tag(config=True)
-    resources_interval = Float(defaults.RESOURCES_INTERVAL, help="Seconds the form's live resources are cached.").tag(config=True)
+    resources_interval = Float(defaults.RESOURCES_INTERVAL, help=_about(SlurmSettings, "resources_interval")).tag(config=True)
     ldap = Dict(help="The portal's LDAP settings (portal.settings.LdapSettings fields): where the user's e-mail "
                 "address (her entry's `mail`) is read for Slurm's mail when her session starts. Empty: no e-mail.").tag(
         config=True)

@@ -23,7 +23,7 @@ from traitlets import Float, Integer
 from spawner.certs import USERS_DOMAIN
 
 from .. import defaults
-from ..settings import human_duration
+from ..settings import LdapSettings, LoginThrottleSettings, human_duration
 from . import metrics, upstream
 from .loginthrottle import LoginThrottle
 
@@ -86,24 +86,30 @@ def has_session_certificate(handler) -> bool:
     return bool(certificate_user(handler))
 
 
+def _about(model, key: str) -> str:
+    """A trait's help: the portal.yaml key it is set from (:func:`configure_ldap`) and that key's description."""
+    section = {LdapSettings: "ldap", LoginThrottleSettings: "ldap.throttle"}[model]
+    return f"portal.yaml's {section}.{key}: {model.model_fields[key].description}"
+
+
 class PortalAuthenticator(LDAPAuthenticator):
     """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
-    timeouts on every LDAP operation, logins off the event loop."""
+    timeouts on every LDAP operation, logins off the event loop. Each trait that mirrors a portal.yaml
+    key (ldap.X, ldap.throttle.X) is named after it and takes its help from the settings model."""
 
-    connect_timeout = Float(defaults.LDAP_CONNECT_TIMEOUT, help="Seconds to open a connection to the LDAP server.").tag(config=True)
-    receive_timeout = Float(defaults.LDAP_RECEIVE_TIMEOUT, help="Seconds to wait for each LDAP answer.").tag(config=True)
-    login_timeout = Float(defaults.LDAP_LOGIN_TIMEOUT, help="Seconds one whole login may take.").tag(config=True)
+    connect_timeout = Float(defaults.LDAP_CONNECT_TIMEOUT, help=_about(LdapSettings, "connect_timeout")).tag(config=True)
+    receive_timeout = Float(defaults.LDAP_RECEIVE_TIMEOUT, help=_about(LdapSettings, "receive_timeout")).tag(config=True)
+    login_timeout = Float(defaults.LDAP_LOGIN_TIMEOUT, help=_about(LdapSettings, "login_timeout")).tag(config=True)
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
-    free_failures = Integer(defaults.LOGIN_FREE_FAILURES, help="Failed logins of one account from one address before each further "
-                            "attempt from there waits.").tag(config=True)
-    first_delay = Float(defaults.LOGIN_FIRST_DELAY,
-                        help="Seconds the first such wait lasts; it doubles with each failure.").tag(config=True)
-    max_delay = Float(defaults.LOGIN_MAX_DELAY, help="The longest wait per account and address, in seconds.").tag(config=True)
-    account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES, help="Failed logins of one account from any address within account_window "
-                               "that refuse it for account_lock seconds (not from addresses it logged in from "
-                               "before).").tag(config=True)
-    account_window = Float(defaults.LOGIN_ACCOUNT_WINDOW, help="Seconds over which account_failures are counted.").tag(config=True)
-    account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help="Seconds an account is refused after account_failures.").tag(config=True)
+    free_failures = Integer(defaults.LOGIN_FREE_FAILURES,
+                            help=_about(LoginThrottleSettings, "free_failures")).tag(config=True)
+    first_delay = Float(defaults.LOGIN_FIRST_DELAY, help=_about(LoginThrottleSettings, "first_delay")).tag(config=True)
+    max_delay = Float(defaults.LOGIN_MAX_DELAY, help=_about(LoginThrottleSettings, "max_delay")).tag(config=True)
+    account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES,
+                               help=_about(LoginThrottleSettings, "account_failures")).tag(config=True)
+    account_window = Float(defaults.LOGIN_ACCOUNT_WINDOW,
+                           help=_about(LoginThrottleSettings, "account_window")).tag(config=True)
+    account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help=_about(LoginThrottleSettings, "account_lock")).tag(config=True)
 
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _throttle: LoginThrottle | None = None
