@@ -290,6 +290,13 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         assert page.locator(".lm-TabBar-tab.lm-mod-current", has_text="output.ipynb").count() == 1
         page.screenshot(path=str(SHOTS / "notebook-job-output.png"))
         page.locator(".lm-TabBar-tab", has_text="Jobs").click()
+        # Compare: the executed notebook beside the copy that was submitted (its parameters cell as it was).
+        row.locator(".dsportal-Jobs-compare").click()
+        page.locator(".lm-TabBar-tab", has_text="input.ipynb").wait_for(timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)').length >= 2",
+                               timeout=30_000)  # side by side
+        page.screenshot(path=str(SHOTS / "notebook-job-compare.png"))
+        page.locator(".lm-TabBar-tab", has_text="Jobs").click()
 
         # A 3 x 2 grid, 2 epochs each, at most 2 at once: one array, six rows of results.
         panel.locator("input[name=parameters]").fill('{"epochs": 2}')

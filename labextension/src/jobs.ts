@@ -115,8 +115,9 @@ function option(select: HTMLSelectElement, value: string, text: string): void {
 }
 
 export class JobsPanel extends Widget {
-  /** ``open`` opens a file of the session in JupyterLab (the executed notebooks). */
-  constructor(open: (path: string) => Promise<unknown> = () => Promise.resolve()) {
+  /** ``open`` opens a file of the session in JupyterLab (the executed notebooks), in a new tab or beside
+   * the current one (``mode`` 'split-right'). */
+  constructor(open: (path: string, mode?: string) => Promise<unknown> = () => Promise.resolve()) {
     super();
     this._open = open;
     this.id = 'dsportal-jobs';
@@ -343,7 +344,14 @@ export class JobsPanel extends Widget {
         const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-open', text: 'Notebook' });
         open.title = 'The executed notebook, outputs included (saved after each cell)';
         open.onclick = () => this._openNotebook(job.job_id, 'output.ipynb');
-        actions.append(open);
+        const compare = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-compare', text: 'Compare' });
+        compare.title = 'The executed notebook beside the copy that was submitted';
+        compare.onclick = async () => {
+          if (await this._openNotebook(job.job_id, 'output.ipynb')) {
+            await this._openNotebook(job.job_id, 'input.ipynb', 'split-right');
+          }
+        };
+        actions.append(open, compare);
       } else if (job.kind === 'notebook') {
         const results = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-results', text: 'Results' });
         results.title = "Each run's parameters, state and results; its executed notebook";
@@ -413,12 +421,14 @@ export class JobsPanel extends Widget {
   }
 
   /** Open a job's notebook; why not, in the panel's message (e.g. no cell has run yet). */
-  private async _openNotebook(jobId: number, name: string): Promise<void> {
+  private async _openNotebook(jobId: number, name: string, mode?: string): Promise<boolean> {
     try {
       await api('GET', `jobs/${jobId}/files/${encodeURIComponent(name)}`);  // its reason in words, if refused
-      await this._open(jobFile(jobId, name));
+      await this._open(jobFile(jobId, name), mode);
+      return true;
     } catch (error) {
       this._say((error as Error).message, 'error');
+      return false;
     }
   }
 
@@ -674,7 +684,7 @@ export class JobsPanel extends Widget {
     mail: element('input', { name: 'mail' }),
     schedule: element('input', { name: 'schedule' })
   };
-  private _open: (path: string) => Promise<unknown>;
+  private _open: (path: string, mode?: string) => Promise<unknown>;
   private _nodesField: HTMLLabelElement;
   private _launcherField: HTMLLabelElement;
   private _notebookFields: HTMLLabelElement[];
