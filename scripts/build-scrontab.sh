@@ -20,26 +20,29 @@ if [ ! -x "$built" ]; then
   say "building scrontab for slurm-client $version from Debian's source (about 30 s)"
   work=$CACHE/build && rm -rf "$work" && mkdir -p "$work" && cd "$work"
   log=$work/build.log
+  # A chain of &&: errexit does not apply inside a group whose failure is handled by ||.
+  srcs=/etc/apt/sources.list.d/dsportal-src.sources
   {
-    if ! apt-cache showsrc "slurm-wlm=$version" 2>/dev/null | grep -q "^Version: $version\$"; then
-      # Debian's source archive (the same registry as its packages), signed by its archive key.
-      key=/usr/share/keyrings/debian-archive-keyring.gpg
-      printf 'deb-src [signed-by=%s] http://deb.debian.org/debian %s main\n' \
-        "$key" bookworm "$key" bookworm-updates > /etc/apt/sources.list.d/dsportal-src.list
-      printf 'deb-src [signed-by=%s] http://deb.debian.org/debian-security bookworm-security main\n' "$key" \
-        >> /etc/apt/sources.list.d/dsportal-src.list
-      apt-get update -qq
-    fi
-    apt-get source -qq -o APT::Sandbox::User=root "slurm-wlm=$version"
-    src=$(ls -d "$work"/slurm-wlm-*/)
-    mkdir build && cd build
-    export DEB_BUILD_MAINT_OPTIONS=hardening=+all,-bindnow  # as debian/rules
+    # Debian's source archive, from the same mirrors as the machine's packages (their deb lines as
+    # deb-src), for this download only: later apt-get updates do not fetch source indexes.
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+      sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$srcs"
+    else
+      grep -h '^deb ' /etc/apt/sources.list | sed 's/^deb /deb-src /' > "${srcs%.sources}.list"
+    fi &&
+    apt-get update -qq &&
+    apt-get source -qq -o APT::Sandbox::User=root "slurm-wlm=$version" &&
+    src=$(ls -d "$work"/slurm-wlm-*/) &&
+    mkdir build && cd build &&
+    # Debian's compiler and linker flags (hardening as debian/rules sets it); configure only for config.h
+    # and the Makefiles, then scrontab linked against Debian's libslurmfull (LIB_SLURM_BUILD empty).
+    export DEB_BUILD_MAINT_OPTIONS=hardening=+all,-bindnow &&
     CFLAGS="$(dpkg-buildflags --get CFLAGS)" CPPFLAGS="$(dpkg-buildflags --get CPPFLAGS)" \
       LDFLAGS="$(dpkg-buildflags --get LDFLAGS)" "$src/configure" -q --prefix=/usr --libdir="/usr/lib/$arch" \
-      --sysconfdir=/etc/slurm --localstatedir=/var --disable-debug --without-rpath --disable-dependency-tracking
-    # LIB_SLURM_BUILD empty: link Debian's libslurmfull rather than build one.
+      --sysconfdir=/etc/slurm --localstatedir=/var --disable-debug --without-rpath --disable-dependency-tracking &&
     make -C src/scrontab scrontab LIB_SLURM_BUILD= LIB_SLURM="-Wl,-rpath=$lib -L$lib -lslurmfull"
-  } > "$log" 2>&1 || { tail -n 30 "$log"; echo "[scrontab] build failed: see $log" >&2; exit 1; }
+  } > "$log" 2>&1 || { rm -f "$srcs" "${srcs%.sources}.list"; tail -n 30 "$log"; echo "[scrontab] build failed: see $log" >&2; exit 1; }
+  rm -f "$srcs" "${srcs%.sources}.list"
   mkdir -p "$(dirname "$built")"
   install -m 0755 -s "$work/build/src/scrontab/scrontab" "$built"
   rm -rf "$work"
