@@ -35,6 +35,7 @@ from ..cluster.slurmparse import array_task_ids
 from ..rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
 from ..settings import parse_walltime, whole_number
 from ..templating import render
+from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
 from .notebookjob import INPUT, SPEC, output_name, record_name
 
@@ -331,9 +332,7 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
 def _write_state(final: Path, info: JobInfo, keys: tuple[str, ...]) -> None:
     """A finished job's state.json, whole or not at all: the panel, its log stream and the results
     table read it at the same time."""
-    partial = final.with_name(f".{final.name}.{secrets.token_hex(4)}")
-    partial.write_text(json.dumps({k: getattr(info, k) for k in keys}))
-    os.replace(partial, final)
+    write_whole(final, json.dumps({k: getattr(info, k) for k in keys}))
 
 
 def _run_record(folder: Path, run: int) -> dict:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..cluster.slurmclient import SlurmError
 from ..rules import LaunchPolicy, RequestError, check_length, shown
+from ..wholefile import write_whole
 from . import jobs
 
 SCHEDULES_DIR = ".dsportal/schedules"
@@ -250,10 +251,7 @@ def _load(schedule_id: str, home: str | None = None) -> dict:
 
 
 def _save(schedule: dict) -> None:
-    final = Path(schedule["folder"]) / "schedule.json"
-    partial = final.with_name(f".schedule.json.{secrets.token_hex(4)}")
-    partial.write_text(json.dumps(schedule, indent=1))
-    os.replace(partial, final)
+    write_whole(Path(schedule["folder"]) / "schedule.json", json.dumps(schedule, indent=1))
 
 
 def create(request: dict, policy: LaunchPolicy, base_dir: str, home: str | None = None) -> dict:
