@@ -369,6 +369,11 @@ class JobSettings(_Model):
                                  "make (one Slurm array task each).")
     max_running: int = Field(4, gt=0, description="Runs of a notebook job's grid at once, where the job names no "
                              "max_running (Slurm's --array=...%K).")
+    min_schedule_minutes: int = Field(60, ge=1, le=10080, description="Shortest time between two runs of a notebook "
+                                      "run on a schedule (Slurm's scrontab); a schedule that would run more often is "
+                                      "refused.")
+    max_schedules: int = Field(10, ge=0, le=100, description="Most notebook schedules one user may keep on this "
+                               "profile (0: none).")
     default_walltime: str = Field("01:00:00", description="Walltime (HH:MM:SS) of a job that names none; at most "
                                   "the profile's max_walltime.")
     container_binds: list[str] = Field(

@@ -19,7 +19,8 @@ packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev proc
           patchelf squashfs-tools  # Apptainer from Debian unstable, relocated (scripts/install-apptainer.sh)
           systemd   # systemd-analyze verify of the shipped units (tests/test_deploy.py); not run as PID 1
           postgresql  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
-          exim4-daemon-light bsd-mailx)  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
+          exim4-daemon-light bsd-mailx  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
+          make dpkg-dev)  # scrontab, built from Debian's source (scripts/build-scrontab.sh)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
@@ -37,6 +38,7 @@ fi
 mkdir -p "$PREFIX"
 chmod 755 "$PREFIX"
 bash scripts/install-apptainer.sh
+bash scripts/build-scrontab.sh
 if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ]; then
   say "configurable-http-proxy (npm)"
   mkdir -p "$PREFIX/chp"

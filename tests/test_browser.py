@@ -6,6 +6,7 @@ cancels, in the light and the dark theme; the status bar shows the session's sli
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
@@ -245,13 +246,14 @@ def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
 def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_browser(alice):
     """Issue 50 in the browser: "Run as job" on a course template in the file browser fills the Jobs panel;
     the run's log says which cell runs and its executed notebook opens from the panel; a 3 x 2 grid runs as
-    one Slurm array whose results table shows six rows, sortable; a failing cell is named."""
+    one Slurm array whose results table shows six rows, sortable; a failing cell is named; a scheduled run."""
     import re
 
-    from test_notebook_jobs import FAILING, put_notebook
+    from test_notebook_jobs import FAILING, TRAIN, put_notebook
 
     alice.spawn({"profile": "cpu"})
     put_notebook(alice, "nbjobs/failing.ipynb", FAILING)
+    put_notebook(alice, "nbjobs/train.ipynb", TRAIN)
     SHOTS.mkdir(exist_ok=True)
 
     def job_id_of(text: str) -> int:
@@ -287,6 +289,13 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         executed.wait_for(timeout=60_000)
         assert page.locator(".lm-TabBar-tab.lm-mod-current", has_text="output.ipynb").count() == 1
         page.screenshot(path=str(SHOTS / "notebook-job-output.png"))
+        page.locator(".lm-TabBar-tab", has_text="Jobs").click()
+        # Compare: the executed notebook beside the copy that was submitted (its parameters cell as it was).
+        row.locator(".dsportal-Jobs-compare").click()
+        page.locator(".lm-TabBar-tab", has_text="input.ipynb").wait_for(timeout=60_000)
+        page.wait_for_function("document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)').length >= 2",
+                               timeout=30_000)  # side by side
+        page.screenshot(path=str(SHOTS / "notebook-job-compare.png"))
         page.locator(".lm-TabBar-tab", has_text="Jobs").click()
 
         # A 3 x 2 grid, 2 epochs each, at most 2 at once: one array, six rows of results.
@@ -324,4 +333,29 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").wait_for(timeout=60_000)
         assert "cell 3 (z = y / 0): ZeroDivisionError" in \
             panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").get_attribute("title")
+
+        # On a schedule, through Slurm's cron (every minute is allowed on the demo): a row in My schedules with
+        # its next run; its first run is a job of its own in My jobs, named after the schedule; deleted, the run stays.
+        try:
+            panel.locator("input[name=script]").fill("nbjobs/train.ipynb")
+            panel.locator("input[name=parameters]").fill('{"label": "scheduled"}')
+            panel.locator("input[name=schedule]").fill("* * * * *")
+            assert panel.locator("button[type=submit]").inner_text() == "Schedule"
+            panel.locator("button[type=submit]").click()
+            panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok", has_text="every minute, next run").wait_for(timeout=30_000)
+            schedule = panel.locator(".dsportal-Jobs-schedules tbody tr")
+            schedule.wait_for(timeout=30_000)
+            last = schedule.locator(".dsportal-Jobs-lastRun")
+            last.wait_for(timeout=240_000)
+            run = int(last.inner_text().split(": ")[1])
+            row = panel.locator(f"tr[data-job-id='{run}']")
+            row.locator("td", has_text="schedule ").wait_for(timeout=30_000)
+            row.locator(".dsportal-state-COMPLETED").wait_for(timeout=240_000)
+            page.screenshot(path=str(SHOTS / "notebook-job-schedule.png"))
+            schedule.locator(".dsportal-Jobs-deleteSchedule").click()
+            panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok", has_text="is deleted").wait_for(timeout=30_000)
+            assert panel.locator(".dsportal-Jobs-schedules tbody tr").count() == 0
+            assert panel.locator(f"tr[data-job-id='{run}']").count() == 1
+        finally:
+            subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)
         browser.close()

@@ -17,7 +17,7 @@ def test_check_passes_on_the_demo_cluster(portal):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
     for name in ("configuration", "Slurm controller", "profile gpu", "profile cpu", "LDAP", "user environment",
-                 "node firewall", "job confinement", "private /tmp", "private processes"):
+                 "node firewall", "job confinement", "private /tmp", "private processes", "notebook schedules"):
         assert f"[ok] {name}" in result.stdout
     # Each compute node by its own address on the node network, reached from the login node.
     for node in ("node1", "node2"):

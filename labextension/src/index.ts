@@ -296,7 +296,9 @@ const main: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         let panel = tracker.currentWidget;
         if (!panel || panel.isDisposed) {
-          panel = new JobsPanel(path => app.commands.execute('docmanager:open', { path }));
+          panel = new JobsPanel((path, mode) =>
+            app.commands.execute('docmanager:open', mode ? { path, options: { mode } } : { path })
+          );
           panel.title.icon = jobsIcon;
           await tracker.add(panel);
           app.shell.add(panel, 'main');

@@ -1,7 +1,8 @@
 // The Jobs panel, docked in JupyterLab's main area: launch a multi-node job (Horovod/MPI or
 // torchrun) or run a notebook as a job (once with its parameters, or a grid of them as a Slurm array),
 // list mine with their state, follow one job's log live with a rank filter, cancel, open a notebook
-// job's executed notebook and its runs' results table; a notification when a job ends.
+// job's executed notebook and its runs' results table; a notification when a job ends. A notebook
+// can also run on a schedule (Slurm's scrontab): each run is then a job of its own in the list.
 // Everything goes through the session's REST API and websocket (portal/session/jobs_api.py), which
 // check each request against the user's launch policy: this panel only offers what may pass.
 import { Widget } from '@lumino/widgets';
@@ -48,7 +49,28 @@ export interface Job {
   notebook: string | null;
   runs: number;
   run_states: { [run: string]: string };
+  schedule: string;
 }
+
+/** A notebook run on a schedule (portal/session/schedules.py). */
+interface Schedule {
+  id: string;
+  schedule: string;
+  words: string;
+  next: string | null;
+  notebook: string;
+  paused: boolean;
+  description: string;
+  runs: number[];
+}
+
+/** Crontab times offered in the schedule field (any other crontab time may be typed). */
+const SCHEDULE_PRESETS: [string, string][] = [
+  ['0 2 * * *', 'every day at 02:00'],
+  ['0 2 * * 1', 'every Monday at 02:00'],
+  ['0 * * * *', 'every hour'],
+  ['0 6 1 * *', 'on the 1st of every month at 06:00']
+];
 
 interface Results {
   columns: string[];
@@ -93,8 +115,9 @@ function option(select: HTMLSelectElement, value: string, text: string): void {
 }
 
 export class JobsPanel extends Widget {
-  /** ``open`` opens a file of the session in JupyterLab (the executed notebooks). */
-  constructor(open: (path: string) => Promise<unknown> = () => Promise.resolve()) {
+  /** ``open`` opens a file of the session in JupyterLab (the executed notebooks), in a new tab or beside
+   * the current one (``mode`` 'split-right'). */
+  constructor(open: (path: string, mode?: string) => Promise<unknown> = () => Promise.resolve()) {
     super();
     this._open = open;
     this.id = 'dsportal-jobs';
@@ -123,13 +146,23 @@ export class JobsPanel extends Widget {
     }
     c.profile.onchange = () => this._showProfile();
     const submit = element('button', { type: 'submit', class: 'jp-Button jp-mod-styled jp-mod-accept', text: 'Launch job' });
+    c.schedule.placeholder = 'empty: now; or a crontab time, e.g. 0 2 * * * (every day at 02:00)';
+    c.schedule.setAttribute('list', 'dsportal-schedule-presets');
+    const presets = element('datalist', { id: 'dsportal-schedule-presets' });
+    for (const [value, words] of SCHEDULE_PRESETS) {
+      presets.append(element('option', { value, text: words }));
+    }
+    c.schedule.oninput = () => {
+      submit.textContent = c.schedule.value.trim() ? 'Schedule' : 'Launch job';
+    };
     this._nodesField = field('Nodes', c.nodes);
     this._launcherField = field('Launcher', c.launcher);
     this._notebookFields = [
       field('Parameters (JSON)', c.parameters),
       field('Grid (JSON: one run per combination)', c.grid),
       field('At most running at once', c.max_running),
-      field('E-mail me when it ends', c.mail)
+      field('E-mail me when it ends', c.mail),
+      field('Schedule (Slurm cron)', c.schedule)
     ];
     this._form.append(
       field('Script or notebook', c.script),
@@ -140,7 +173,8 @@ export class JobsPanel extends Widget {
       ...this._notebookFields,
       field('Image', c.image),
       field('Walltime', c.walltime),
-      element('div', { class: 'dsportal-Jobs-submit' }, submit)
+      element('div', { class: 'dsportal-Jobs-submit' }, submit),
+      presets
     );
     this._showKind();
     this._form.onsubmit = event => {
@@ -179,6 +213,7 @@ export class JobsPanel extends Widget {
         this._message
       ),
       element('section', {}, element('h2', { text: 'My jobs' }), element('div', { class: 'dsportal-Jobs-tableScroll' }, table)),
+      this._schedulesSection,
       this._results,
       element(
         'section',
@@ -187,6 +222,16 @@ export class JobsPanel extends Widget {
         this._log
       )
     );
+    this._schedulesSection.append(
+      element('h2', { text: 'My schedules' }),
+      element(
+        'table',
+        { class: 'dsportal-Jobs-table dsportal-Jobs-schedules' },
+        element('thead', {}, element('tr', {}, ...['Notebook', 'When', 'Next run', 'Runs', ''].map(h => element('th', { text: h })))),
+        this._scheduleRows
+      )
+    );
+    this._schedulesSection.hidden = true;
     this._results.hidden = true;
     this._message.setAttribute('role', 'status');
     this._log.setAttribute('aria-live', 'polite');
@@ -283,7 +328,9 @@ export class JobsPanel extends Widget {
       row.cells[2].className = `dsportal-state dsportal-state-${job.state.split(' ')[0]}`;
       row.cells[2].title = job.reason ? `${job.state} (${job.reason})` : job.state;
       // Which of the user's sessions launched it (she may run several at once).
-      const launchedFrom = job.from_this_session
+      const launchedFrom = job.schedule
+        ? `schedule ${job.schedule}`
+        : job.from_this_session
         ? 'this one'
         : job.session_job === null
           ? '-'
@@ -297,7 +344,14 @@ export class JobsPanel extends Widget {
         const open = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-open', text: 'Notebook' });
         open.title = 'The executed notebook, outputs included (saved after each cell)';
         open.onclick = () => this._openNotebook(job.job_id, 'output.ipynb');
-        actions.append(open);
+        const compare = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-compare', text: 'Compare' });
+        compare.title = 'The executed notebook beside the copy that was submitted';
+        compare.onclick = async () => {
+          if (await this._openNotebook(job.job_id, 'output.ipynb')) {
+            await this._openNotebook(job.job_id, 'input.ipynb', 'split-right');
+          }
+        };
+        actions.append(open, compare);
       } else if (job.kind === 'notebook') {
         const results = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-results', text: 'Results' });
         results.title = "Each run's parameters, state and results; its executed notebook";
@@ -314,15 +368,67 @@ export class JobsPanel extends Widget {
       this._logState.textContent = this._jobs.get(this._following)!.state;
     }
     state.jobs = jobs.length;
+    await this._refreshSchedules();
+  }
+
+  private async _refreshSchedules(): Promise<void> {
+    let schedules: Schedule[];
+    try {
+      schedules = (await api<{ schedules: Schedule[] }>('GET', 'schedules')).schedules;
+    } catch {
+      return;  // the jobs' own refresh says what is wrong
+    }
+    this._schedulesSection.hidden = schedules.length === 0;
+    this._scheduleRows.textContent = '';
+    for (const s of schedules) {
+      const row = this._scheduleRows.insertRow();
+      row.dataset.scheduleId = s.id;
+      row.title = s.description;
+      row.insertCell().textContent = s.notebook.split('/').pop() || s.notebook;
+      row.insertCell().textContent = s.words;
+      row.insertCell().textContent = s.paused ? 'paused' : s.next || '-';
+      const runs = row.insertCell();
+      runs.textContent = String(s.runs.length);
+      if (s.runs.length) {
+        const last = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-lastRun', text: `last: ${s.runs[0]}` });
+        last.title = "The latest run's log";
+        last.onclick = () => this.follow(s.runs[0]);
+        runs.append(' ', last);
+      }
+      const actions = row.insertCell();
+      const pause = element('button', {
+        class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-pause',
+        text: s.paused ? 'Resume' : 'Pause'
+      });
+      pause.onclick = () => void this._changeSchedule(s, 'PATCH', { paused: !s.paused });
+      const remove = element('button', { class: 'jp-Button jp-mod-styled jp-mod-warn dsportal-Jobs-deleteSchedule', text: 'Delete' });
+      remove.title = 'No more runs; the runs so far stay in My jobs';
+      remove.onclick = () => void this._changeSchedule(s, 'DELETE');
+      actions.append(pause, remove);
+    }
+    state.schedules = schedules.length;
+  }
+
+  private async _changeSchedule(s: Schedule, method: string, body?: unknown): Promise<void> {
+    try {
+      await api(method, `schedules/${s.id}`, body);
+      const done = method === 'DELETE' ? 'deleted' : (body as { paused: boolean }).paused ? 'paused' : 'resumed';
+      this._say(`The schedule of ${s.notebook} (${s.words}) is ${done}.`, 'ok');
+    } catch (error) {
+      this._say((error as Error).message, 'error');
+    }
+    await this._refreshSchedules();
   }
 
   /** Open a job's notebook; why not, in the panel's message (e.g. no cell has run yet). */
-  private async _openNotebook(jobId: number, name: string): Promise<void> {
+  private async _openNotebook(jobId: number, name: string, mode?: string): Promise<boolean> {
     try {
       await api('GET', `jobs/${jobId}/files/${encodeURIComponent(name)}`);  // its reason in words, if refused
-      await this._open(jobFile(jobId, name));
+      await this._open(jobFile(jobId, name), mode);
+      return true;
     } catch (error) {
       this._say((error as Error).message, 'error');
+      return false;
     }
   }
 
@@ -458,6 +564,19 @@ export class JobsPanel extends Widget {
     if (c.walltime.value.trim()) {
       request.walltime = c.walltime.value.trim();
     }
+    const when = this._isNotebook() ? c.schedule.value.trim() : '';
+    if (when) {
+      request.schedule = when;
+      this._say('Scheduling…', 'info');
+      try {
+        const { schedule } = await api<{ schedule: Schedule }>('POST', 'schedules', request);
+        this._say(`Scheduled ${schedule.notebook}: ${schedule.words}, next run ${schedule.next}. Each run is a job of its own in My jobs.`, 'ok');
+        await this._refreshSchedules();
+      } catch (error) {
+        this._say((error as Error).message, 'error');
+      }
+      return;
+    }
     this._say('Submitting…', 'info');
     try {
       const { job } = await api<{ job: Job }>('POST', 'jobs', request);
@@ -562,13 +681,16 @@ export class JobsPanel extends Widget {
     parameters: element('input', { name: 'parameters' }),
     grid: element('input', { name: 'grid' }),
     max_running: element('input', { name: 'max_running' }),
-    mail: element('input', { name: 'mail' })
+    mail: element('input', { name: 'mail' }),
+    schedule: element('input', { name: 'schedule' })
   };
-  private _open: (path: string) => Promise<unknown>;
+  private _open: (path: string, mode?: string) => Promise<unknown>;
   private _nodesField: HTMLLabelElement;
   private _launcherField: HTMLLabelElement;
   private _notebookFields: HTMLLabelElement[];
   private _results = element('section', { class: 'dsportal-Jobs-results' });
+  private _schedulesSection = element('section', { class: 'dsportal-Jobs-schedulesSection' });
+  private _scheduleRows = element('tbody');
   private _form = element('form', { class: 'dsportal-Jobs-form' });
   private _message = element('div', { class: 'dsportal-Jobs-message' });
   private _rows = element('tbody');

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import socket
 import stat
 import subprocess
@@ -266,6 +267,20 @@ def _default_job_memory(config: dict[str, str]) -> Result:
                   "DefMemPerCPU; see docs/how-to/deploy.md)", warning=True)
 
 
+def _notebook_schedules(config: dict[str, str]) -> Result:
+    """Notebooks on a schedule need Slurm's cron: enabled in slurm.conf, and the scrontab command that
+    sessions run (Debian bookworm's slurm-client lacks it: scripts/build-scrontab.sh)."""
+    enabled = "enable" in config.get("ScronParameters", "").split(",")
+    command = shutil.which("scrontab")
+    if enabled and command:
+        return Result("notebook schedules", True, f"Slurm's cron is enabled (ScronParameters=enable) and {command} "
+                      "is here (install it on every compute node too)")
+    missing = [what for what, ok in (("ScronParameters=enable in slurm.conf", enabled),
+                                     ("the scrontab command (scripts/build-scrontab.sh)", command)) if not ok]
+    return Result("notebook schedules", True, "notebooks cannot run on a schedule: no " + " and no ".join(missing),
+                  warning=True)
+
+
 def check_confinement(settings) -> list[Result]:
     """What keeps slices that share a node apart beyond files and ports: Slurm's confinement of
     each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
@@ -274,7 +289,8 @@ def check_confinement(settings) -> list[Result]:
     except SlurmError as error:
         results = [Result("job confinement", True, f"not known ({error})", warning=True)]
     else:
-        results = [_job_confinement(config), _private_tmp(config), _default_job_memory(config)]
+        results = [_job_confinement(config), _private_tmp(config), _default_job_memory(config),
+                   _notebook_schedules(config)]
     hidepid = proc_hidepid()
     if hidepid in HIDEPID_INVISIBLE:
         results.append(Result("private processes", True, f"/proc has hidepid={hidepid}: users see only their own processes"))

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 
 from .. import hubdatabase, settings as settings_module
 from ..hubdatabase import DatabaseError
+from .pidfiles import alive
 
 # SQLite's own bookkeeping and the schema version (the target is stamped with its own).
 NOT_COPIED = {"sqlite_sequence", hubdatabase.ALEMBIC_TABLE}
@@ -47,29 +48,13 @@ def move_database(settings, target_url: str, password_file: Path) -> Moved:
 def refuse_while_hub_runs(settings) -> None:
     """A running hub writes its database all the time: a copy would miss what it writes next."""
     pidfile = Path(settings.hub.data_dir) / "jupyterhub.pid"
-    pid = _pid_in(pidfile)
-    if pid and _process_exists(pid):
+    pid = alive(pidfile)  # not a pid that came round to another program since the hub wrote it
+    if pid:
         raise DatabaseError(f"the hub runs (pid {pid}, from {pidfile}): stop it first; running sessions "
                             "are Slurm jobs and keep running")
     if _hub_answers(settings.hub.bind_url):
         raise DatabaseError(f"a hub answers at {settings.hub.bind_url}: stop it first; running sessions "
                             "are Slurm jobs and keep running")
-
-
-def _pid_in(pidfile: Path) -> int | None:
-    try:
-        return int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _process_exists(pid: int) -> bool:
-    """A live process holds the pid: not gone, and not a zombie (a hub that exited, not yet reaped)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
 
 
 def _hub_answers(bind_url: str) -> bool:

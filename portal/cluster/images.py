@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..wholefile import write_whole
+
 if TYPE_CHECKING:  # annotations only: a session start reads images without the settings models
     from ..settings import Image
 
@@ -198,10 +200,7 @@ def queue(images: list[Image], wheels_in: float = 0) -> list[tuple[Image, float]
         free_at = start + build_seconds(image)
         path = _beside(image, QUEUED)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".new")  # whole or not at all, for its readers
-        partial.write_text(json.dumps({"ready_by": round(free_at)}))
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
+        write_whole(path, json.dumps({"ready_by": round(free_at)}), mode=0o644)
         marked.append((image, free_at - now))
     return marked
 

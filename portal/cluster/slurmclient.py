@@ -40,6 +40,7 @@ from .slurmparse import (
     bounded_tail,
     checked_output,
     job_gpus as job_gpus,  # imported from here by portal/session/
+    newest_by_job,
     parse_config,
     parse_job_id,
     parse_sacct,
@@ -471,19 +472,23 @@ class SlurmCommands:
                 return {}
             raise
 
+    def _sacct(self, fields: tuple[str, ...], *, job_ids: Iterable[int] = (), since: str = "", user: str | None = None,
+               whole_jobs: bool = True, timeout: float = 15) -> list[dict[str, str]]:
+        """sacct's records, read with a separator of this call's own (slurmparse.sacct_records)."""
+        separator = sacct_separator()
+        argv = sacct_argv(self.tool("sacct"), fields, separator, job_ids=job_ids, since=since, user=user)
+        return sacct_records(self.run(argv, timeout=timeout), fields, separator, whole_jobs=whole_jobs)
+
     def accounting(self, job_ids: list[int], fields: tuple[str, ...], timeout: float = 15) -> dict[int, dict[str, str]]:
         """What Slurm accounting recorded of this user's ``job_ids`` (raises where the cluster keeps none)."""
-        separator = sacct_separator()
-        argv = sacct_argv(self.tool("sacct"), fields, separator, job_ids=job_ids, user=_own_name())
-        return parse_sacct(self.run(argv, timeout=timeout), fields, separator)
+        return newest_by_job(self._sacct(fields, job_ids=job_ids, user=_own_name(), timeout=timeout))
 
     def array_states(self, job_id: int, timeout: float = 15) -> dict[int, str]:
         """The state Slurm accounting recorded of each task of this user's job array ``job_id`` (its rows
         ID_N), for tasks slurmctld forgot; raises where the cluster keeps no accounting."""
-        separator = sacct_separator()
-        argv = sacct_argv(self.tool("sacct"), ("JobID", "State"), separator, job_ids=[job_id], user=_own_name())
         states = {}
-        for record in sacct_records(self.run(argv, timeout=timeout), ("JobID", "State"), separator, whole_jobs=False):
+        for record in self._sacct(("JobID", "State"), job_ids=[job_id], user=_own_name(), whole_jobs=False,
+                                  timeout=timeout):
             state = record["State"]
             array, _, tasks = record["JobID"].partition("_")
             if array != str(int(job_id)) or not tasks.isascii():
@@ -496,9 +501,7 @@ class SlurmCommands:
     def accounting_since(self, since: str, fields: tuple[str, ...], user: str | None = None,
                          timeout: float = 60) -> list[dict[str, str]]:
         """Every whole job accounting recorded since ``since`` (a Slurm time: 2026-11-01T00:00:00, now-1minutes)."""
-        separator = sacct_separator()
-        return sacct_records(self.run(sacct_argv(self.tool("sacct"), fields, separator, since=since, user=user),
-                                      timeout=timeout), fields, separator)
+        return self._sacct(fields, since=since, user=user, timeout=timeout)
 
     def nodes(self, timeout: float = 10) -> list[Node]:
         return parse_sinfo_json(self.run([self.tool("sinfo"), "--json"], timeout=timeout))

@@ -310,8 +310,13 @@ def parse_sacct(text: str, fields: tuple[str, ...], separator: str) -> dict[int,
     """sacct's answer to :func:`sacct_argv` (JobID first) -> {job id: {field: value}}, the State's first
     word ('CANCELLED by 5101' -> 'CANCELLED'). Where an id comes round again (a reset cluster,
     wrap-around), the newest submission wins."""
+    return newest_by_job(sacct_records(text, fields, separator))
+
+
+def newest_by_job(records: list[dict[str, str]]) -> dict[int, dict[str, str]]:
+    """sacct's records of whole jobs (:func:`sacct_records`) -> {job id: record}, as :func:`parse_sacct`."""
     jobs: dict[int, dict[str, str]] = {}
-    for record in sacct_records(text, fields, separator):
+    for record in records:
         if "State" in record:
             record["State"] = (record["State"].split() or ["UNKNOWN"])[0]
         earlier = jobs.get(int(record["JobID"]))

@@ -2,7 +2,8 @@
 
 Loaded by the session's Jupyter server (jupyter-config/dsportal-jobs.json). Each feature keeps
 its handlers in its own module; this puts them under the session's base URL:
-  dsportal/api/jobs, jobs/<id>[/stream, /results, /files/<nb>], policy, slice   the job launcher (jobs_api.py)
+  dsportal/api/jobs, jobs/<id>[/stream, /results, /files/<nb>], schedules[/<id>], policy, slice
+                                                                  the job launcher (jobs_api.py)
   dsportal/api/idle                                               idle state, "Keep my session" (activity.py)
   dsportal/api/usage                                              use against the slice's limits (gauges.py)
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
@@ -29,12 +30,14 @@ def _load_jupyter_server_extension(server_app):
         (r"dsportal/api/jobs/(\d{1,10})/stream", jobs_api.JobStreamHandler),
         (r"dsportal/api/jobs/(\d{1,10})/results", jobs_api.ResultsHandler),
         (r"dsportal/api/jobs/(\d{1,10})/files/([A-Za-z0-9_.-]{1,40})", jobs_api.JobNotebookHandler),
+        ("dsportal/api/schedules", jobs_api.SchedulesHandler),
+        (r"dsportal/api/schedules/([0-9a-f]{8})", jobs_api.ScheduleHandler),
         ("dsportal/api/policy", jobs_api.PolicyHandler),
         ("dsportal/api/slice", jobs_api.SliceHandler),
         ("dsportal/api/extend", jobs_api.ExtendHandler),
         ("dsportal/api/idle", activity.IdleHandler),
     ]
-    portreport.take_another_port_if_taken(server_app)
+    portreport.allow_port_retries(server_app)
     activity.setup(server_app)
     routes += tensorboards.setup(server_app)
     routes += nbtemplates.setup(server_app)

@@ -35,6 +35,7 @@ from ..cluster.slurmparse import array_task_ids
 from ..rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
 from ..settings import parse_walltime, whole_number
 from ..templating import render
+from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
 from .notebookjob import INPUT, SPEC, output_name, record_name
 
@@ -113,9 +114,11 @@ def render_notebook_script(plan: JobPlan, policy: LaunchPolicy, job_dir: str, ho
     )
 
 
-def _notebook_spec(plan: JobPlan, policy: LaunchPolicy, home: str) -> dict:
-    """What each run reads in its job (portal/session/notebookjob.py): its parameters, its kernel's image."""
-    return {"notebook": plan.notebook, "cwd": str(Path(plan.notebook).parent), "parameters": plan.parameters,
+def _notebook_spec(plan: JobPlan, policy: LaunchPolicy, home: str, shown_as: str | None = None) -> dict:
+    """What each run reads in its job (portal/session/notebookjob.py): its parameters, its kernel's image.
+    ``shown_as``: the notebook the user named, where the job runs a copy kept elsewhere (a schedule's)."""
+    return {"notebook": shown_as or plan.notebook, "cwd": str(Path(shown_as or plan.notebook).parent),
+            "parameters": plan.parameters,
             "points": list(plan.points),
             "image": plan.image.model_dump(mode="json") if plan.image else None,
             "mounts": [m.model_dump(mode="json") for m in policy.data_mounts] if plan.image else [],
@@ -170,8 +173,10 @@ def _read_notebook(path: str) -> bytes:
     return data
 
 
-def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobInfo:
-    """sbatch the plan as the calling user; returns the job with its log folder."""
+def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None, shown_as: str | None = None,
+           schedule: str = "") -> JobInfo:
+    """sbatch the plan as the calling user; returns the job with its log folder. A schedule's run
+    (portal/session/schedules.py) names its schedule, and the notebook as the user named it."""
     home = home or os.path.expanduser("~")
     notebook = _read_notebook(plan.notebook) if plan.notebook is not None else None
     root = jobs_root(home)
@@ -182,7 +187,7 @@ def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobI
     if plan.notebook is not None:
         # The notebook as it is now: editing it while the job waits or runs changes nothing of the job.
         (job_dir / INPUT).write_bytes(notebook)
-        (job_dir / SPEC).write_text(json.dumps(_notebook_spec(plan, policy, home), indent=1))
+        (job_dir / SPEC).write_text(json.dumps(_notebook_spec(plan, policy, home, shown_as), indent=1))
         text = render_notebook_script(plan, policy, str(job_dir), home)
     else:
         if plan.code is not None:
@@ -196,7 +201,8 @@ def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None) -> JobI
                    nodes=plan.nodes, ranks=plan.ranks, gpus_per_node=plan.gpus_per_node,
                    partition=plan.profile.partition, image=plan.image.name if plan.image else None,
                    script=script, description=plan.describe(), session=session, session_job=session_job,
-                   kind="notebook" if plan.notebook else "mpi", notebook=plan.notebook, runs=len(plan.points))
+                   kind="notebook" if plan.notebook else "mpi", notebook=shown_as or plan.notebook,
+                   runs=len(plan.points), schedule=schedule)
     (job_dir / "job.json").write_text(json.dumps(asdict(info), indent=1))
     link = root / str(job_id)
     if link.is_symlink() or link.exists():
@@ -226,6 +232,7 @@ class JobInfo:
     kind: str = "mpi"  # mpi (Horovod, torchrun, a script or cell) | notebook (a notebook run headless)
     notebook: str | None = None  # the notebook as the user named it (the job runs its copy)
     runs: int = 0  # a notebook job's runs: 1, or one per point of its grid (a Slurm array)
+    schedule: str = ""  # the schedule whose run this is (portal/session/schedules.py), if any
     state: str = "PENDING"
     reason: str = ""
     exit_code: str = ""
@@ -325,9 +332,7 @@ def load(job_id: int, home: str | None = None, listed: dict[int, dict[str, str]]
 def _write_state(final: Path, info: JobInfo, keys: tuple[str, ...]) -> None:
     """A finished job's state.json, whole or not at all: the panel, its log stream and the results
     table read it at the same time."""
-    partial = final.with_name(f".{final.name}.{secrets.token_hex(4)}")
-    partial.write_text(json.dumps({k: getattr(info, k) for k in keys}))
-    os.replace(partial, final)
+    write_whole(final, json.dumps({k: getattr(info, k) for k in keys}))
 
 
 def _run_record(folder: Path, run: int) -> dict:

@@ -11,6 +11,11 @@ REST (under the session's base URL, e.g. /user/alice/):
   DELETE dsportal/api/jobs/<id>          cancel it
   GET    dsportal/api/jobs/<id>/stream   websocket: the log so far, then each rank's new lines
                                          live, then {"type": "state", ...} once the job ended
+  GET    dsportal/api/schedules          my notebook schedules (Slurm's scrontab), each with its runs' job ids
+  POST   dsportal/api/schedules          {notebook, schedule: '0 2 * * *', parameters, gpus_per_node, ...}: the
+                                         notebook run as a job at those times (schedules.py)
+  PATCH  dsportal/api/schedules/<id>     {"paused": true | false}
+  DELETE dsportal/api/schedules/<id>     the schedule ends; its past runs stay jobs
   GET    dsportal/api/policy             what this user may ask for (profiles, images, limits)
   GET    dsportal/api/slice              this session's slice: GPUs, CPUs, memory, walltime left
   POST   dsportal/api/extend             {"minutes": N}: more walltime, up to the profile's maximum (the hub
@@ -41,6 +46,7 @@ from .onuse import module_on_use
 # The launcher's model (settings, Slurm, containers: 50 ms of imports) loads with its first request,
 # not with every session's start.
 jobs = module_on_use("portal.session.jobs")
+schedules = module_on_use("portal.session.schedules")
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming
@@ -53,7 +59,7 @@ def _policy() -> jobs.LaunchPolicy:
 class _JobsAPI(MessageAPIHandler):
 
     def _fail(self, error: Exception):
-        if isinstance(error, jobs.JobNotFound):
+        if isinstance(error, LookupError):  # a job or schedule that is not the user's
             raise web.HTTPError(404, str(error))
         if isinstance(error, SlurmUnavailable):
             raise web.HTTPError(503, f"The cluster scheduler is not answering right now, please retry: {error}")
@@ -93,6 +99,60 @@ class JobsHandler(_JobsAPI):
         self.log.info("dsportal: submitted job %s (%s)", info.job_id, info.description)
         self.set_status(201)
         self.finish(json.dumps({"job": info.as_dict()}))
+
+
+def _body(handler) -> dict:
+    try:
+        return json.loads(handler.request.body or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise web.HTTPError(400, "Your request was refused: the body is not JSON") from None
+    except ValueError:  # Python reads no number of more than 4,300 digits
+        raise web.HTTPError(400, "Your request was refused: it holds a number of more than 4,300 digits") from None
+
+
+class SchedulesHandler(_JobsAPI):
+    @web.authenticated
+    async def get(self):
+        try:
+            found = await asyncio.to_thread(schedules.list_schedules)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.finish(json.dumps({"schedules": [schedules._public(s) for s in found]}))
+
+    @web.authenticated
+    async def post(self):
+        body = _body(self)
+        try:
+            policy = await asyncio.to_thread(_policy)
+            base = self.settings.get("server_root_dir") or os.path.expanduser("~")
+            made = await asyncio.to_thread(schedules.create, body, policy, base)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.log.info("dsportal: schedule %s made (%s, %s)", made["id"], made["words"], made["description"])
+        self.set_status(201)
+        self.finish(json.dumps({"schedule": made}))
+
+
+class ScheduleHandler(_JobsAPI):
+    @web.authenticated
+    async def patch(self, schedule_id):
+        body = _body(self)
+        paused = body.get("paused") if isinstance(body, dict) else None
+        if not isinstance(paused, bool):
+            raise web.HTTPError(400, 'Your request was refused: give {"paused": true} or {"paused": false}')
+        try:
+            changed = await asyncio.to_thread(schedules.set_paused, schedule_id, paused)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.finish(json.dumps({"schedule": changed}))
+
+    @web.authenticated
+    async def delete(self, schedule_id):
+        try:
+            gone = await asyncio.to_thread(schedules.delete, schedule_id)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+        self.finish(json.dumps({"schedule": gone}))
 
 
 class JobHandler(_JobsAPI):

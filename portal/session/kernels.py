@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..cluster.images import image_status
+from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
 
 if TYPE_CHECKING:
@@ -112,9 +113,7 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
         folder = dest / "kernels" / f"dsportal-{image.name}"
         folder.mkdir(parents=True, exist_ok=True)
         spec = kernel_spec(image, mounts, home, runtime_dir, cuda)
-        partial = folder / "kernel.json.new"  # whole or not at all: the listing may read it meanwhile
-        partial.write_text(json.dumps(spec, indent=1))
-        os.replace(partial, folder / "kernel.json")
+        write_whole(folder / "kernel.json", json.dumps(spec, indent=1))  # the listing may read it meanwhile
         written.append(f"{image.name}: {spec['display_name']}")
         (BUILDING.add if spec["metadata"]["dsportal"].get("status") == "building" else BUILDING.discard)(image.name)
     return written

@@ -36,6 +36,7 @@ from ..notebookcells import (
     one_line,
     results_of,
 )
+from ..wholefile import write_whole
 
 SPEC = "notebook-job.json"
 INPUT = "input.ipynb"
@@ -54,9 +55,7 @@ def record_name(run: int) -> str:
 def _save(nb, path: Path) -> None:
     import nbformat
 
-    partial = path.with_name(path.name + ".partial")  # whole or not at all: the Jobs panel may open it meanwhile
-    nbformat.write(nb, str(partial))
-    os.replace(partial, path)
+    write_whole(path, nbformat.writes(nb))  # the Jobs panel may open it meanwhile
 
 
 def _unsafe_folder(folder: str) -> str | None:
@@ -169,9 +168,7 @@ def run(job_dir: Path, number: int) -> int:
     finally:
         _save(nb, output)
         record["ended"] = time.time()
-        partial = job_dir / (record_name(number) + ".partial")
-        partial.write_text(json.dumps(record))
-        os.replace(partial, job_dir / record_name(number))
+        write_whole(job_dir / record_name(number), json.dumps(record))
     return 0 if record["state"] == "COMPLETED" else 1
 
 

@@ -41,11 +41,10 @@ REPORT_WAIT = 300.0  # seconds, where the hub did not say (its hub.start_timeout
 UNANSWERED = frozenset({599, 502, 503, 504, 429})
 
 
-def take_another_port_if_taken(server_app) -> None:
+def allow_port_retries(server_app) -> None:
     """The port singleuser.py chose is free when chosen, but the server binds it only after its
-    imports and extensions: seconds later, up to half a minute on a node where a class starts, and
-    meanwhile another session's server or an outgoing connection may take it (seen: 1 of 100
-    sessions of a class failed "port ... is not available"). jupyterhub-singleuser forbids other
+    imports and extensions, seconds later where a class starts on one node, and meanwhile another
+    session's server or an outgoing connection may take it. jupyterhub-singleuser forbids other
     ports (port_retries 0) because its hub must know the port in advance; this session reports the
     port it bound once it listens, so it takes another free one instead of failing. Called while
     the extensions load, before the server looks for its port."""

@@ -14,6 +14,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from ..pidfiles import alive as alive  # the demo's modules take it from here
+
 STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
 
 
@@ -80,36 +82,6 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     if result.returncode != 0:
         raise DemoError(f"{' '.join(argv)} failed ({result.returncode}): {(result.stderr or result.stdout).strip()}")
     return result
-
-
-def alive(pidfile: Path) -> int | None:
-    """The pid a daemon's pidfile names, while that daemon runs; None once it is gone.
-
-    Pids come round again (pid_max is 32768 here, and a demo start spawns thousands of short
-    processes): a pidfile left behind by a daemon that was killed can name some other program by
-    the next start. A daemon writes its pidfile after it starts, so a process that started after
-    the pidfile was written is not the one it names.
-    """
-    try:
-        pid = int(pidfile.read_text().split()[0])
-        written = pidfile.stat().st_mtime
-        os.kill(pid, 0)
-        started = process_started(pid)
-    except (OSError, ValueError, IndexError):
-        return None
-    if started > written + 2:  # boot time is whole seconds in /proc/stat
-        return None
-    return pid
-
-
-def process_started(pid: int) -> float:
-    """When a process started, in seconds since the epoch (/proc's start time in clock ticks since boot)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has exited
-        raise ProcessLookupError(pid)
-    booted = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                  if line.startswith("btime "))
-    return booted + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_pid(pidfile: Path, name: str, wait: float = 10.0, group: bool = False) -> None:

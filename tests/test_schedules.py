@@ -1,0 +1,208 @@
+"""Issue 50: a notebook run on a schedule, through Slurm's own cron (scrontab).
+
+The schedule's checks and its crontab lines need no cluster; the rest is alice's real session writing
+her real Slurm crontab, Slurm firing it, and each firing a notebook job of its own with its executed
+notebook, while bob is refused all of it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import time
+
+import pytest
+
+from test_jobs import _policy
+from test_notebook_jobs import TRAIN, notebook, put_notebook, wait_finished
+
+
+def schedules_api(user, method: str, path: str = "", owner: str | None = None, **kwargs):
+    return user.api(method, f"/user/{owner or user.name}/dsportal/api/schedules{path}", **kwargs)
+
+
+# -- the schedule's checks (no cluster) ------------------------------------------------------------------
+@pytest.mark.quick
+@pytest.mark.parametrize("when,words,gap", [
+    ("0 2 * * *", "every day at 02:00", 1440),
+    ("0 2 * * 1", "every Monday at 02:00", 7 * 1440),
+    ("0 2 * * 7", "every Sunday at 02:00", 7 * 1440),
+    ("@daily", "every day at 00:00", 1440),
+    ("15 * * * *", "every hour at :15", 60),
+    ("0 6 1 * *", "on day 1 of every month at 06:00", 28 * 1440),
+    ("0 9-17/4 * * 1-5", "at crontab time 0 9-17/4 * * 1-5", 240),
+    ("*/20 * * * *", "at crontab time */20 * * * *", 20),
+])
+def test_a_crontab_time_is_read_in_words_and_its_shortest_gap(when, words, gap):
+    from portal.session import schedules
+
+    canonical, values = schedules.parse_cron(when)
+    assert schedules.describe(canonical) == words
+    assert schedules.shortest_gap_minutes(canonical, values) == gap
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("when,expected", [
+    ("*/15 * * * *", "would run every 15 minute(s); this profile allows a run at most every 60 minutes"),
+    ("* * * * *", "would run every 1 minute(s)"),
+    ("0,30 2 * * *", "would run every 30 minute(s)"),
+    ("0 0 30 2 *", "never runs"),
+    ("60 * * * *", "outside 0-59"),
+    ("0 2 * * 8", "outside 0-7"),
+    ("5-1 * * * *", "not a range from low to high"),
+    ("*/0 * * * *", "not a range from low to high"),
+    ("0 2 * *", "needs five fields"),
+    ("0 2 * * MON", "is not *, a number"),
+    ("0 2 * * * ; id", "needs five fields"),
+    ("0 2 * * *\n* * * * * id", "needs five fields"),
+    ("0 " * 60, "at most 100 are allowed"),
+    (7, "must be a crontab time"),
+    (None, "must be a crontab time"),
+])
+def test_a_schedule_more_often_than_the_profile_allows_or_not_a_crontab_time_is_refused(when, expected):
+    from portal.rules import RequestError
+    from portal.session import schedules
+
+    with pytest.raises(RequestError) as refused:
+        schedules.check_schedule(when, 60)
+    assert expected in str(refused.value), str(refused.value)
+
+
+@pytest.mark.quick
+def test_the_next_run_is_the_first_matching_minute_from_now():
+    from portal.session import schedules
+
+    canonical, values = schedules.parse_cron("0 2 * * 1")
+    assert schedules.next_run(canonical, values, dt.datetime(2026, 11, 28, 20, 45)) == dt.datetime(2026, 11, 30, 2, 0)
+    canonical, values = schedules.parse_cron("0 0 29 2 *")
+    assert schedules.next_run(canonical, values, dt.datetime(2026, 11, 28)) == dt.datetime(2028, 2, 29)
+
+
+@pytest.mark.quick
+def test_only_dsportal_s_own_lines_of_her_crontab_change_and_a_value_cannot_add_a_line():
+    from portal.session import schedules
+
+    hers = "# my own\nMAILTO=me\n*/5 * * * * /home/alice/bin/check.sh\n"
+    schedule = {"id": "0123abcd", "folder": "/home/alice/.dsportal/schedules/0123abcd", "home": "/home/alice",
+                "cron": "0 2 * * *", "python": "/opt/dsportal/env/bin/python", "slurm_conf": "/etc/slurm/slurm.conf",
+                "profile": {"name": "cpu", "partition": "cpu", "account": "proj1", "qos": None, "reservation": None}}
+    outside, blocks = schedules._blocks(hers)
+    blocks["0123abcd"] = schedules._block(schedule, paused=False)
+    written = schedules._join(outside, blocks)
+    assert written.startswith(hers), written
+    assert "#SCRON --partition=cpu" in written and "#SCRON --account=proj1" in written
+    assert "\n0 2 * * * /usr/bin/env SLURM_CONF=/etc/slurm/slurm.conf /opt/dsportal/env/bin/python -m " \
+           "portal.session.schedules fire /home/alice/.dsportal/schedules/0123abcd\n" in written, written
+    # Paused: its line commented out; resumed: back; deleted: her own lines as they were.
+    outside, blocks = schedules._blocks(written)
+    blocks["0123abcd"] = schedules._block(schedule, paused=True)
+    paused = schedules._join(outside, blocks)
+    assert "\n#dsportal-paused# 0 2 * * * /usr/bin/env" in paused and "\n0 2 * * * /usr" not in paused
+    outside, blocks = schedules._blocks(paused)
+    assert set(blocks) == {"0123abcd"}
+    blocks.pop("0123abcd")
+    assert schedules._join(outside, blocks) == hers
+    # Values are quoted for the shell Slurm runs the line with, and a line break cannot pass.
+    odd = {**schedule, "folder": "/home/alice/x y;id"}
+    line = [entry for entry in schedules._block(odd, paused=False) if entry.startswith("0 2")][0]
+    assert "'/home/alice/x y;id'" in line, line
+
+
+@pytest.mark.quick
+def test_a_schedule_request_is_judged_as_its_job_would_be_before_anything_is_written(tmp_path, monkeypatch):
+    import nbformat
+
+    from portal.rules import RequestError
+    from portal.session import schedules
+
+    nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
+    written = []
+    monkeypatch.setattr(schedules, "write_crontab", lambda text, home=None: written.append(text))
+    monkeypatch.setattr(schedules, "read_crontab", lambda: "")
+    policy = _policy(min_schedule_minutes=60, max_schedules=1)
+    for request, expected in [
+        ({"notebook": "train.ipynb", "schedule": "*/5 * * * *"}, "at most every 60 minutes"),
+        ({"notebook": "train.ipynb"}, "must be a crontab time"),
+        ({"notebook": "train.ipynb", "schedule": "0 2 * * *", "grid": {"lr": [1, 2]}}, "a grid of parameters cannot"),
+        ({"script": "train.ipynb", "schedule": "0 2 * * *"}, "only a notebook runs on a schedule"),
+        ({"notebook": "train.ipynb", "schedule": "0 2 * * *", "parameters": {"lr; id": 1}}, "is not a Python name"),
+        ({"notebook": "train.ipynb", "schedule": "0 2 * * *", "gpus_per_node": 99}, "more than a node"),
+        ("0 2 * * *", "a schedule is a notebook job request"),
+    ]:
+        with pytest.raises(RequestError) as refused:
+            schedules.create(request, policy, str(tmp_path), home=str(tmp_path))
+        assert expected in str(refused.value), (request, str(refused.value))
+    assert written == [] and schedules.list_schedules(str(tmp_path)) == []
+    made = schedules.create({"notebook": "train.ipynb", "schedule": "0 2 * * *", "profile": "gpu", "gpus_per_node": 1},
+                            policy, str(tmp_path), home=str(tmp_path))
+    assert made["words"] == "every day at 02:00" and made["runs"] == [] and len(written) == 1
+    with pytest.raises(RequestError) as refused:  # the profile's max_schedules
+        schedules.create({"notebook": "train.ipynb", "schedule": "0 3 * * *"}, policy, str(tmp_path), home=str(tmp_path))
+    assert "the most it allows (1): delete one first" in str(refused.value)
+
+
+# -- alice's real session and Slurm's cron ----------------------------------------------------------------
+def crontab_of(user: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", "scrontab", "-l"], capture_output=True, text=True)
+
+
+@pytest.fixture
+def no_crontab_left():
+    yield
+    subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)  # even if the test failed
+
+
+def test_a_notebook_runs_on_a_schedule_each_run_a_job_and_bob_touches_none_of_it(alice, bob, no_crontab_left):
+    alice.spawn({"profile": "cpu"})
+    put_notebook(alice, "nbsched/train.ipynb", TRAIN)
+    mine = subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-"], input="# alice's own line\n",
+                          capture_output=True, text=True)
+    assert mine.returncode == 0, mine.stderr
+
+    # Refused in words, nothing written: more often than the demo's minimum is impossible (every minute is
+    # its minimum), so a grid and an odd time stand in.
+    for body, expected in [({"schedule": "0 2 * * *", "grid": {"lr": [1, 2]}}, "a grid of parameters cannot"),
+                           ({"schedule": "61 * * * *"}, "outside 0-59"),
+                           ({"schedule": "0 2 * * *", "parameters": {"x": "y" * 2000}}, "at most 1,000")]:
+        response = schedules_api(alice, "POST", json={"notebook": "nbsched/train.ipynb", "profile": "cpu", **body})
+        assert response.status_code == 400 and expected in response.json()["message"], response.text
+
+    # Every minute (the demo's profile allows it): Slurm's cron fires, each firing one notebook job.
+    response = schedules_api(alice, "POST", json={"notebook": "nbsched/train.ipynb", "profile": "cpu",
+                                                  "schedule": "* * * * *", "parameters": {"label": "nightly"}})
+    assert response.status_code == 201, response.text
+    made = response.json()["schedule"]
+    assert made["words"] == "every minute" and made["next"], made
+    crontab = crontab_of("alice").stdout
+    assert crontab.startswith("# alice's own line\n") and f"dsportal-schedule {made['id']} begin" in crontab, crontab
+
+    deadline, runs = time.monotonic() + 240, []
+    while time.monotonic() < deadline and not runs:
+        time.sleep(3)
+        runs = schedules_api(alice, "GET").json()["schedules"][0]["runs"]
+    assert runs, f"no run within 240 s; the firing job's log: {crontab}"
+    job = wait_finished(alice, runs[-1])
+    assert job["state"] == "COMPLETED" and job["schedule"] == made["id"], job
+    assert job["notebook"].endswith("/nbsched/train.ipynb"), job  # as she named it, not the schedule's copy
+    executed = alice.api("GET", f"/user/alice/dsportal/api/jobs/{job['job_id']}/files/output.ipynb").json()
+    assert "score 0.9091 nightly" in json.dumps(executed["content"]), executed
+
+    # bob: no schedule of hers through the API, her crontab and her schedule's folder closed to him.
+    assert schedules_api(bob, "GET", owner="alice", allow_redirects=False).status_code in (302, 403)
+    assert schedules_api(bob, "DELETE", f"/{made['id']}", owner="alice", allow_redirects=False).status_code in (302, 403)
+    theirs = subprocess.run(["runuser", "-u", "bob", "--", "scrontab", "-l", "-u", "alice"], capture_output=True, text=True)
+    assert theirs.returncode != 0 and "dsportal-schedule" not in theirs.stdout, theirs
+    peek = subprocess.run(["runuser", "-u", "bob", "--", "ls", f"/home/alice/.dsportal/schedules/{made['id']}"],
+                          capture_output=True, text=True)
+    assert peek.returncode != 0, peek
+
+    # Paused: its line commented out; deleted: her own line alone stays, and the runs stay jobs.
+    paused = schedules_api(alice, "PATCH", f"/{made['id']}", json={"paused": True})
+    assert paused.status_code == 200 and paused.json()["schedule"]["paused"] is True, paused.text
+    assert "#dsportal-paused# * * * * *" in crontab_of("alice").stdout
+    assert schedules_api(alice, "PATCH", f"/{made['id']}", json={"paused": "yes"}).status_code == 400
+    gone = schedules_api(alice, "DELETE", f"/{made['id']}")
+    assert gone.status_code == 200, gone.text
+    assert crontab_of("alice").stdout == "# alice's own line\n"
+    assert schedules_api(alice, "GET").json()["schedules"] == []
+    assert alice.api("GET", f"/user/alice/dsportal/api/jobs/{job['job_id']}").status_code == 200
