@@ -296,6 +296,9 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         page.wait_for_function("document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden)').length >= 2",
                                timeout=30_000)  # side by side
         page.screenshot(path=str(SHOTS / "notebook-job-compare.png"))
+        # Both open as the job left them, with no kernel: none was started for them.
+        opened = [s["path"] for s in alice.api("GET", "/user/alice/api/sessions").json()]
+        assert not [p for p in opened if p.endswith(("output.ipynb", "input.ipynb"))], opened
         page.locator(".lm-TabBar-tab", has_text="Jobs").click()
 
         # A 3 x 2 grid, 2 epochs each, at most 2 at once: one array, six rows of results.
@@ -347,7 +350,7 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
             schedule.wait_for(timeout=30_000)
             last = schedule.locator(".dsportal-Jobs-lastRun")
             last.wait_for(timeout=240_000)
-            run = int(last.inner_text().split(": ")[1])
+            run = int(last.get_attribute("data-job-id"))
             row = panel.locator(f"tr[data-job-id='{run}']")
             row.locator("td", has_text="schedule ").wait_for(timeout=30_000)
             row.locator(".dsportal-state-COMPLETED").wait_for(timeout=240_000)

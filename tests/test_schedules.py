@@ -141,6 +141,38 @@ def test_a_schedule_request_is_judged_as_its_job_would_be_before_anything_is_wri
     assert "the most it allows (1): delete one first" in str(refused.value)
 
 
+@pytest.mark.quick
+def test_a_firing_that_submits_nothing_says_why_on_the_schedule_and_the_next_one_clears_it(tmp_path, monkeypatch):
+    import nbformat
+
+    from portal.rules import RequestError
+    from portal.session import jobs, schedules
+
+    nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
+    monkeypatch.setattr(schedules, "write_crontab", lambda text, home=None: None)
+    monkeypatch.setattr(schedules, "read_crontab", lambda: "")
+    made = schedules.create({"notebook": "train.ipynb", "schedule": "0 2 * * *", "profile": "gpu", "gpus_per_node": 1},
+                            _policy(), str(tmp_path), home=str(tmp_path))
+    folder = tmp_path / schedules.SCHEDULES_DIR / made["id"]
+
+    def refused(*args, **kwargs):
+        raise RequestError("image ngc is unavailable")
+    monkeypatch.setattr(jobs, "submit", refused)
+    assert schedules.fire(folder) == 1
+    problem = schedules.list_schedules(str(tmp_path))[0]
+    assert "the run was not submitted: image ngc is unavailable" in schedules._public(problem)["problem"]
+
+    submitted = []
+    monkeypatch.setattr(jobs, "submit", lambda plan, policy, home, shown_as, schedule: (
+        submitted.append((plan.name, shown_as, schedule)) or type("Info", (), {"job_id": 42})()))
+    assert schedules.fire(folder) == 0
+    public = schedules._public(schedules.list_schedules(str(tmp_path))[0])
+    assert public["problem"] == "" and public["runs"] == [42]
+    assert submitted == [("nb-train", str(tmp_path / "train.ipynb"), made["id"])]  # named after her notebook
+    schedules.delete(made["id"], home=str(tmp_path))
+    assert not folder.exists() and schedules.fire(folder) == 0  # a run that starts after: nothing to do
+
+
 # -- alice's real session and Slurm's cron ----------------------------------------------------------------
 def crontab_of(user: str) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", user, "--", "scrontab", "-l"], capture_output=True, text=True)
@@ -183,7 +215,7 @@ def test_a_notebook_runs_on_a_schedule_each_run_a_job_and_bob_touches_none_of_it
     assert runs, f"no run within 240 s; the firing job's log: {crontab}"
     job = wait_finished(alice, runs[-1])
     assert job["state"] == "COMPLETED" and job["schedule"] == made["id"], job
-    assert job["notebook"].endswith("/nbsched/train.ipynb"), job  # as she named it, not the schedule's copy
+    assert job["notebook"].endswith("/nbsched/train.ipynb") and job["name"] == "nb-train", job  # hers, not the copy
     executed = alice.api("GET", f"/user/alice/dsportal/api/jobs/{job['job_id']}/files/output.ipynb").json()
     assert "score 0.9091 nightly" in json.dumps(executed["content"]), executed
 

@@ -12,6 +12,9 @@ import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } fr
 import { ICommandPalette, WidgetTracker } from '@jupyterlab/apputils';
 import { DocumentWidget } from '@jupyterlab/docregistry';
 import { ILauncher } from '@jupyterlab/launcher';
+import { IEditorServices } from '@jupyterlab/codeeditor';
+import { INotebookWidgetFactory, NotebookPanel, NotebookWidgetFactory } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
@@ -23,6 +26,8 @@ import { Slice, SLICE_CHANGED, SliceStatus } from './slice';
 import { OUT_OF_MEMORY, UsagePanel, UsageStatus, UsageWatch } from './gauges';
 
 import '../style/index.css';
+
+const JOB_NOTEBOOK_FACTORY = 'dsportal-job-notebook';
 
 const jobsIcon = new LabIcon({
   name: 'dsportal:jobs',
@@ -283,11 +288,42 @@ const main: JupyterFrontEndPlugin<void> = {
   id: 'dsportal-lab:plugin',
   description: 'dsportal: the Jobs panel, TensorBoard on folders, template copies, idle warnings',
   autoStart: true,
-  optional: [ILauncher, ICommandPalette, ILayoutRestorer],
-  activate: (app: JupyterFrontEnd, launcher: ILauncher | null, palette: ICommandPalette | null, restorer: ILayoutRestorer | null) => {
+  optional: [ILauncher, ICommandPalette, ILayoutRestorer, INotebookWidgetFactory, NotebookPanel.IContentFactory,
+    IRenderMimeRegistry, IEditorServices],
+  activate: (
+    app: JupyterFrontEnd,
+    launcher: ILauncher | null,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    notebooks: NotebookWidgetFactory.IFactory | null,
+    contentFactory: NotebookPanel.IContentFactory | null,
+    rendermime: IRenderMimeRegistry | null,
+    editors: IEditorServices | null
+  ) => {
     const notify = notifier(app);
     const tracker = new WidgetTracker<JobsPanel>({ namespace: 'dsportal-jobs' });
     app.serviceManager.contents.addDrive(new JobFilesDrive());
+    // A job's notebooks open as the job left them, with no kernel: JupyterLab's notebook view, told by
+    // its public options neither to start one nor to offer it (each kernel would take the slice's memory).
+    let factory: string | undefined;
+    if (notebooks && contentFactory && rendermime && editors) {
+      factory = JOB_NOTEBOOK_FACTORY;
+      app.docRegistry.addWidgetFactory(
+        new NotebookWidgetFactory({
+          name: factory,
+          label: 'Notebook, as the job left it',
+          fileTypes: ['notebook'],
+          modelName: 'notebook',
+          preferKernel: false,
+          canStartKernel: false,
+          rendermime,
+          contentFactory,
+          mimeTypeService: editors.mimeTypeService,
+          editorConfig: notebooks.editorConfig,
+          notebookConfig: notebooks.notebookConfig
+        })
+      );
+    }
 
     app.commands.addCommand(COMMANDS.jobs, {
       label: 'Multi-node jobs',
@@ -297,7 +333,7 @@ const main: JupyterFrontEndPlugin<void> = {
         let panel = tracker.currentWidget;
         if (!panel || panel.isDisposed) {
           panel = new JobsPanel((path, mode) =>
-            app.commands.execute('docmanager:open', mode ? { path, options: { mode } } : { path })
+            app.commands.execute('docmanager:open', { path, factory, ...(mode ? { options: { mode } } : {}) })
           );
           panel.title.icon = jobsIcon;
           await tracker.add(panel);

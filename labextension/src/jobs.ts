@@ -62,6 +62,7 @@ interface Schedule {
   paused: boolean;
   description: string;
   runs: number[];
+  problem: string;
 }
 
 /** Crontab times offered in the schedule field (any other crontab time may be typed). */
@@ -386,12 +387,17 @@ export class JobsPanel extends Widget {
       row.title = s.description;
       row.insertCell().textContent = s.notebook.split('/').pop() || s.notebook;
       row.insertCell().textContent = s.words;
-      row.insertCell().textContent = s.paused ? 'paused' : s.next || '-';
+      const next = row.insertCell();
+      next.textContent = s.paused ? 'paused' : s.next || '-';
+      if (s.problem) {
+        next.append(element('div', { class: 'dsportal-Jobs-scheduleProblem', text: s.problem }));
+      }
       const runs = row.insertCell();
       runs.textContent = String(s.runs.length);
       if (s.runs.length) {
-        const last = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-lastRun', text: `last: ${s.runs[0]}` });
-        last.title = "The latest run's log";
+        const last = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-lastRun', text: `Log` });
+        last.dataset.jobId = String(s.runs[0]);
+        last.title = `The latest run's log (job ${s.runs[0]})`;
         last.onclick = () => this.follow(s.runs[0]);
         runs.append(' ', last);
       }

@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +35,7 @@ from . import jobs
 SCHEDULES_DIR = ".dsportal/schedules"
 BEGIN, END = "# dsportal-schedule {id} begin: made in JupyterLab's Jobs panel; change it there", "# dsportal-schedule {id} end"
 PAUSED = "#dsportal-paused# "
+PROBLEM = "last-problem"  # why the last firing submitted no run, if it did not
 MAX_CRON_CHARS = 100
 PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@weekly": "0 0 * * 0",
            "@monthly": "0 0 1 * *"}
@@ -283,7 +285,9 @@ def create(request: dict, policy: LaunchPolicy, base_dir: str, home: str | None 
         schedule = {
             "id": schedule_id, "folder": str(folder), "home": home, "created": time.time(), "cron": canonical,
             "words": words, "notebook": plan.notebook, "paused": False,
-            "request": {**request, "notebook": str(folder / jobs.INPUT)}, "policy": json.loads(policy.to_env()),
+            # Each run named after her notebook (not the copy), as a job she launched herself would be.
+            "request": {**request, "notebook": str(folder / jobs.INPUT), "name": plan.name},
+            "policy": json.loads(policy.to_env()),
             "profile": plan.profile.model_dump(mode="json"), "description": plan.describe(),
             "python": f"{policy.environment.rstrip('/')}/bin/python", "slurm_conf": os.environ.get("SLURM_CONF", ""),
         }
@@ -331,15 +335,13 @@ def delete(schedule_id: str, home: str | None = None) -> dict:
         outside, blocks = _blocks(read_crontab())
         blocks.pop(schedule_id, None)
         write_crontab(_join(outside, blocks), home)
-        folder = Path(schedule["folder"])
-        for name in ("schedule.json", jobs.INPUT):
-            (folder / name).unlink(missing_ok=True)
-    return {**_public(schedule), "deleted": True}
+        public = _public(schedule)
+        shutil.rmtree(schedule["folder"], ignore_errors=True)  # a run that starts now finds nothing to run
+    return {**public, "deleted": True}
 
 
-def runs(schedule_id: str, home: str | None = None) -> list[int]:
-    """The job ids of the schedule's runs, newest first."""
-    folder = Path(_load(schedule_id, home)["folder"])
+def runs(folder: Path) -> list[int]:
+    """The job ids of the runs of the schedule in ``folder``, newest first."""
     try:
         return [int(line) for line in reversed((folder / "runs").read_text().split()) if line.isdigit()]
     except OSError:
@@ -354,7 +356,14 @@ def _public(schedule: dict) -> dict:
             "id": schedule["id"], "schedule": schedule["cron"], "words": schedule["words"],
             "notebook": schedule["notebook"], "paused": schedule["paused"], "created": schedule["created"],
             "profile": schedule["profile"]["name"], "description": schedule["description"],
-            "runs": runs(schedule["id"], schedule["home"]) if Path(schedule["folder"]).is_dir() else []}
+            "runs": runs(Path(schedule["folder"])), "problem": _problem(Path(schedule["folder"]))}
+
+
+def _problem(folder: Path) -> str:
+    try:
+        return (folder / PROBLEM).read_text()[:1000]
+    except OSError:
+        return ""
 
 
 # ------------------------------------------------------------------------------ a firing
@@ -375,10 +384,18 @@ def fire(folder: Path) -> int:
         info = jobs.submit(plan, policy, home, shown_as=schedule["notebook"], schedule=schedule["id"])
     except (RequestError, SlurmError, OSError) as error:
         print(f"dsportal: this run was not submitted: {error}", flush=True)
+        try:  # the Jobs panel shows it on the schedule's row
+            write_whole(folder / PROBLEM, f"{time.strftime('%Y-%m-%d %H:%M')}: the run was not submitted: {error}")
+        except OSError:
+            pass
         return 1
-    with open(folder / "runs", "a") as file:
-        file.write(f"{info.job_id}\n")
-    print(f"dsportal: submitted job {info.job_id}: {info.description}", flush=True)
+    try:
+        with open(folder / "runs", "a") as file:
+            file.write(f"{info.job_id}\n")
+        (folder / PROBLEM).unlink(missing_ok=True)
+    except OSError:  # deleted meanwhile
+        pass
+    print(f"dsportal: submitted job {info.job_id}: {schedule['description']}", flush=True)
     return 0
 
 
