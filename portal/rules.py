@@ -592,7 +592,11 @@ def _image(name: str | None, policy: LaunchPolicy, profile: Profile, image_statu
 def _script_file(script: str, base_dir: str | os.PathLike, kind: str = "script") -> str:
     path = Path(os.path.expanduser(script))
     path = path if path.is_absolute() else Path(base_dir) / path
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as error:  # a folder she may not enter (another user's home): EACCES, not "no such file"
+        raise RequestError(f"{kind} {path} cannot be read: {error.strerror}") from None
+    if not is_file:
         raise RequestError(f"no such {kind}: {path}")
     if not os.access(path, os.R_OK):
         raise RequestError(f"{kind} {path} is not readable")

@@ -180,8 +180,12 @@ def crontab_of(user: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def no_crontab_left():
+    def clear():
+        subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)
+        subprocess.run(["rm", "-rf", "/home/alice/.dsportal/schedules"], check=True)
+    clear()
     yield
-    subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)  # even if the test failed
+    clear()  # even if the test failed
 
 
 def test_a_notebook_runs_on_a_schedule_each_run_a_job_and_bob_touches_none_of_it(alice, bob, no_crontab_left):
@@ -227,6 +231,25 @@ def test_a_notebook_runs_on_a_schedule_each_run_a_job_and_bob_touches_none_of_it
     peek = subprocess.run(["runuser", "-u", "bob", "--", "ls", f"/home/alice/.dsportal/schedules/{made['id']}"],
                           capture_output=True, text=True)
     assert peek.returncode != 0, peek
+    # His own schedule of her notebook: refused as his job would be (his session cannot read it).
+    bob.spawn({"profile": "cpu"})
+    response = schedules_api(bob, "POST", json={"notebook": "/home/alice/nbsched/train.ipynb", "profile": "cpu",
+                                                "schedule": "0 2 * * *"})
+    assert response.status_code == 400 and "cannot be read: Permission denied" in response.json()["message"], response.text
+    response = bob.api("POST", "/user/bob/dsportal/api/jobs", json={"script": "/home/alice/nbsched/x.py"})
+    assert response.status_code == 400 and "cannot be read: Permission denied" in response.json()["message"], response.text
+    assert schedules_api(bob, "GET").json()["schedules"] == []
+
+    # Changed outside the panel (scrontab in her terminal): the schedule says it no longer runs.
+    made_too = schedules_api(alice, "POST", json={"notebook": "nbsched/train.ipynb", "profile": "cpu",
+                                                  "schedule": "0 3 * * *"}).json()["schedule"]
+    hers = crontab_of("alice").stdout
+    kept = hers[:hers.index(f"# dsportal-schedule {made_too['id']} begin")]
+    subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-"], input=kept, text=True, check=True, capture_output=True)
+    time.sleep(16)  # the panel reads her crontab at most every 15 s
+    lost = {s["id"]: s for s in schedules_api(alice, "GET").json()["schedules"]}[made_too["id"]]
+    assert lost["next"] is None and "no longer in your Slurm crontab" in lost["problem"], lost
+    assert schedules_api(alice, "DELETE", f"/{made_too['id']}").status_code == 200
 
     # Paused: its line commented out; deleted: her own line alone stays, and the runs stay jobs.
     paused = schedules_api(alice, "PATCH", f"/{made['id']}", json={"paused": True})

@@ -114,10 +114,10 @@ class SchedulesHandler(_JobsAPI):
     @web.authenticated
     async def get(self):
         try:
-            found = await asyncio.to_thread(schedules.list_schedules)
+            found = await asyncio.to_thread(schedules.listed)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
-        self.finish(json.dumps({"schedules": [schedules._public(s) for s in found]}))
+        self.finish(json.dumps({"schedules": found}))
 
     @web.authenticated
     async def post(self):

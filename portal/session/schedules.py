@@ -197,6 +197,22 @@ def write_crontab(text: str, home: str | None = None) -> None:
         jobs.slurm().run([jobs.slurm().tool("scrontab"), path])
     finally:
         os.unlink(path)
+    _in_crontab.update(at=time.monotonic(), ids=set(_blocks(text)[1]))
+
+
+_in_crontab: dict = {"at": float("-inf"), "ids": set()}  # the schedules her Slurm crontab holds, as last read
+CRONTAB_MAX_AGE = 15.0  # seconds: the Jobs panel lists schedules every few seconds; scrontab -l asks slurmctld
+
+
+def in_crontab(max_age: float = CRONTAB_MAX_AGE) -> set[str] | None:
+    """The ids of the schedules in her Slurm crontab (read at most every ``max_age`` s); None if Slurm does
+    not answer."""
+    if time.monotonic() - _in_crontab["at"] > max_age:
+        try:
+            _in_crontab.update(at=time.monotonic(), ids=set(_blocks(read_crontab())[1]))
+        except SlurmError:
+            return None
+    return _in_crontab["ids"]
 
 
 def _blocks(text: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -300,6 +316,19 @@ def create(request: dict, policy: LaunchPolicy, base_dir: str, home: str | None 
             (folder / "schedule.json").unlink()
             raise
     return _public(schedule)
+
+
+def listed(home: str | None = None) -> list[dict]:
+    """Her schedules as the Jobs panel shows them, each one her crontab lost (``scrontab -r`` in a
+    terminal, say) saying so."""
+    found = [_public(s) for s in list_schedules(home)]
+    held = in_crontab() if found else set()
+    for schedule in found:
+        if held is not None and schedule["id"] not in held:
+            schedule["next"] = None
+            schedule["problem"] = ("no longer in your Slurm crontab (changed outside the Jobs panel, e.g. scrontab -r): "
+                                   "it does not run; delete it and schedule the notebook again")
+    return found
 
 
 def list_schedules(home: str | None = None) -> list[dict]:
