@@ -15,6 +15,11 @@ version=$(dpkg-query -W -f='${Version}' slurm-client)
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 lib=/usr/lib/$arch/slurm-wlm
 built=$CACHE/$version/scrontab
+# What lands in /usr/local/bin comes from a cache only root may write to: any other is built afresh.
+mkdir -p "$CACHE"
+if [ "$(stat -c %u "$CACHE")" != 0 ] || [ -n "$(find "$CACHE" -maxdepth 0 -perm /022)" ]; then
+  rm -rf "${CACHE:?}"/* && chown root: "$CACHE" && chmod 755 "$CACHE"
+fi
 if [ ! -x "$built" ]; then
   test -e "$lib/libslurmfull.so" || { echo "[scrontab] no $lib/libslurmfull.so" >&2; exit 1; }
   say "building scrontab for slurm-client $version from Debian's source (about 30 s)"
@@ -22,6 +27,8 @@ if [ ! -x "$built" ]; then
   log=$work/build.log
   # A chain of &&: errexit does not apply inside a group whose failure is handled by ||.
   srcs=/etc/apt/sources.list.d/dsportal-src.sources
+  trap 'rm -f "$srcs" "${srcs%.sources}.list"' EXIT  # never left for later apt-get updates, even if killed
+  chown _apt: "$work" 2>/dev/null || true  # apt downloads as its own unprivileged user where it can write
   {
     # Debian's source archive, from the same mirrors as the machine's packages (their deb lines as
     # deb-src), for this download only: later apt-get updates do not fetch source indexes.
@@ -31,7 +38,7 @@ if [ ! -x "$built" ]; then
       grep -h '^deb ' /etc/apt/sources.list | sed 's/^deb /deb-src /' > "${srcs%.sources}.list"
     fi &&
     apt-get update -qq &&
-    apt-get source -qq -o APT::Sandbox::User=root "slurm-wlm=$version" &&
+    apt-get source -qq "slurm-wlm=$version" &&
     src=$(ls -d "$work"/slurm-wlm-*/) &&
     mkdir build && cd build &&
     # Debian's compiler and linker flags (hardening as debian/rules sets it); configure only for config.h

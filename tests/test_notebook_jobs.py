@@ -97,7 +97,7 @@ def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
     for line in ("#SBATCH --array=0-5%2", "#SBATCH --output=/home/u/.dsportal/jobs/x/task-%a.log", "#SBATCH --nodes=1",
                  "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1",
                  "#SBATCH --job-name=nb-train", 'task=${SLURM_ARRAY_TASK_ID:-0}',
-                 'exec /opt/dsportal/env/bin/python -m portal.session.notebookjob "$job_dir" "$task"'):
+                 'exec /opt/dsportal/env/bin/python -P -m portal.session.notebookjob "$job_dir" "$task"'):
         assert line in script, (line, script)
     assert "6 runs (a Slurm array, at most 2 at once)" in plan.describe()
     assert "--mail-type" not in script
@@ -169,6 +169,21 @@ def test_a_notebook_in_a_folder_others_can_write_runs_in_its_job_folder_not_impo
     assert f"dsportal: {shared} is not yours alone (others may put files there): the notebook runs in the job's " \
            f"folder {job}" in log, log
     assert f"cwd {job}" in log and "planted None" in log, log
+
+
+@pytest.mark.quick
+def test_a_folder_of_hers_inside_one_others_may_rename_in_is_not_where_a_kernel_runs(tmp_path):
+    """Her own folder in a group project folder that is not sticky: bob could swap it for one of his
+    (a rename) between the runner's check and the kernel's start; each run, a scheduled one unattended."""
+    from portal.session.notebookjob import _unsafe_folder
+
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o777)
+    (project / "mine").mkdir(mode=0o700)
+    assert "where others may rename folders (not sticky)" in _unsafe_folder(str(project / "mine"))
+    project.chmod(0o1777)  # sticky, as /tmp: only its owner renames her folder
+    assert _unsafe_folder(str(project / "mine")) is None
 
 
 @pytest.mark.quick

@@ -30,7 +30,8 @@ def schedules_api(user, method: str, path: str = "", owner: str | None = None, *
     ("@daily", "every day at 00:00", 1440),
     ("15 * * * *", "every hour at :15", 60),
     ("0 6 1 * *", "on day 1 of every month at 06:00", 28 * 1440),
-    ("0 9-17/4 * * 1-5", "at crontab time 0 9-17/4 * * 1-5", 240),
+    ("0 9-17 * * 1-5", "at crontab time 0 9-17 * * 1-5", 60),
+    ("0 */6 * * *", "at crontab time 0 */6 * * *", 360),
     ("*/20 * * * *", "at crontab time */20 * * * *", 20),
 ])
 def test_a_crontab_time_is_read_in_words_and_its_shortest_gap(when, words, gap):
@@ -50,7 +51,11 @@ def test_a_crontab_time_is_read_in_words_and_its_shortest_gap(when, words, gap):
     ("60 * * * *", "outside 0-59"),
     ("0 2 * * 8", "outside 0-7"),
     ("5-1 * * * *", "not a range from low to high"),
-    ("*/0 * * * *", "not a range from low to high"),
+    ("*/0 * * * *", "a step (/N) is allowed only as */N"),
+    ("*/1 * * * *", "a step (/N) is allowed only as */N"),  # Slurm refuses it
+    ("1-59/30 * * * *", "a step (/N) is allowed only as */N"),  # Slurm counts it from 0: {30}, not {1, 31}
+    ("0 2 * * */2", "a step (/N) is allowed only as */N"),
+    ("0 \u0662 * * *", "is not *, a number"),  # an Arabic-Indic 2: a digit to Python, not to Slurm
     ("0 2 * *", "needs five fields"),
     ("0 2 * * MON", "is not *, a number"),
     ("0 2 * * * ; id", "needs five fields"),
@@ -91,15 +96,22 @@ def test_only_dsportal_s_own_lines_of_her_crontab_change_and_a_value_cannot_add_
     written = schedules._join(outside, blocks)
     assert written.startswith(hers), written
     assert "#SCRON --partition=cpu" in written and "#SCRON --account=proj1" in written
-    assert "\n0 2 * * * /usr/bin/env SLURM_CONF=/etc/slurm/slurm.conf /opt/dsportal/env/bin/python -m " \
+    assert "\n0 2 * * * /usr/bin/env SLURM_CONF=/etc/slurm/slurm.conf /opt/dsportal/env/bin/python -P -m " \
            "portal.session.schedules fire /home/alice/.dsportal/schedules/0123abcd\n" in written, written
     # Paused: its line commented out; resumed: back; deleted: her own lines as they were.
     outside, blocks = schedules._blocks(written)
     blocks["0123abcd"] = schedules._block(schedule, paused=True)
     paused = schedules._join(outside, blocks)
     assert "\n#dsportal-paused# 0 2 * * * /usr/bin/env" in paused and "\n0 2 * * * /usr" not in paused
+    # ... and its options too: Slurm would carry #SCRON lines over comments to the next entry (hers, or another).
+    assert "\n#SCRON" not in paused and "\n#dsportal-paused# #SCRON --account=proj1" in paused, paused
     outside, blocks = schedules._blocks(paused)
     assert set(blocks) == {"0123abcd"}
+    # Slurm marks a cancelled entry's lines #DISABLED: (and a refused one's #BAD:): still the same block.
+    marked = written.replace("\n#SCRON", "\n#DISABLED: #SCRON").replace("\n0 2 * * *", "\n#DISABLED: 0 2 * * *")
+    marked = marked.replace("\n# dsportal-schedule 0123abcd end", "\n#DISABLED: # dsportal-schedule 0123abcd end")
+    outside, blocks = schedules._blocks(marked)
+    assert set(blocks) == {"0123abcd"} and schedules._join(outside, {}) == hers
     blocks.pop("0123abcd")
     assert schedules._join(outside, blocks) == hers
     # Values are quoted for the shell Slurm runs the line with, and a line break cannot pass.
@@ -135,7 +147,7 @@ def test_a_schedule_request_is_judged_as_its_job_would_be_before_anything_is_wri
     assert written == [] and schedules.list_schedules(str(tmp_path)) == []
     made = schedules.create({"notebook": "train.ipynb", "schedule": "0 2 * * *", "profile": "gpu", "gpus_per_node": 1},
                             policy, str(tmp_path), home=str(tmp_path))
-    assert made["words"] == "every day at 02:00" and made["runs"] == [] and len(written) == 1
+    assert made["words"] == "every day at 02:00" and (made["runs"], made["last_run"]) == (0, None) and len(written) == 1
     with pytest.raises(RequestError) as refused:  # the profile's max_schedules
         schedules.create({"notebook": "train.ipynb", "schedule": "0 3 * * *"}, policy, str(tmp_path), home=str(tmp_path))
     assert "the most it allows (1): delete one first" in str(refused.value)
@@ -167,10 +179,28 @@ def test_a_firing_that_submits_nothing_says_why_on_the_schedule_and_the_next_one
         submitted.append((plan.name, shown_as, schedule)) or type("Info", (), {"job_id": 42})()))
     assert schedules.fire(folder) == 0
     public = schedules._public(schedules.list_schedules(str(tmp_path))[0])
-    assert public["problem"] == "" and public["runs"] == [42]
+    assert public["problem"] == "" and (public["runs"], public["last_run"]) == (1, 42)
     assert submitted == [("nb-train", str(tmp_path / "train.ipynb"), made["id"])]  # named after her notebook
     schedules.delete(made["id"], home=str(tmp_path))
     assert not folder.exists() and schedules.fire(folder) == 0  # a run that starts after: nothing to do
+
+
+@pytest.mark.quick
+def test_an_entry_whose_record_is_gone_is_listed_and_deleted_and_hers_stay(tmp_path, monkeypatch):
+    from portal.session import schedules
+
+    schedule = {"id": "0123abcd", "folder": str(tmp_path / "gone"), "home": str(tmp_path), "cron": "0 2 * * *",
+                "python": "/opt/dsportal/env/bin/python", "slurm_conf": "",
+                "profile": {"name": "cpu", "partition": "cpu"}}
+    crontab = ["# hers\n" + "\n".join(schedules._block(schedule, paused=False)) + "\n"]
+    monkeypatch.setattr(schedules, "read_crontab", lambda: crontab[0])
+    monkeypatch.setattr(schedules, "write_crontab", lambda text, home=None: crontab.__setitem__(0, text))
+    monkeypatch.setattr(schedules, "_in_crontab", {"at": float("-inf"), "ids": set()})
+    (tmp_path / schedules.SCHEDULES_DIR).mkdir(parents=True)
+    [orphan] = schedules.listed(str(tmp_path))
+    assert orphan["id"] == "0123abcd" and "its record in ~/.dsportal/schedules is gone" in orphan["problem"]
+    assert schedules.delete("0123abcd", home=str(tmp_path))["deleted"] is True
+    assert crontab[0] == "# hers\n"
 
 
 # -- alice's real session and Slurm's cron ----------------------------------------------------------------
@@ -212,12 +242,12 @@ def test_a_notebook_runs_on_a_schedule_each_run_a_job_and_bob_touches_none_of_it
     crontab = crontab_of("alice").stdout
     assert crontab.startswith("# alice's own line\n") and f"dsportal-schedule {made['id']} begin" in crontab, crontab
 
-    deadline, runs = time.monotonic() + 240, []
-    while time.monotonic() < deadline and not runs:
+    deadline, first = time.monotonic() + 240, None
+    while time.monotonic() < deadline and first is None:
         time.sleep(3)
-        runs = schedules_api(alice, "GET").json()["schedules"][0]["runs"]
-    assert runs, f"no run within 240 s; the firing job's log: {crontab}"
-    job = wait_finished(alice, runs[-1])
+        first = schedules_api(alice, "GET").json()["schedules"][0]["last_run"]
+    assert first, f"no run within 240 s; the crontab: {crontab}"
+    job = wait_finished(alice, first)
     assert job["state"] == "COMPLETED" and job["schedule"] == made["id"], job
     assert job["notebook"].endswith("/nbsched/train.ipynb") and job["name"] == "nb-train", job  # hers, not the copy
     executed = alice.api("GET", f"/user/alice/dsportal/api/jobs/{job['job_id']}/files/output.ipynb").json()

@@ -61,7 +61,8 @@ interface Schedule {
   notebook: string;
   paused: boolean;
   description: string;
-  runs: number[];
+  runs: number;
+  last_run: number | null;
   problem: string;
 }
 
@@ -393,12 +394,13 @@ export class JobsPanel extends Widget {
         next.append(element('div', { class: 'dsportal-Jobs-scheduleProblem', text: s.problem }));
       }
       const runs = row.insertCell();
-      runs.textContent = String(s.runs.length);
-      if (s.runs.length) {
+      runs.textContent = String(s.runs);
+      if (s.last_run !== null) {
+        const lastRun = s.last_run;
         const last = element('button', { class: 'jp-Button jp-mod-styled jp-mod-reject dsportal-Jobs-lastRun', text: `Log` });
-        last.dataset.jobId = String(s.runs[0]);
-        last.title = `The latest run's log (job ${s.runs[0]})`;
-        last.onclick = () => this.follow(s.runs[0]);
+        last.dataset.jobId = String(lastRun);
+        last.title = `The latest run's log (job ${lastRun})`;
+        last.onclick = () => this.follow(lastRun);
         runs.append(' ', last);
       }
       const actions = row.insertCell();

@@ -84,7 +84,7 @@ def summed(records: list[dict[str, str]]) -> dict[tuple[str, str, str], Row]:
         gpu_s = gpus_of(record["AllocTRES"]) * elapsed
         cpus = _CPUS.search(record["AllocTRES"] or "")
         row.cpu_s += (int(cpus.group(1)) if cpus else 0) * elapsed
-        if record["JobName"].startswith("dsportal-"):
+        if record["JobName"].startswith("dsportal-") and not record["JobName"].startswith("dsportal-schedule-"):
             row.sessions += 1
             row.session_gpu_s += gpu_s
         else:

@@ -83,13 +83,7 @@ class JobsHandler(_JobsAPI):
 
     @web.authenticated
     async def post(self):
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise web.HTTPError(400, "Your job request was refused: the body is not JSON") from None
-        except ValueError:  # Python reads no number of more than 4,300 digits
-            raise web.HTTPError(400, "Your job request was refused: it holds a number of more than 4,300 "
-                                "digits") from None
+        body = _body(self, "Your job request")
         try:
             policy = await asyncio.to_thread(_policy)
             plan = jobs.plan(body, policy, self.settings.get("server_root_dir") or os.path.expanduser("~"))
@@ -101,13 +95,20 @@ class JobsHandler(_JobsAPI):
         self.finish(json.dumps({"job": info.as_dict()}))
 
 
-def _body(handler) -> dict:
+MAX_BODY = 1 << 20  # a request's JSON body: a job or schedule request is a few kB (a notebook is sent by path)
+
+
+def _body(handler, what: str = "Your request") -> dict:
+    if len(handler.request.body or b"") > MAX_BODY:
+        raise web.HTTPError(413, f"{what} was refused: its body is over {MAX_BODY // 2**20} MB")
     try:
         return json.loads(handler.request.body or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPError(400, "Your request was refused: the body is not JSON") from None
+        raise web.HTTPError(400, f"{what} was refused: the body is not JSON") from None
     except ValueError:  # Python reads no number of more than 4,300 digits
-        raise web.HTTPError(400, "Your request was refused: it holds a number of more than 4,300 digits") from None
+        raise web.HTTPError(400, f"{what} was refused: it holds a number of more than 4,300 digits") from None
+    except RecursionError:
+        raise web.HTTPError(400, f"{what} was refused: its JSON is nested too deep") from None
 
 
 class SchedulesHandler(_JobsAPI):

@@ -68,7 +68,21 @@ def _unsafe_folder(folder: str) -> str | None:
         return "is read-only for you"
     if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return "is not yours alone (others may put files there)"
-    return None
+    # Nor may anyone else swap the folder for one of theirs between this check and the kernel's start:
+    # each folder above it is hers or root's, and one that others may write to is sticky (as /tmp is).
+    above = os.path.dirname(os.path.abspath(folder))
+    while True:
+        try:
+            st = os.stat(above)
+        except OSError as error:
+            return f"lies in {above}, which cannot be read ({error.strerror})"
+        if st.st_uid not in (0, os.getuid()):
+            return f"lies in {above}, which another user owns (they could swap the folder)"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return f"lies in {above}, where others may rename folders (not sticky)"
+        if above == os.path.dirname(above):
+            return None
+        above = os.path.dirname(above)
 
 
 def _kernel(spec: dict, runtime: Path) -> str:

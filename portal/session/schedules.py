@@ -42,7 +42,8 @@ PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@midnight": "0 0 * * 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
 DAY_NAMES = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 _ID = re.compile(r"^[0-9a-f]{8}$")
-_ELEMENT = re.compile(r"^(\*|(\d{1,2})(?:-(\d{1,2}))?)(?:/(\d{1,2}))?$")
+_SLURM_MARKS = re.compile(r"^(?:#(?:DISABLED|BAD): )+")
+_ELEMENT = re.compile(r"^(\*|([0-9]{1,2})(?:-([0-9]{1,2}))?)(?:/([0-9]{1,2}))?$")
 
 
 class ScheduleNotFound(LookupError):
@@ -73,8 +74,11 @@ def parse_cron(text) -> tuple[str, list[set[int]]]:
             first = low if match.group(1) == "*" else int(match.group(2))
             last = high if match.group(1) == "*" else int(match.group(3) or match.group(2))
             step = int(match.group(4) or 1)
-            if match.group(4) and match.group(1) != "*" and match.group(3) is None:
-                last = high  # N/STEP: from N to the end
+            # Slurm counts a step from the field's start over the whole field: only */N (N >= 2) of minutes
+            # and hours means the same here and there.
+            if match.group(4) and (match.group(1) != "*" or name not in ("minute", "hour") or step < 2):
+                raise RequestError(f"schedule's {name} {shown(part)}: a step (/N) is allowed only as */N, N of 2 or "
+                                   "more, for minutes and hours (e.g. */15 * * * *)")
             if not (low <= first <= high and low <= last <= high):
                 raise RequestError(f"schedule's {name} {shown(part)} is outside {low}-{high}")
             if first > last or step < 1:
@@ -219,6 +223,7 @@ def _blocks(text: str) -> tuple[list[str], dict[str, list[str]]]:
     """The crontab's lines outside dsportal's blocks, and each block's lines by schedule id."""
     outside, blocks, current = [], {}, None
     for line in text.splitlines():
+        line = _SLURM_MARKS.sub("", line)  # what Slurm marks: a cancelled entry's lines, a refused one's
         begin = re.match(r"^# dsportal-schedule ([0-9a-f]{8}) begin\b", line)
         if begin:
             current = begin.group(1)
@@ -247,25 +252,32 @@ def _block(schedule: dict, paused: bool) -> list[str]:
     folder, profile = schedule["folder"], schedule["profile"]
     options = [f"--job-name=dsportal-schedule-{schedule['id']}", f"--partition={profile['partition']}",
                "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--mem=1G", "--time=00:10:00",
-               f"--output={folder}/cron.log", "--open-mode=append", f"--chdir={schedule['home']}",
+               f"--output={folder}/cron.log", f"--chdir={schedule['home']}",
                f"--comment=dsportal-profile={profile['name']},dsportal-schedule={schedule['id']}"]
     options += [f"--{key}={profile[key]}" for key in ("account", "qos", "reservation") if profile.get(key)]
-    command = [schedule["python"], "-m", "portal.session.schedules", "fire", folder]
+    command = [schedule["python"], "-P", "-m", "portal.session.schedules", "fire", folder]  # -P: not from ~
     if schedule.get("slurm_conf"):
         command = ["/usr/bin/env", f"SLURM_CONF={schedule['slurm_conf']}", *command]
     entry = f"{schedule['cron']} {shlex.join(command)}"
-    return [BEGIN.format(id=schedule["id"]), *(f"#SCRON {option}" for option in options),
-            (PAUSED + entry) if paused else entry, END.format(id=schedule["id"])]
+    lines = [*(f"#SCRON {option}" for option in options), entry]
+    if paused:  # every line, options too: Slurm carries #SCRON options over plain comments to the next entry
+        lines = [PAUSED + line for line in lines]
+    return [BEGIN.format(id=schedule["id"]), *lines, END.format(id=schedule["id"])]
 
 
 # ------------------------------------------------------------------------------ schedules
 def _load(schedule_id: str, home: str | None = None) -> dict:
     if not isinstance(schedule_id, str) or not _ID.match(schedule_id):
         raise ScheduleNotFound(f"no schedule {shown(schedule_id)}")
+    folder = _root(home) / schedule_id
     try:
-        return json.loads((_root(home) / schedule_id / "schedule.json").read_text())
+        schedule = json.loads((folder / "schedule.json").read_text())
+        if not isinstance(schedule, dict):
+            raise ValueError("not an object")
     except (OSError, ValueError):
         raise ScheduleNotFound(f"no schedule {schedule_id} of yours") from None
+    # Its folder by its id, whatever the file says: the files removed or written are always these.
+    return {**schedule, "id": schedule_id, "folder": str(folder), "home": str(Path(home or os.path.expanduser("~")))}
 
 
 def _save(schedule: dict) -> None:
@@ -313,8 +325,13 @@ def create(request: dict, policy: LaunchPolicy, base_dir: str, home: str | None 
         try:
             write_crontab(_join(outside, blocks), home)
         except Exception:
-            (folder / "schedule.json").unlink()
-            raise
+            try:  # slurmctld may have taken it and not answered in time: then it is made
+                taken = schedule_id in _blocks(read_crontab())[1]
+            except SlurmError:
+                taken = False
+            if not taken:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
     return _public(schedule)
 
 
@@ -322,12 +339,17 @@ def listed(home: str | None = None) -> list[dict]:
     """Her schedules as the Jobs panel shows them, each one her crontab lost (``scrontab -r`` in a
     terminal, say) saying so."""
     found = [_public(s) for s in list_schedules(home)]
-    held = in_crontab() if found else set()
+    held = in_crontab() if _root(home).is_dir() else set()  # (one who never made a schedule: no Slurm call)
     for schedule in found:
         if held is not None and schedule["id"] not in held:
             schedule["next"] = None
             schedule["problem"] = ("no longer in your Slurm crontab (changed outside the Jobs panel, e.g. scrontab -r): "
                                    "it does not run; delete it and schedule the notebook again")
+    # And the other way round: an entry of dsportal's whose record is gone (its folder removed by hand).
+    for orphan in sorted((held or set()) - {s["id"] for s in found}):
+        found.append({"id": orphan, "schedule": "", "words": "", "next": None, "notebook": "(unknown)", "paused": False,
+                      "created": 0, "profile": "", "description": "", "runs": 0, "last_run": None,
+                      "problem": "in your Slurm crontab, but its record in ~/.dsportal/schedules is gone: delete it"})
     return found
 
 
@@ -347,8 +369,8 @@ def list_schedules(home: str | None = None) -> list[dict]:
 
 def set_paused(schedule_id: str, paused: bool, home: str | None = None) -> dict:
     """Pause (its crontab line commented out: Slurm drops its pending run) or resume a schedule."""
-    schedule = _load(schedule_id, home)
     with _Locked(_root(home)):
+        schedule = _load(schedule_id, home)  # inside the lock: not one a Delete just removed
         outside, blocks = _blocks(read_crontab())
         blocks[schedule_id] = _block(schedule, paused=paused)
         write_crontab(_join(outside, blocks), home)
@@ -359,22 +381,28 @@ def set_paused(schedule_id: str, paused: bool, home: str | None = None) -> dict:
 
 def delete(schedule_id: str, home: str | None = None) -> dict:
     """The schedule's crontab entry removed (Slurm cancels its pending run); its past runs stay jobs."""
-    schedule = _load(schedule_id, home)
     with _Locked(_root(home)):
+        try:
+            schedule = _load(schedule_id, home)
+        except ScheduleNotFound:
+            schedule = None  # its record gone: its crontab entry, if any, goes all the same
         outside, blocks = _blocks(read_crontab())
+        if schedule is None and schedule_id not in blocks:
+            raise ScheduleNotFound(f"no schedule {shown(schedule_id)} of yours")
         blocks.pop(schedule_id, None)
         write_crontab(_join(outside, blocks), home)
-        public = _public(schedule)
-        shutil.rmtree(schedule["folder"], ignore_errors=True)  # a run that starts now finds nothing to run
+        public = _public(schedule) if schedule else {"id": schedule_id}
+        shutil.rmtree(_root(home) / schedule_id, ignore_errors=True)  # a run that starts now finds nothing to run
     return {**public, "deleted": True}
 
 
-def runs(folder: Path) -> list[int]:
-    """The job ids of the runs of the schedule in ``folder``, newest first."""
+def runs(folder: Path) -> tuple[int, int | None]:
+    """How many runs the schedule in ``folder`` submitted, and the latest one's job id."""
     try:
-        return [int(line) for line in reversed((folder / "runs").read_text().split()) if line.isdigit()]
+        ids = [line for line in (folder / "runs").read_text().split() if line.isdigit()]
     except OSError:
-        return []
+        return 0, None
+    return len(ids), int(ids[-1]) if ids else None
 
 
 def _public(schedule: dict) -> dict:
@@ -385,7 +413,8 @@ def _public(schedule: dict) -> dict:
             "id": schedule["id"], "schedule": schedule["cron"], "words": schedule["words"],
             "notebook": schedule["notebook"], "paused": schedule["paused"], "created": schedule["created"],
             "profile": schedule["profile"]["name"], "description": schedule["description"],
-            "runs": runs(Path(schedule["folder"])), "problem": _problem(Path(schedule["folder"]))}
+            **dict(zip(("runs", "last_run"), runs(Path(schedule["folder"])), strict=True)),
+            "problem": _problem(Path(schedule["folder"]))}
 
 
 def _problem(folder: Path) -> str:
@@ -401,31 +430,38 @@ def fire(folder: Path) -> int:
     os.environ.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")  # cron's jobs may start with a bare one
     try:
         schedule = json.loads((folder / "schedule.json").read_text())
-    except OSError:  # deleted while this run waited to start
+    except FileNotFoundError:  # deleted while this run waited to start
         print(f"dsportal: the schedule in {folder} was deleted: nothing to run", flush=True)
         return 0
-    policy = LaunchPolicy.model_validate(schedule["policy"])
-    home = schedule["home"]
-    print(f"dsportal: schedule {schedule['id']} ({schedule['words']}) fires at {time.strftime('%Y-%m-%d %H:%M:%S')}",
-          flush=True)
+    except (OSError, ValueError) as error:
+        return _not_submitted(folder, f"its record cannot be read ({error})")
+    print(f"dsportal: schedule {folder.name} fires at {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     try:
+        policy = LaunchPolicy.model_validate(schedule["policy"])
+        home = schedule["home"]
         plan = jobs.plan(schedule["request"], policy, home)
-        info = jobs.submit(plan, policy, home, shown_as=schedule["notebook"], schedule=schedule["id"])
+        info = jobs.submit(plan, policy, home, shown_as=schedule["notebook"], schedule=folder.name)
     except (RequestError, SlurmError, OSError) as error:
-        print(f"dsportal: this run was not submitted: {error}", flush=True)
-        try:  # the Jobs panel shows it on the schedule's row
-            write_whole(folder / PROBLEM, f"{time.strftime('%Y-%m-%d %H:%M')}: the run was not submitted: {error}")
-        except OSError:
-            pass
-        return 1
+        return _not_submitted(folder, str(error))
+    except Exception as error:  # noqa: BLE001 - e.g. a record an older dsportal wrote: said on the schedule's row
+        return _not_submitted(folder, f"{type(error).__name__}: {error}")
     try:
         with open(folder / "runs", "a") as file:
             file.write(f"{info.job_id}\n")
         (folder / PROBLEM).unlink(missing_ok=True)
     except OSError:  # deleted meanwhile
         pass
-    print(f"dsportal: submitted job {info.job_id}: {schedule['description']}", flush=True)
+    print(f"dsportal: submitted job {info.job_id}: {schedule.get('description', '')}", flush=True)
     return 0
+
+
+def _not_submitted(folder: Path, why: str) -> int:
+    print(f"dsportal: this run was not submitted: {why}", flush=True)
+    try:  # the Jobs panel shows it on the schedule's row
+        write_whole(folder / PROBLEM, f"{time.strftime('%Y-%m-%d %H:%M')}: the run was not submitted: {why}"[:1000])
+    except OSError:
+        pass
+    return 1
 
 
 def main(argv=None) -> int:
