@@ -10,15 +10,17 @@ import subprocess
 from hubclient import active_jobs
 from test_gauges import GiB, node_memory
 
-# The limits as the terminal's own shell sees them: the memory limit of the nearest cgroup above it that has one.
-SLICE = ("echo USER=$(id -un); echo CPUS=$(nproc); echo JOB=$SLURM_JOB_ID; echo GPUS=$CUDA_VISIBLE_DEVICES; "
-         "p=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); "
-         "while [ \"$p\" != /sys/fs/cgroup ] && [ \"$(cat $p/memory.max 2>/dev/null)\" = max ]; do p=$(dirname $p); done; "
-         "echo MEM=$(cat $p/memory.max); echo PID=$$; echo HOST=$(hostname)")
+# The slice as the terminal's own shell sees it; its memory limit read from the shell's own cgroup (the cgroup
+# reader of the gauges, given the shell's /proc entry).
+SLICE = ("echo USER=$(id -un); echo CPUS=$SLURM_CPUS_ON_NODE; echo NPROC=$(nproc); echo JOB=$SLURM_JOB_ID; "
+         "echo GPUS=$CUDA_VISIBLE_DEVICES; echo PID=$$; echo HOST=$(hostname); "
+         "echo MEM=$(/opt/dsportal/env/bin/python -c 'import pathlib, sys; from portal.session.sliceusage import "
+         "SliceUsage; print(SliceUsage(proc=pathlib.Path(\"/proc\", sys.argv[1])).memory_limit())' $$)")
 
 
 def facts(output: str) -> dict[str, str]:
-    return dict(re.findall(r"^(USER|CPUS|JOB|GPUS|MEM|PID|HOST)=(.*?)\r?$", output, re.M))
+    """NAME=value lines the terminal printed (the last of each: the typed command echoes the names first)."""
+    return dict(re.findall(r"\b(USER|CPUS|NPROC|JOB|GPUS|MEM|PID|HOST)=([^\r\n]*)", output))
 
 
 def test_the_terminal_runs_as_her_in_her_slice_and_bob_reaches_it_from_nowhere(alice, bob):
@@ -26,7 +28,8 @@ def test_the_terminal_runs_as_her_in_her_slice_and_bob_reaches_it_from_nowhere(a
     job = active_jobs("alice")[0]
     seen = facts(alice.run_in_terminal(SLICE))
     assert seen["USER"] == "alice" and seen["JOB"] == str(job["job_id"]), seen
-    assert seen["CPUS"] == "16", seen
+    # Slurm's 16 CPUs; the cores its cpuset lets her use: at most those (the demo's nodes share 2 real cores).
+    assert seen["CPUS"] == "16" and 1 <= int(seen["NPROC"]) <= 16, seen
     expected = min(96 * GiB, node_memory())  # Slurm's limit, page-aligned by the kernel
     assert expected - (64 << 20) <= int(seen["MEM"]) <= expected, seen
     gpus = seen["GPUS"].split(",")
