@@ -95,12 +95,14 @@ class JobsHandler(_JobsAPI):
         self.finish(json.dumps({"job": info.as_dict()}))
 
 
-MAX_BODY = 1 << 20  # a request's JSON body: a job or schedule request is a few kB (a notebook is sent by path)
+# A request's JSON body: a job or schedule request is a few kB (a notebook is sent by path). Below this each
+# field's own bound refuses it, naming the field; above it the body is not even parsed.
+MAX_BODY = 8 << 20
 
 
 def _body(handler, what: str = "Your request") -> dict:
     if len(handler.request.body or b"") > MAX_BODY:
-        raise web.HTTPError(413, f"{what} was refused: its body is over {MAX_BODY // 2**20} MB")
+        raise web.HTTPError(400, f"{what} was refused: its body is over {MAX_BODY // 2**20} MB")
     try:
         return json.loads(handler.request.body or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
