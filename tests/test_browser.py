@@ -361,4 +361,5 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
             assert panel.locator(f"tr[data-job-id='{run}']").count() == 1
         finally:
             subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)
+            subprocess.run(["runuser", "-u", "alice", "--", "scancel", "--name=nb-train"], capture_output=True)
         browser.close()

@@ -55,9 +55,9 @@ def test_session_is_reached_at_its_node_on_the_node_network(admin, alice):
 
 
 def job_as(user: str, node: str, code: str) -> str:
-    """A batch job of ``user`` on ``node`` (its output)."""
+    """A batch job of ``user`` on ``node`` (its output; --quiet: not srun's own "queued and waiting" notices)."""
     result = subprocess.run(
-        ["runuser", "-u", user, "--", "srun", "--partition=cpu", f"--nodelist={node}", "--ntasks=1",
+        ["runuser", "-u", user, "--", "srun", "--quiet", "--partition=cpu", f"--nodelist={node}", "--ntasks=1",
          "--cpus-per-task=1", "--mem=256M", "--time=5", "--chdir=/tmp", "/usr/bin/python3", "-c", code],
         capture_output=True, text=True, timeout=120)
     return result.stdout + result.stderr

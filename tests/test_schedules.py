@@ -213,6 +213,8 @@ def no_crontab_left():
     def clear():
         subprocess.run(["runuser", "-u", "alice", "--", "scrontab", "-r"], capture_output=True)
         subprocess.run(["rm", "-rf", "/home/alice/.dsportal/schedules"], check=True)
+        # The runs the schedule submitted (one a minute) end here too: they must not hold the nodes for the next test.
+        subprocess.run(["runuser", "-u", "alice", "--", "scancel", "--name=nb-train"], capture_output=True)
     clear()
     yield
     clear()  # even if the test failed
