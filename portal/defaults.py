@@ -9,6 +9,8 @@ SESSION_WORKDIR = "{home}"
 SESSION_UMASK = "077"
 ACTIVITY_INTERVAL = 60  # seconds between a session's activity reports
 SAVE_AHEAD = 120  # seconds before the walltime's end that a session saves its documents and stops its kernels
+CODE_SERVER = "/opt/dsportal/code-server/bin/code-server"  # VS Code in the browser (scripts/install-code-server.sh)
+R_REPOSITORY = "https://cloud.r-project.org"  # where an R kernel's install.packages() looks
 GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in use
 
 SLURM_BIN_DIR = "/usr/bin"

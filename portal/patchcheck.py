@@ -219,10 +219,45 @@ class Patch:
 STANDING_ASIDE: set[str] = set()  # the names of this process's patches left out at start (stands_aside)
 
 
+VERIFIED = Path(os.environ.get("DSPORTAL_PREFIX", "/opt/dsportal")) / "patchcheck-verified.json"
+
+
+def _verified_key(patches: list[Patch]) -> str:
+    """Every fingerprint expected, with the identity (device, inode, mtime, size) of each source file
+    it is read from: what a full check at install time vouches for, without reading any source."""
+    parts = []
+    for patch in patches:
+        for fingerprint in patch.relies_on:
+            status = source_file(fingerprint.source).stat()
+            parts.append(f"{fingerprint!s}={fingerprint.sha256}@{status.st_dev}:{status.st_ino}:"
+                         f"{status.st_mtime_ns}:{status.st_size}")
+    return _digest("\n".join(parts))
+
+
+def record_verified(patches: list[Patch], path: Path = VERIFIED) -> bool:
+    """At install time (root, after `make deps`): check every patch in full; if none changed, record
+    the key of what was checked, so that starts skip reading and parsing upstream sources."""
+    if any(patch.changed() for patch in patches):
+        return False
+    keys = json.loads(path.read_text()) if path.is_file() else []
+    key = _verified_key(patches)
+    path.write_text(json.dumps(sorted(set(keys) | {key})))
+    return True
+
+
+def _already_verified(patches: list[Patch], path: Path = VERIFIED) -> bool:
+    try:
+        return _verified_key(patches) in json.loads(path.read_text())
+    except (OSError, ValueError, LookupError):
+        return False
+
+
 def check_at_start(patches: list[Patch], say: Callable[[str], None]) -> None:
     """As the hub or a session starts: a security or isolation patch whose upstream code changed
     stops the start (SystemExit, one line: the patch, the package, the versions), as it would
     otherwise run unguarded; any other such patch says one line and stands aside (:func:`stands_aside`)."""
+    if _already_verified(patches):
+        return
     try:
         for patch in patches:
             changed = patch.changed()

@@ -11,6 +11,7 @@ GPU_BUSY_PERCENT = "DSPORTAL_GPU_BUSY_PERCENT"  # GPU utilisation from which the
 IDLE_LIMIT = "DSPORTAL_IDLE_LIMIT"  # seconds: the profile's idle limit for this slice
 SAVE_AHEAD = "DSPORTAL_SAVE_AHEAD"  # seconds: Slurm signals the walltime's end this long before it (--signal)
 LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
+TOOLS = "DSPORTAL_TOOLS"  # JSON: what the profile offers besides notebooks (portal.session.tools.Tools)
 TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
 REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start; its port report waits as long
 

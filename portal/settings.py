@@ -446,6 +446,12 @@ class Profile(_Model):
     queue_limit: str = Field(
         "08:00:00", description="How long (HH:MM:SS) a session may wait in Slurm's queue before the portal "
         "withdraws it and tells the user; then hub.start_timeout more to come up once it runs.")
+    tools: list[Literal["terminal", "r", "vscode", "git"]] = Field(
+        ["terminal", "r", "vscode", "git"], description="What a session offers besides Python notebooks, each "
+        "inside its job as the user: JupyterLab's terminal, an R kernel (Debian's r-cran-irkernel on the nodes), "
+        "VS Code in the browser (code-server on a private unix socket, started from the launcher) and git in "
+        "JupyterLab's sidebar (jupyterlab-git). One not installed on the nodes is left out; `dsportal check` "
+        "says which are installed and working.")
     sessions_per_user: int = Field(
         1, ge=1, le=20, description="How many sessions of this profile one user may hold at once (JupyterHub's "
         "named servers: each is a Slurm job with its own slice; pending ones count). A start past it is refused "
@@ -556,6 +562,11 @@ class SessionSettings(_Model):
         "and busy GPUs count); the idle limits of profiles are measured from the last report.")
     gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100,
                                   description="GPU utilisation from which a session's GPU counts as in use.")
+    code_server: Path = Field(Path(defaults.CODE_SERVER), description="code-server on the nodes: VS Code in "
+                              "the browser for profiles whose tools list vscode (scripts/install-code-server.sh).")
+    r_repository: str = Field(defaults.R_REPOSITORY, pattern=r"^(https?|file)://\S+$",
+                              description="The CRAN mirror an R kernel's install.packages() uses (a local "
+                              "mirror where the nodes have no internet).")
     save_ahead: int = Field(
         defaults.SAVE_AHEAD, ge=30, le=3600, description="Seconds before a session's walltime ends that Slurm tells it "
         "(--signal): open JupyterLabs save every document, then the kernels are shut down cleanly.")

@@ -67,6 +67,9 @@ for _ in range(150):
 EOF
 fi
 
+# VS Code in the browser for sessions (npm; its native modules compile here).
+bash scripts/install-code-server.sh || say "code-server not installed: sessions offer the rest"
+
 # Horovod compiles while the images that need no wheel of it are built beside it.
 "$ENV/bin/dsportal" images build-demo --ready &
 images=$!

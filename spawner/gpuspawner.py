@@ -118,6 +118,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         config=True)
     gpu_busy_percent = Integer(defaults.GPU_BUSY_PERCENT, help=_about(SessionSettings, "gpu_busy_percent")).tag(
         config=True)
+    code_server = Unicode(defaults.CODE_SERVER, help=_about(SessionSettings, "code_server")).tag(config=True)
+    r_repository = Unicode(defaults.R_REPOSITORY, help=_about(SessionSettings, "r_repository")).tag(config=True)
 
     # ------------------------------------------------------- runtime state
     slice = Instance(SessionSlice, allow_none=True,
@@ -224,6 +226,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env[sessionvars.SAVE_AHEAD] = str(self.save_ahead)
         env[sessionvars.REPORT_WAIT] = str(int(self.start_timeout))
         env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
+        env[sessionvars.TOOLS] = json.dumps({"offered": Profile.model_validate(self.profile).tools,
+                                             "code_server": self.code_server, "r_repository": self.r_repository},
+                                            separators=(",", ":"))
         if limit := self.idle_limit():
             env[sessionvars.IDLE_LIMIT] = str(limit)
         if self.launch_policy_json:

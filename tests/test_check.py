@@ -17,8 +17,10 @@ def test_check_passes_on_the_demo_cluster(portal):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
     for name in ("configuration", "Slurm controller", "profile gpu", "profile cpu", "LDAP", "user environment",
-                 "node firewall", "job confinement", "private /tmp", "private processes", "notebook schedules"):
+                 "node firewall", "job confinement", "private /tmp", "private processes", "notebook schedules",
+                 "terminal", "R kernel", "git"):
         assert f"[ok] {name}" in result.stdout
+    assert "computes 55 (profiles gpu, staff, course, class, cpu)" in result.stdout  # R, tried as a user
     # Each compute node by its own address on the node network, reached from the login node.
     for node in ("node1", "node2"):
         assert f"[ok] node {node}: {network.address(node)}: reached" in result.stdout, result.stdout
@@ -37,6 +39,19 @@ def test_check_names_each_broken_part(portal, tmp_path):
     assert "[FAIL] LDAP" in result.stdout
     assert "[FAIL] user environment" in result.stdout
     assert "[ok] profile gpu" in result.stdout
+
+
+def test_check_says_which_tools_a_profile_offers_but_the_nodes_lack(portal, tmp_path):
+    config = yaml.safe_load(CONFIG.read_text())
+    config["session"]["code_server"] = "/nonexistent/code-server"
+    for profile in config["profiles"]:
+        profile["tools"] = ["vscode"] if profile["name"] == "cpu" else []
+    path = tmp_path / "portal.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = check(path)
+    assert result.returncode == 0, result.stdout  # a warning: sessions leave it out and say why
+    assert "[WARN] VS Code: offered by profiles cpu but not working here" in result.stdout, result.stdout
+    assert "[ok] R kernel: offered by no profile" in result.stdout
 
 
 def test_check_names_the_container_runtime_and_each_image_as_a_user_sees_it(portal, tmp_path):

@@ -118,6 +118,44 @@ def check_user_environment(settings) -> Result:
     return Result("user environment", True, f"{prefix} imports {USER_SIDE_MODULES} as an ordinary user")
 
 
+def check_tools(settings) -> list[Result]:
+    """What profiles offer besides notebooks (Profile.tools), each tried as an ordinary account: a tool
+    offered but not working is a warning (sessions leave it out and say why)."""
+    offered: dict[str, list[str]] = {}
+    for profile in settings.profiles:
+        for tool in profile.tools:
+            offered.setdefault(tool, []).append(profile.name)
+    python = str(settings.session.environment / "bin" / "python")
+    probes = {
+        "terminal": ("terminal", [python, "-I", "-c", "import terminado; print('terminado', terminado.__version__)"],
+                     "jupyter_server's terminals need terminado in the session environment"),
+        "r": ("R kernel", ["R", "--slave", "-e", 'cat("R", paste(R.version$major, R.version$minor, sep = "."), "IRkernel", '
+                           'as.character(packageVersion("IRkernel")), "computes", sum(1:10), "\\n")'],
+              "install Debian's r-cran-irkernel on every compute node (make deps does here)"),
+        # (code-server writes a config file into the home: nobody's is a folder of its own, removed after)
+        "vscode": ("VS Code", ["sh", "-c", 'HOME=$(mktemp -d) && "$0" --version; s=$?; rm -rf "$HOME"; exit $s',
+                               str(settings.session.code_server)],
+                   "bash scripts/install-code-server.sh (code-server needs Node.js 20)"),
+        "git": ("git", [python, "-I", "-c", "import jupyterlab_git, subprocess; print('jupyterlab-git', "
+                        "jupyterlab_git.__version__, subprocess.run(['git', '--version'], capture_output=True, "
+                        "text=True, check=True).stdout.strip())"],
+                "jupyterlab-git comes with the lock file (make deps); git from Debian's git package"),
+    }
+    results = []
+    for tool, (name, argv, remedy) in probes.items():
+        if tool not in offered:
+            results.append(Result(name, True, "offered by no profile"))
+            continue
+        found = _as_nobody(argv, timeout=60)
+        said = " ".join((found.stdout or found.stderr).strip().splitlines()[-1:]) or "no output"
+        who = "profiles " + ", ".join(offered[tool])
+        if found.returncode == 0 and (tool != "r" or "computes 55" in said):
+            results.append(Result(name, True, f"{said} ({who})"))
+        else:
+            results.append(Result(name, True, f"offered by {who} but not working here: {said}; {remedy}", warning=True))
+    return results
+
+
 def check_images(settings) -> list[Result]:
     """Each container runtime the catalog uses runs for an ordinary account (its version), and
     each image is there for one; an image that is not is a warning: its kernel says so."""
@@ -348,6 +386,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results.append(check_accounting(settings))
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))
+    results += check_tools(settings)
     results += check_templates(settings)
     results += check_images(settings)
     results.append(check_homes())

@@ -161,6 +161,8 @@ def configure(c, settings=None) -> None:
         # go by the sessions' own reports instead (portal/session/activity.py: what changes or computes).
         c.JupyterHub.last_activity_interval = 0
     c.SlurmGPUSpawner.gpu_busy_percent = settings.session.gpu_busy_percent
+    c.SlurmGPUSpawner.code_server = str(settings.session.code_server)
+    c.SlurmGPUSpawner.r_repository = settings.session.r_repository
     c.SlurmGPUSpawner.workdir = settings.session.workdir
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)

@@ -151,8 +151,8 @@ def write_host_kernel(dest: Path) -> str | None:
     folder = dest / "kernels" / HOST_KERNEL
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
-    for logo in source.glob("logo-*"):
-        (folder / logo.name).symlink_to(logo)
+    for logo in source.glob("logo-*"):  # copies: the server serves no link out of a kernelspec's folder
+        shutil.copyfile(logo, folder / logo.name)
     return f"{HOST_KERNEL}: {spec.get('display_name', HOST_KERNEL)}"
 
 

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_data_dir, jupyter_path, jupyter_runtime_dir
 from tornado import web
@@ -37,6 +37,7 @@ from traitlets import default
 from .. import sessionvars
 from ..cluster.images import image_status
 from .kernels import CATALOG_FILE, container_command, ensure_kernel_pipe_config, read_catalog, refresh_building_kernels
+from .tools import R_KERNEL, Tools
 
 IMPORT_CHECK_TIMEOUT = 20  # seconds for her Python to say whether it has ipykernel (a cold home on NFS)
 
@@ -78,6 +79,11 @@ class OwnKernelSpecManager(KernelSpecManager):
         if str(own_kernels_dir()) not in self.kernel_dirs:
             self.kernel_dirs = [*self.kernel_dirs, str(own_kernels_dir())]
 
+    @property
+    def _hidden(self) -> set[str]:
+        """Kernels the profile does not offer (portal.session.tools): the system's R kernel."""
+        return set() if Tools.from_env().offers("r") else {R_KERNEL}
+
     def find_kernel_specs(self) -> dict[str, str]:
         """Jupyter's listing (the launcher's and every kernel start's), after the kernels of images
         that were being built are written again (they become the kernel itself once built)."""
@@ -88,9 +94,11 @@ class OwnKernelSpecManager(KernelSpecManager):
                                          os.environ.get("CUDA_VISIBLE_DEVICES"))
             except Exception as error:  # noqa: BLE001 - the listing (every other kernel) must go on
                 self.log.warning("dsportal: kernels of images being built not refreshed: %s", error)
-        return super().find_kernel_specs()
+        return {name: folder for name, folder in super().find_kernel_specs().items() if name not in self._hidden}
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        if kernel_name in self._hidden:
+            raise NoSuchKernel(kernel_name)
         spec = super().get_kernel_spec(kernel_name)
         if Path(spec.resource_dir).parent == own_kernels_dir() and kernel_name not in self._portal_names():
             self._as_own(kernel_name, spec)

@@ -28,9 +28,12 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
+from jupyter_core.paths import jupyter_path
+
 from .. import patchcheck, sessionvars
 from . import upstream
 from .kernels import write_catalog, write_host_kernel
+from .tools import Tools, system_r_kernel, write_config, write_r_kernel
 
 
 def free_port() -> int:
@@ -49,6 +52,7 @@ def write_session_kernels() -> None:
         write_host_kernel(Path(folder))
     except OSError as error:  # the environment's own kernelspec still starts it
         print(f"dsportal: the Python 3 kernel starts as ipykernel's ({error})", flush=True)
+    write_tools(Path(folder))
     if not catalog:
         return
     try:
@@ -57,6 +61,47 @@ def write_session_kernels() -> None:
             print(f"dsportal: kernel {line}", flush=True)
     except Exception as error:  # noqa: BLE001 - the session itself must still start
         print(f"dsportal: container kernels unavailable ({error}); the Python 3 kernel still works", flush=True)
+
+
+def write_tools(folder: Path) -> None:
+    """What the profile offers besides notebooks (portal.session.tools): the session's own config
+    folder, first on JUPYTER_CONFIG_PATH, and the R kernel where R is offered and installed."""
+    tools = Tools.from_env()
+    try:
+        config = write_config(folder, tools)
+    except OSError as error:
+        print(f"dsportal: the profile's tools are not configured ({error}); all that is installed is offered", flush=True)
+    else:
+        os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+            [str(config), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))])
+    if not tools.offers("r"):
+        return
+    source = system_r_kernel([p for p in jupyter_path() if Path(p) != folder])
+    try:
+        line = write_r_kernel(folder, source, tools) if source else None
+    except OSError as error:
+        line = f"R not offered ({error})"
+    print(f"dsportal: kernel {line or 'R not offered: IRkernel is not installed on this node'}", flush=True)
+
+
+def import_lab_without_node() -> None:
+    """jupyterlab.labapp asks Node.js for yarn's package registry as it is imported (its module-level
+    get_app_version builds AppOptions, whose registry default runs ``node yarn.js config --json``): a
+    process every start, for a registry only extension installs and builds use, and a session does
+    neither (its Extension Manager is read-only). Imported here, before the server imports it, with
+    PATH holding only this environment's bin (no Node.js there); then PATH as it was, for terminals,
+    kernels and VS Code. JupyterLab's own answer without Node.js is its default registry."""
+    path = os.environ.get("PATH")
+    os.environ["PATH"] = os.path.join(sys.prefix, "bin")
+    try:
+        import jupyterlab.labapp  # noqa: F401 - the import is the point: done under the PATH above
+    except ImportError:
+        pass
+    finally:
+        if path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = path
 
 
 def resume_gc() -> None:
@@ -70,8 +115,7 @@ def resume_gc() -> None:
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
-        print(f"dsportal: serving; garbage collection on, the {gc.get_freeze_count()} objects of the start "
-              "left out of it", flush=True)
+        print("dsportal: serving; garbage collection on, the objects of the start left out of it", flush=True)
 
 
 def started() -> None:
@@ -106,6 +150,7 @@ def main() -> None:
         sys.argv.append(f"--port={port}")
     upstream.exclude_home_config_paths()
     upstream.install_hub_tls_context()
+    import_lab_without_node()
     command = which(sys.argv[1]) or sys.argv[1]
     sys.argv = sys.argv[1:]
     run_path(command, run_name="__main__")

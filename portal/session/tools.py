@@ -1,0 +1,131 @@
+"""What a session offers besides Python notebooks: a terminal, R, VS Code and git (a profile's ``tools``).
+
+The hub puts the profile's list into the job (sessionvars.TOOLS, with where code-server is and which
+CRAN mirror R uses). The session's entry point (portal.session.singleuser) turns it into Jupyter's own
+configuration before the server starts, in a config folder of the session's own (first on
+JUPYTER_CONFIG_PATH):
+
+- terminal: ``ServerApp.terminals_enabled`` (JupyterLab shows no Terminal tile without it);
+- git: jupyterlab-git's server extension (``ServerApp.jpserver_extensions``) and its JupyterLab
+  plugins (page_config's ``disabledExtensions``);
+- r: the R kernel's kernelspec in the session's folder (:func:`write_r_kernel`); without it the
+  system's ``ir`` kernelspec is hidden (portal.session.ownkernels);
+- vscode: the launcher tile of portal.session.vscode (jupyter-server-proxy).
+
+What a profile leaves out is not offered; it is not a wall: her terminal (where offered) runs what
+she likes inside her own slice. Each tool runs in the session's job, as the user, within its cores,
+memory and GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import defaults, sessionvars
+from ..wholefile import write_whole
+
+TOOLS = ("terminal", "r", "vscode", "git")
+GIT_SERVER_EXTENSION = "jupyterlab_git"
+GIT_LAB_EXTENSION = "@jupyterlab/git"
+R_KERNEL = "ir"  # IRkernel's kernelspec name (Debian's r-cran-irkernel installs it system-wide)
+R_REPOSITORY_VARIABLE = "DSPORTAL_R_REPOSITORY"
+
+# Run by R before IRkernel: her own library (made if missing: R otherwise offers to make it, a question a
+# kernel cannot answer), the admin's CRAN mirror, and an install.packages() that says in words when the
+# mirror cannot be reached (compute nodes often have no internet) instead of R's warnings.
+R_START = " ".join(line.strip() for line in """
+local({
+  lib <- file.path(path.expand("~"), "R", paste0(R.version$platform, "-library"),
+                   paste(R.version$major, sub("[.].*", "", R.version$minor), sep = "."));
+  dir.create(lib, recursive = TRUE, showWarnings = FALSE);
+  .libPaths(c(lib, .libPaths()));
+  options(repos = c(CRAN = Sys.getenv("DSPORTAL_R_REPOSITORY", "https://cloud.r-project.org")));
+  tools <- new.env();
+  tools$install.packages <- function(pkgs, lib = .libPaths()[1], repos = getOption("repos"), ...) {
+    remote <- Filter(function(r) !startsWith(r, "file:"), as.character(repos));
+    if (length(remote) > 0) {
+      index <- paste0(sub("/$", "", remote[[1]]), "/src/contrib/PACKAGES");
+      reached <- tryCatch(length(curlGetHeaders(index, timeout = 10L)) > 0, error = function(e) FALSE);
+      if (!reached) stop(sprintf(paste0("install.packages() cannot reach %s from this node: compute nodes ",
+        "often have no internet. Install from a file you copied here: install.packages(\\"pkg.tar.gz\\", ",
+        "repos = NULL), or ask your admin for a local CRAN mirror (portal.yaml: session.r_repository)."),
+        remote[[1]]), call. = FALSE);
+    };
+    utils::install.packages(pkgs, lib = lib, repos = repos, ...)
+  };
+  attach(tools, name = "dsportal:tools", warn.conflicts = FALSE)
+});
+IRkernel::main()
+""".strip().splitlines())
+
+
+@dataclass(frozen=True)
+class Tools:
+    offered: frozenset[str]
+    code_server: str = defaults.CODE_SERVER
+    r_repository: str = defaults.R_REPOSITORY
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> Tools:
+        """The hub's word (sessionvars.TOOLS); a server the hub did not start offers everything."""
+        raw = environ.get(sessionvars.TOOLS, "")
+        if not raw:
+            return cls(frozenset(TOOLS))
+        try:
+            given = json.loads(raw)
+            return cls(frozenset(t for t in given.get("offered", []) if t in TOOLS),
+                       str(given.get("code_server") or defaults.CODE_SERVER),
+                       str(given.get("r_repository") or defaults.R_REPOSITORY))
+        except (ValueError, AttributeError, TypeError):
+            return cls(frozenset())
+
+    def offers(self, tool: str) -> bool:
+        return tool in self.offered
+
+
+def write_config(folder: Path, tools: Tools) -> Path:
+    """The session's own Jupyter config folder, for JUPYTER_CONFIG_PATH: what the profile leaves out,
+    switched off by Jupyter's own settings."""
+    config = folder / "config"
+    (config / "labconfig").mkdir(parents=True, exist_ok=True)
+    server: dict = {"terminals_enabled": tools.offers("terminal")}
+    if not tools.offers("git"):
+        server["jpserver_extensions"] = {GIT_SERVER_EXTENSION: False}
+    write_whole(config / "jupyter_server_config.json", json.dumps({"ServerApp": server}, indent=1))
+    disabled = {} if tools.offers("git") else {GIT_LAB_EXTENSION: True}
+    write_whole(config / "labconfig" / "page_config.json", json.dumps({"disabledExtensions": disabled}, indent=1))
+    return config
+
+
+def system_r_kernel(data_path: list[str]) -> Path | None:
+    """IRkernel's kernelspec folder where R's package installed it (Debian: /usr/share/jupyter/kernels/ir)."""
+    for folder in data_path:
+        spec = Path(folder) / "kernels" / R_KERNEL
+        if (spec / "kernel.json").is_file():
+            return spec
+    return None
+
+
+def write_r_kernel(dest: Path, source: Path, tools: Tools) -> str | None:
+    """The R kernel of this session into ``dest`` (on JUPYTER_PATH before the system's): IRkernel as
+    installed, started with :data:`R_START`. Nothing where the installed kernelspec is not IRkernel's."""
+    try:
+        spec = json.loads((source / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    argv = spec.get("argv", [])
+    if len(argv) < 2 or "IRkernel::main()" not in argv:
+        return None
+    spec["argv"] = [argv[0], "--slave", "-e", R_START, "--args", "{connection_file}"]
+    spec["env"] = {**spec.get("env", {}), R_REPOSITORY_VARIABLE: tools.r_repository}
+    spec.setdefault("metadata", {})["dsportal"] = {"tool": "r"}
+    folder = dest / "kernels" / R_KERNEL
+    folder.mkdir(parents=True, exist_ok=True)
+    write_whole(folder / "kernel.json", json.dumps(spec, indent=1))
+    for logo in source.glob("logo-*"):  # copies: the server serves no link out of a kernelspec's folder
+        shutil.copyfile(logo, folder / logo.name)
+    return f"{R_KERNEL}: {spec.get('display_name', 'R')}"

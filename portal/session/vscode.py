@@ -1,0 +1,52 @@
+"""VS Code in the browser: code-server, started from JupyterLab's launcher, inside the session's job.
+
+jupyter-server-proxy starts it on first use (its ``jupyter_serverproxy_servers`` entry point, this
+module's :func:`server`) and proxies ``/user/NAME/vscode/`` to it, behind the session's own login as
+every page of her server is. code-server listens on a **unix socket** in a new folder (mode 700) of
+the session's private TMPDIR, never on TCP, with its own login off (the socket is hers alone) and its
+own port proxy off (``--disable-proxy``: it would forward to any port of the node, past
+portal.session.portguard). It opens her home; its terminals run in the job with the slice's cores,
+memory and GPUs; it ends with the session's job.
+
+A profile whose ``tools`` leave out ``vscode`` (portal.session.tools), or a node without code-server,
+shows no tile; the address answers why.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .tools import Tools
+
+ICON = Path(__file__).with_name("vscode.svg")
+
+
+def command(binary: str, home: str, session_tmp: str) -> list[str]:
+    return [binary, "--socket", "{unix_socket}", "--socket-mode", "600", "--auth", "none",
+            "--disable-proxy", "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
+            "--config", os.path.join(session_tmp, "code-server.yaml"),
+            "--user-data-dir", os.path.join(home, ".local", "share", "code-server"),
+            "--extensions-dir", os.path.join(home, ".local", "share", "code-server", "extensions"),
+            home]
+
+
+def server() -> dict:
+    """jupyter-server-proxy's settings for code-server in this session."""
+    tools = Tools.from_env()
+    home = os.path.expanduser("~")
+    if not tools.offers("vscode"):
+        reason = "VS Code is not offered on this profile: ask your admin (portal.yaml, the profile's tools)."
+    elif not os.access(tools.code_server, os.X_OK):
+        reason = f"VS Code is not installed on this node ({tools.code_server}): ask your admin."
+    else:
+        return {
+            "command": command(tools.code_server, home, os.environ.get("TMPDIR", "/tmp")),
+            "unix_socket": True,  # a new folder (mode 700) in TMPDIR, the session's private one
+            "timeout": 60,
+            "new_browser_tab": True,
+            "launcher_entry": {"title": "VS Code", "icon_path": str(ICON), "category": "Notebook"},
+        }
+    return {"command": [sys.executable, "-c", f"import sys; sys.exit({reason!r})"], "unix_socket": True,
+            "launcher_entry": {"enabled": False}}
