@@ -62,8 +62,8 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     assert seen["later"] == [], seen
     assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.magics"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
-    served = re.search(r"dsportal: serving; garbage collection on, the (\d+) objects of the start left out of it", log)
-    assert served and int(served.group(1)) > 10_000, log[-3000:]
+    # (the count of what was frozen is not logged: counting walks every object, at every start)
+    assert "dsportal: serving; garbage collection on, the objects of the start left out of it" in log, log[-3000:]
 
 
 def test_stopping_the_server_ends_the_job(alice):
