@@ -527,6 +527,8 @@ class Image(_Model):
     runtime_binary: str | None = Field(None, description="Full path of the runtime, if not on PATH.")
     python: str = Field("python3", description="The image's Python that runs ipykernel.")
     profiles: list[str] = Field(default_factory=list, description="Profiles that may use it (empty: all).")
+    r: bool = Field(False, description="The image has R with IRkernel (a debootstrap: image: r-cran-irkernel in "
+                    "packages): sessions whose profile's tools list r get an R kernel in it too.")
     packages: list[str] = Field(default_factory=list, description="Debian packages of a debootstrap: image.")
     wheels: list[str] = Field(
         default_factory=list,

@@ -77,6 +77,32 @@ def test_the_r_kernel_is_irkernels_with_her_library_and_the_admins_mirror(tmp_pa
 
 
 @pytest.mark.quick
+def test_an_image_with_r_gets_an_r_kernel_inside_it(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from portal.session.kernels import r_kernel_spec
+
+    image = SimpleNamespace(name="rimage", path=str(tmp_path), runtime="apptainer", runtime_binary=None, r=True)
+    spec = r_kernel_spec(image, [], "/home/alice", "/tmp/rt", "0", Tools(frozenset({"r"}), r_repository="file:///cran"))
+    assert spec["language"] == "R" and spec["display_name"] == "R in a container (rimage)"
+    assert spec["argv"][-6:-1] == ["R", "--slave", "-e", session_tools.R_START, "--args"]
+    assert spec["env"]["APPTAINERENV_DSPORTAL_R_REPOSITORY"] == "file:///cran"
+    assert spec["env"]["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.quick
+def test_a_demo_image_whose_packages_changed_is_built_again(tmp_path):
+    from portal.cluster import images
+    from portal.settings import Image
+
+    image = Image(name="x", display_name="X", source="debootstrap:bookworm", path=tmp_path, packages=["b", "a"])
+    assert images.outdated(image)  # built before the stamp, or not at all
+    (tmp_path / images.PACKAGES_STAMP).write_text("a\nb\n")
+    assert not images.outdated(image)
+    assert images.outdated(image.model_copy(update={"packages": ["a", "b", "r-cran-irkernel"]}))
+
+
+@pytest.mark.quick
 def test_vs_code_listens_on_a_private_socket_without_its_own_port_proxy(monkeypatch, tmp_path):
     binary = tmp_path / "code-server"
     binary.write_text("#!/bin/sh\n")
@@ -142,6 +168,16 @@ def _tcp_listeners_of(user: str, node: str) -> set[str]:
                              capture_output=True, text=True, check=True).stdout
     return {fields[1] for line in listing.splitlines()[1:]
             if len(fields := line.split()) > 7 and fields[3] == "0A" and fields[7] == str(uid)}
+
+
+def test_r_runs_inside_an_image_whose_catalog_entry_says_so(alice):
+    alice.spawn({"profile": "cpu"})
+    specs = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]
+    if "dsportal-debian-python-r" not in specs:
+        pytest.skip("the demo's debian-python image is not built with R yet (dsportal images build debian-python)")
+    seen = alice.run_code("cat(sum(1:10), nzchar(Sys.getenv('APPTAINER_CONTAINER')), Sys.info()[['user']], "
+                          "Sys.getenv('SLURM_JOB_ID'))", kernel="dsportal-debian-python-r", timeout=180)
+    assert seen.split() == ["55", "TRUE", "alice", str(active_jobs("alice")[0]["job_id"])], seen
 
 
 def test_a_profile_without_tools_offers_none_of_them(portal, admin):

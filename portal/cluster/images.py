@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: a session start reads images without the 
 
 DEBIAN_MIRROR = os.environ.get("DSPORTAL_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 MARKER = "dsportal-image"  # /dsportal-image inside an image names it: tests and users can tell where they are
+PACKAGES_STAMP = "dsportal-packages"  # /dsportal-packages: the Debian packages a debootstrap: image was built with
 # Beside an image: ".lock" (root's alone, held while it is built), ".queued" ({"ready_by": epoch} while a
 # builder will build it, touched by the builder every HEARTBEAT seconds: users read it, and lock nothing
 # a build needs), ".seconds" (how long its last build took).
@@ -177,7 +178,7 @@ def build(image: Image, data_mount_targets: list[str], force: bool = True) -> No
         if image.source.startswith("debootstrap:"):
             if not force and _root_folder_only(image):
                 make_sandbox(image, target)  # an older demo's image: made a sandbox where it is
-            elif force or image_status(image)[0] != "built":
+            elif force or image_status(image)[0] != "built" or outdated(image):
                 build_debootstrap(image, data_mount_targets)
                 _beside(image, SECONDS).write_text(f"{time.monotonic() - started:.0f}\n")
         else:
@@ -284,6 +285,7 @@ def build_debootstrap(image: Image, data_mount_targets: list[str]) -> None:
             raise ImageError(f"{' '.join(step[:3])} failed: {(result.stderr or result.stdout)[-2000:]}")
     shutil.rmtree(partial / "var/lib/apt/lists", ignore_errors=True)
     (partial / MARKER).write_text(f"{image.name}\n")
+    (partial / PACKAGES_STAMP).write_text(_packages_stamp(image))
     add_mount_points(partial, data_mount_targets)
     subprocess.run(["chmod", "-R", "a+rX", str(partial)], check=True)
     if image.runtime in ("apptainer", "singularity"):
@@ -368,10 +370,24 @@ def _wheels(image: Image) -> list[Path]:
     return found
 
 
+def _packages_stamp(image: Image) -> str:
+    return "\n".join(sorted(image.packages)) + "\n"
+
+
+def outdated(image: Image) -> bool:
+    """A built debootstrap: image whose catalog entry lists other packages than it was built with
+    (or that predates the stamp): `images build-demo` builds it again; sessions use it meanwhile."""
+    try:
+        return (Path(image.path) / PACKAGES_STAMP).read_text() != _packages_stamp(image)
+    except OSError:
+        return True
+
+
 def unbuilt_demo_images(settings) -> list[Image]:
-    """The debootstrap: images of the catalog that are not built yet (a folder two entries share is
-    built once: the second finds it built)."""
-    return [i for i in settings.images if i.source.startswith("debootstrap:") and image_status(i)[0] != "built"]
+    """The debootstrap: images of the catalog that are not built yet, or are outdated (a folder two
+    entries share is built once: the second finds it built)."""
+    return [i for i in settings.images if i.source.startswith("debootstrap:")
+            and (image_status(i)[0] != "built" or outdated(i))]
 
 
 def _wheels_missing(image: Image) -> bool:

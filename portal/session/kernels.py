@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..cluster.images import image_status
 from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
+from .tools import R_REPOSITORY_VARIABLE, R_START, Tools
 
 if TYPE_CHECKING:
     from ..settings import DataMount, Image
@@ -76,8 +77,24 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
     }
 
 
+def r_kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None,
+                  tools: Tools) -> dict:
+    """The R kernel of an image whose catalog entry says it has R (``r``): IRkernel inside the image,
+    started as the host's R kernel is (portal.session.tools.R_START)."""
+    argv, env = container_command(image, mounts, home, runtime_dir, cuda,
+                                  ["R", "--slave", "-e", R_START, "--args", "{connection_file}"],
+                                  {R_REPOSITORY_VARIABLE: tools.r_repository})
+    return {
+        "display_name": f"R in a container ({image.name})",
+        "language": "R",
+        "argv": argv,
+        "env": env,
+        "metadata": {"dsportal": {"image": image.name, "status": "built", "runtime": image.runtime, "tool": "r"}},
+    }
+
+
 def container_command(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None,
-                      command: list[str]) -> tuple[list[str], dict[str, str]]:
+                      command: list[str], extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that run ``command`` as a kernel inside ``image``: the session's
     image kernels and a user's own kernel that names an image (portal.session.ownkernels)."""
     backend = runtime(image.runtime, image.runtime_binary)
@@ -90,6 +107,7 @@ def container_command(image: Image, mounts: list[DataMount], home: str, runtime_
     env["JUPYTER_RUNTIME_DIR"] = runtime_dir
     if os.environ.get("SLURM_JOB_ID"):
         env["SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
+    env.update(extra_env or {})
     return backend.argv(launch), backend.environment(env)
 
 
@@ -106,7 +124,7 @@ BUILDING: set[str] = set()  # images this session offered while they were being 
 
 def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], home: str, runtime_dir: str,
                       cuda: str | None) -> list[str]:
-    written = []
+    written, tools = [], Tools.from_env()
     if images:
         shutil.copyfile(KERNEL_PIPE_SOURCE, kernel_pipe_config(runtime_dir))
     for image in images:
@@ -115,6 +133,12 @@ def write_kernelspecs(dest: Path, images: list[Image], mounts: list[DataMount], 
         spec = kernel_spec(image, mounts, home, runtime_dir, cuda)
         write_whole(folder / "kernel.json", json.dumps(spec, indent=1))  # the listing may read it meanwhile
         written.append(f"{image.name}: {spec['display_name']}")
+        if getattr(image, "r", False) and spec["metadata"]["dsportal"].get("status") == "built" and tools.offers("r"):
+            r_folder = dest / "kernels" / f"dsportal-{image.name}-r"
+            r_folder.mkdir(parents=True, exist_ok=True)
+            r_spec = r_kernel_spec(image, mounts, home, runtime_dir, cuda, tools)
+            write_whole(r_folder / "kernel.json", json.dumps(r_spec, indent=1))
+            written.append(f"{image.name}: {r_spec['display_name']}")
         (BUILDING.add if spec["metadata"]["dsportal"].get("status") == "building" else BUILDING.discard)(image.name)
     return written
 
