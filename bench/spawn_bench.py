@@ -544,6 +544,15 @@ def clicks(load: dict) -> str:
             f"({load['logged_in']} of {load['people']} logged in)")
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _commit() -> str:
+    found = subprocess.run(["git", "-C", str(RESULTS.parent), "describe", "--always", "--dirty"], capture_output=True,
+                           text=True)
+    return found.stdout.strip() or "unknown"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # Slurm allocates batch jobs on its scheduler's once-a-second pass: one spawn varies by up to 1 s
@@ -621,7 +630,10 @@ def main(argv=None) -> int:
         leftover_jobs(args.users + course("class101") + course("dept"))  # nothing of the bench stays on the cluster
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"(hub logs and results.json in {workdir})")
+    # The dated, machine-readable copy that stays with the code (bench/results/README.md sums them up).
+    dated = RESULTS / f"spawn-bench-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json"
+    dated.write_text(json.dumps({"argv": sys.argv[1:], "commit": _commit(), "results": results}, indent=1))
+    print(f"(hub logs and results.json in {workdir}; a copy in {dated})")
     both = set(args.kinds) == set(KINDS)
     in_department = ""
     if "department" in results:

@@ -101,14 +101,40 @@ class SessionSlice:
     cpus: int
     mem_mb: int
     walltime: str
+    shares: int = 0  # shares of one GPU (Slurm's shard GRES) instead of whole GPUs: profile.gpu_shares per GPU
 
     def describe(self) -> str:
-        gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}, " if self.gpus else ""
+        if self.shares:
+            gpus = f"{share_name(self.profile.gpu_shares)}, "
+        else:
+            gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}, " if self.gpus else ""
         return f"{gpus}{self.cpus} CPUs, {self.mem_mb // 1024} GB, {self.walltime} on {self.profile.partition}"
 
     @property
     def idle_limit(self) -> int | None:
-        return self.profile.idle_limit(self.gpus)
+        return self.profile.idle_limit(self.gpus or self.shares)  # a share goes back to the queue as a GPU does
+
+
+FRACTIONS = {2: "½", 3: "⅓", 4: "¼", 5: "⅕", 6: "⅙", 8: "⅛"}
+SHARE_REQUEST = re.compile(r"1/([0-9]{1,2})")
+
+
+def share_name(per_gpu: int) -> str:
+    """'¼ GPU' for one of 4 shares of a GPU."""
+    return f"{FRACTIONS.get(per_gpu, f'1/{per_gpu}')} GPU"
+
+
+def share_of(profile: Profile, gpus) -> bool:
+    """Whether ``gpus`` asks for one share of a GPU ("1/4"); RequestError if the profile offers no such share."""
+    if not isinstance(gpus, str) or "/" not in gpus:
+        return False
+    found = SHARE_REQUEST.fullmatch(gpus.strip())
+    if not profile.gpu_shares:
+        raise RequestError(f"{shown(gpus)} GPU: {profile.display_name} offers whole GPUs only")
+    if not found or int(found.group(1)) != profile.gpu_shares:
+        raise RequestError(f"{shown(gpus)} GPU is not offered on {profile.display_name}: a share there is "
+                           f"\"1/{profile.gpu_shares}\" ({share_name(profile.gpu_shares)})")
+    return True
 
 
 def _as_int(name: str, value) -> int:
@@ -122,8 +148,11 @@ def _as_int(name: str, value) -> int:
 
 def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> SessionSlice:
     """The exact Slurm slice for ``gpus`` GPUs (``per`` node, for a job) on ``profile``: CPUs and memory follow the GPUs."""
-    gpus = profile.default_gpus if gpus in (None, "") else _as_int("GPU count", gpus)
-    if gpus not in profile.gpu_choices:
+    if gpus in (None, "") and profile.default_share:
+        gpus = f"1/{profile.gpu_shares}"
+    shares = share_of(profile, gpus)
+    gpus = 0 if shares else profile.default_gpus if gpus in (None, "") else _as_int("GPU count", gpus)
+    if not shares and gpus not in profile.gpu_choices:
         choices = ", ".join(map(str, profile.gpu_choices))
         raise RequestError(f"{shown(gpus)} GPUs{per} is not offered on {profile.display_name}: choose one of {choices}")
     walltime = profile.default_walltime if walltime in (None, "") else str(walltime).strip()
@@ -135,11 +164,15 @@ def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> Sess
         raise RequestError("walltime must be longer than zero")
     if seconds > parse_walltime(profile.max_walltime):
         raise RequestError(f"walltime {walltime} is longer than the {profile.max_walltime} allowed on {profile.display_name}")
-    if gpus:
+    if shares:  # a GPU's CPUs and memory, shared as the GPU is
+        cpus = max(1, profile.cpus_per_gpu // profile.gpu_shares)
+        mem_mb = max(1, parse_memory_mb(profile.mem_per_gpu) // profile.gpu_shares)
+    elif gpus:
         cpus, mem_mb = gpus * profile.cpus_per_gpu, gpus * parse_memory_mb(profile.mem_per_gpu)
     else:
         cpus, mem_mb = profile.cpus_without_gpu, parse_memory_mb(profile.mem_without_gpu)
-    return SessionSlice(profile=profile, gpus=gpus, cpus=cpus, mem_mb=mem_mb, walltime=format_walltime(seconds))
+    return SessionSlice(profile=profile, gpus=gpus, cpus=cpus, mem_mb=mem_mb, walltime=format_walltime(seconds),
+                        shares=int(shares))
 
 
 # ------------------------------------------------------------------------------ a spawn request

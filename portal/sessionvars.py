@@ -17,6 +17,7 @@ REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start;
 
 # Set by the session's batch script (templates/session.sbatch.j2).
 KERNEL_CATALOG = "DSPORTAL_KERNEL_CATALOG"  # JSON: the profile's images and data mounts, for kernelspecs
+GPU_SHARE = "DSPORTAL_GPU_SHARE"  # "1/4": the session holds one share of a GPU (Slurm's shard GRES), not whole GPUs
 SESSION_DIR = "DSPORTAL_SESSION_DIR"  # the session's private folder (on JUPYTER_PATH)
 NODE_TMPDIR = "DSPORTAL_NODE_TMPDIR"  # the TMPDIR Slurm gave the session job: what its launched jobs get
 

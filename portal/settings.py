@@ -420,6 +420,14 @@ class Profile(_Model):
     gpu_choices: list[int] = Field([0, 1, 2, 4], description="The GPU counts a session may ask for (0: a session "
                                    "without GPUs).")
     default_gpus: int = Field(1, description="The GPU count the form starts from; one of gpu_choices.")
+    gpu_shares: int = Field(0, ge=0, le=64, description="Shares of one GPU a session may ask for instead of whole "
+                            "GPUs (\"gpus\": \"1/4\"): Slurm's shard GRES, of which slurm.conf and gres.conf declare "
+                            "this many per GPU. Jobs sharing a GPU share its compute (time-sliced) and its memory "
+                            "(not enforced). 0: whole GPUs only.")
+    default_share: bool = Field(False, description="The form starts from one share (gpu_shares) rather than "
+                                "default_gpus.")
+    gpu_memory: str | None = Field(None, description="One GPU's memory (80G): the form tells users about how much "
+                                   "of it a share is meant to use (gpu_memory / gpu_shares).")
     cpus_per_gpu: int = Field(8, gt=0, description="CPUs a session gets per GPU.")
     mem_per_gpu: str = Field("48G", description="Memory a session gets per GPU (48G, 4096M): the job's memory limit.")
     cpus_without_gpu: int = Field(4, gt=0, description="CPUs of a session without GPUs.")
@@ -488,7 +496,7 @@ class Profile(_Model):
         return value
 
     def idle_limit(self, gpus: int) -> int | None:
-        """Seconds a session of `gpus` GPUs may stay unused, or None."""
+        """Seconds a session of `gpus` GPUs (or GPU shares) may stay unused, or None."""
         value = self.idle_timeout if gpus else self.idle_timeout_without_gpu
         return parse_walltime(value) if value else None
 
@@ -504,6 +512,10 @@ class Profile(_Model):
     def _consistent(self) -> Profile:
         if self.default_gpus not in self.gpu_choices:
             raise ValueError(f"default_gpus {self.default_gpus} is not one of gpu_choices {self.gpu_choices}")
+        if self.default_share and not self.gpu_shares:
+            raise ValueError("default_share needs gpu_shares (how many shares a GPU gives)")
+        if self.gpu_memory is not None and parse_memory_mb(self.gpu_memory) <= 0:
+            raise ValueError(f"gpu_memory {self.gpu_memory!r} must be a positive amount (80G, 40960M)")
         if parse_walltime(self.default_walltime) > parse_walltime(self.max_walltime):
             raise ValueError("default_walltime is longer than max_walltime")
         if parse_walltime(self.jobs.default_walltime) > parse_walltime(self.max_walltime):

@@ -190,6 +190,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             server_name=self.name,
             partition=chosen.profile.partition,
             gpus=chosen.gpus,
+            shares=chosen.shares,
             cpus=chosen.cpus,
             mem_mb=chosen.mem_mb,
             walltime=chosen.walltime,
@@ -242,7 +243,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         state = super().get_state()
         if self.slice is not None:
             state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
-                              "walltime": self.slice.walltime}
+                              "walltime": self.slice.walltime, "shares": self.slice.shares}
         return state
 
     def load_state(self, state):

@@ -24,7 +24,17 @@ from wrapspawner import WrapSpawner
 from portal import defaults
 from portal.cluster.images import building_detail
 from portal.cluster.slurmclient import SlurmError
-from portal.rules import RequestError, SessionSlice, may_use, parse_options, plain_mail_address, unix_groups, wants_mail
+from portal.rules import (
+    RequestError,
+    SessionSlice,
+    may_use,
+    parse_options,
+    plain_mail_address,
+    share_name,
+    slice_for,
+    unix_groups,
+    wants_mail,
+)
 from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
 from portal.templating import render
 
@@ -152,8 +162,14 @@ class PartitionSpawner(WrapSpawner):
             self.log.warning("sinfo failed, form shows no live resources: %s", error)
         rows = []
         for profile in self.user_profiles():
+            share = slice_for(profile, f"1/{profile.gpu_shares}") if profile.gpu_shares else None
             rows.append({
                 "profile": profile,
+                "share": share and {
+                    "value": f"1/{profile.gpu_shares}", "name": share_name(profile.gpu_shares), "cpus": share.cpus,
+                    "mem_gb": f"{share.mem_mb / 1024:.1f}".removesuffix(".0"),
+                    "gpu_memory_gb": (round(parse_memory_mb(profile.gpu_memory) / 1024 / profile.gpu_shares)
+                                      if profile.gpu_memory else None)},
                 "mem_per_gpu_gb": parse_memory_mb(profile.mem_per_gpu) // 1024,
                 "mem_without_gpu_gb": parse_memory_mb(profile.mem_without_gpu) // 1024,
                 "resources": resources.get(profile.partition),
@@ -191,7 +207,8 @@ class PartitionSpawner(WrapSpawner):
             chosen = self.validated_slice(options)
         except RequestRefused:
             return {}
-        return {"profile": chosen.profile.name, "gpus": chosen.gpus, "walltime": chosen.walltime,
+        gpus = f"1/{chosen.profile.gpu_shares}" if chosen.shares else chosen.gpus
+        return {"profile": chosen.profile.name, "gpus": gpus, "walltime": chosen.walltime,
                 "mail": options.get("mail") is True}
 
     @default("options_form")

@@ -14,6 +14,21 @@ export interface Gpu {
   memory_used_bytes: number | null;
   memory_total_bytes: number | null;
   error: string;
+  share: number; // this session holds 1/share of the GPU (0: all of it)
+  own_memory_bytes: number | null; // on a share: this session's processes' memory on it
+  share_memory_bytes: number | null; // on a share: its part of the GPU's memory (not enforced)
+}
+
+const FRACTIONS: { [n: number]: string } = { 2: '½', 3: '⅓', 4: '¼', 5: '⅕', 6: '⅙', 8: '⅛' };
+
+/** '¼' for a share of 4; '' for a whole GPU. */
+export function shareName(gpu: Gpu): string {
+  return gpu.share ? FRACTIONS[gpu.share] ?? `1/${gpu.share}` : '';
+}
+
+/** A share's memory over its part of the GPU: what a neighbour on the same GPU may run out of. */
+function overShare(gpu: Gpu): boolean {
+  return !!gpu.share && gpu.own_memory_bytes !== null && gpu.share_memory_bytes !== null && gpu.own_memory_bytes > gpu.share_memory_bytes;
 }
 
 export interface KernelDeath {
@@ -57,7 +72,13 @@ export function summary(usage: Usage): string {
     `CPU ${cores(usage.cpu.used_cores)} / ${cores(usage.cpu.cores)}`
   ];
   for (const gpu of usage.gpus) {
-    parts.push(gpu.utilization_percent === null ? `GPU${gpu.index} ?` : `GPU${gpu.index} ${gpu.utilization_percent} % ${bytes(gpu.memory_used_bytes)}`);
+    if (gpu.utilization_percent === null) {
+      parts.push(`GPU${gpu.index}${shareName(gpu) ? ' ' + shareName(gpu) : ''} ?`);
+    } else if (gpu.share) {
+      parts.push(`GPU${gpu.index} ${shareName(gpu)} ${gpu.utilization_percent} % ${bytes(gpu.own_memory_bytes)} / ${bytes(gpu.share_memory_bytes)}`);
+    } else {
+      parts.push(`GPU${gpu.index} ${gpu.utilization_percent} % ${bytes(gpu.memory_used_bytes)}`);
+    }
   }
   return parts.join(' · ');
 }
@@ -116,6 +137,19 @@ export class UsageWatch {
     } else if (memory.fraction < warnAt - 0.05) {
       this._warned = false; // below again: warn again next time
     }
+    const over = usage.gpus.find(overShare);
+    if (over && !this._warnedShare) {
+      this._warnedShare = true;
+      void this.notify(
+        `Your session holds ${bytes(over.own_memory_bytes)} of GPU ${over.index}'s memory, more than its share ` +
+          `(${shareName(over)}: about ${bytes(over.share_memory_bytes)}). Other sessions share this GPU: when together ` +
+          'they ask for more than it has, whoever asks last gets an out-of-memory error, you or them. ' +
+          'Use smaller batches, free tensors you no longer need, or start a session with a whole GPU.',
+        'warning'
+      );
+    } else if (!over) {
+      this._warnedShare = false;
+    }
     for (const death of usage.kernel_deaths) {
       if (death.by_memory_limit && death.at >= this._since) {
         this.outOfMemory(death.kernel_id, death.at, death.message);
@@ -126,6 +160,7 @@ export class UsageWatch {
   usage: Usage | null = null;
   private _listeners: ((usage: Usage) => void)[] = [];
   private _warned = false;
+  private _warnedShare = false;
   private _told = new Map<string, number>(); // kernel id -> when its death was told (s)
   private _since = Date.now() / 1000 - 300; // deaths before this page opened (5 min) were told elsewhere
 }
@@ -195,6 +230,16 @@ export class UsagePanel extends Widget {
       html += `<p><b>GPU ${gpu.index}</b> ${escape(gpu.name)}: `;
       if (gpu.utilization_percent === null) {
         html += `no reading (${escape(gpu.error)}).</p>`;
+        continue;
+      }
+      if (gpu.share) {
+        const mine = gpu.share_memory_bytes ? (gpu.own_memory_bytes ?? 0) / gpu.share_memory_bytes : 0;
+        html +=
+          `your share, ${shareName(gpu)} of it. Your processes hold ${bytes(gpu.own_memory_bytes)} of its memory, ` +
+          `of about ${bytes(gpu.share_memory_bytes)} meant for your share (not enforced: ${bytes(gpu.memory_used_bytes)} ` +
+          `of ${bytes(gpu.memory_total_bytes)} in use by every session on it). It is ${gpu.utilization_percent} % busy, ` +
+          'all sessions on it together; they take turns.</p>' +
+          bar(gpu.utilization_percent / 100, 0) + bar(mine, 1);
         continue;
       }
       const used = gpu.memory_total_bytes ? (gpu.memory_used_bytes ?? 0) / gpu.memory_total_bytes : 0;

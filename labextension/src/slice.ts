@@ -11,6 +11,7 @@ export interface Slice {
   partition: string;
   node: string;
   gpus: number;
+  share: string | null; // '¼ GPU': one share of a GPU others share too
   cpus: number;
   memory_mb: number;
   time_limit_s: number | null;
@@ -65,7 +66,7 @@ export class SliceStatus extends Widget {
       return;
     }
     const parts = [
-      slice.gpus === 1 ? '1 GPU' : `${slice.gpus} GPUs`,
+      slice.share ?? (slice.gpus === 1 ? '1 GPU' : `${slice.gpus} GPUs`),
       `${slice.cpus} CPUs`,
       memory(slice.memory_mb)
     ];

@@ -5,7 +5,8 @@ profile. The profile comes from the job's comment (`dsportal-profile=NAME`, whic
 multi-node jobs carry; slurm.conf needs `AccountingStoreFlags=job_comment`); jobs without one show
 their partition in brackets. Sessions (jobs named dsportal-<user>) and multi-node jobs are counted
 apart. GPU-hours are the job's allocated GPUs (AllocTRES gres/gpu, all nodes) times its elapsed
-time, CPU-hours likewise with AllocTRES cpu. One sacct call.
+time, a share of a GPU (gres/shard) counting as its part of one (the profile's gpu_shares per GPU);
+CPU-hours likewise with AllocTRES cpu. One sacct call.
 """
 
 from __future__ import annotations
@@ -73,15 +74,26 @@ def gpus_of(tres: str) -> int:
     return int(untyped.group(1)) if untyped else sum(int(n) for n in _GPUS.findall(tres or ""))
 
 
-def summed(records: list[dict[str, str]]) -> dict[tuple[str, str, str], Row]:
-    """Accounting's records (FIELDS) summed per user, account and profile."""
+_SHARDS = re.compile(r"(?:^|,)gres/shard=(\d+)")
+
+
+def gpu_seconds(tres: str, elapsed: int, shares_per_gpu: int) -> float:
+    """GPU-seconds of a job: its whole GPUs, and its GPU shares as their part of a GPU."""
+    shards = _SHARDS.search(tres or "")
+    shared = int(shards.group(1)) / shares_per_gpu if shards and shares_per_gpu else 0.0
+    return (gpus_of(tres) + shared) * elapsed
+
+
+def summed(records: list[dict[str, str]], shares_per_gpu: dict[str, int] | None = None) -> dict[tuple[str, str, str], Row]:
+    """Accounting's records (FIELDS) summed per user, account and profile (``shares_per_gpu``: each
+    profile's gpu_shares, for jobs holding shares of a GPU)."""
     rows: dict[tuple[str, str, str], Row] = {}
     for record in records:
         profile = profile_of(record["Comment"]) or f"({record['Partition']})"
         key = (record["User"], record["Account"] or "-", profile)
         row = rows.setdefault(key, Row(*key))
         elapsed = int(record["ElapsedRaw"] or 0)
-        gpu_s = gpus_of(record["AllocTRES"]) * elapsed
+        gpu_s = gpu_seconds(record["AllocTRES"], elapsed, (shares_per_gpu or {}).get(profile, 0))
         cpus = _CPUS.search(record["AllocTRES"] or "")
         row.cpu_s += (int(cpus.group(1)) if cpus else 0) * elapsed
         if record["JobName"].startswith("dsportal-") and not record["JobName"].startswith("dsportal-schedule-"):
@@ -106,9 +118,10 @@ def grouped(rows: dict[tuple[str, str, str], Row], by: tuple[str, ...]) -> dict[
     return result
 
 
-def collect(since: datetime, slurm: SlurmCommands, user: str | None = None) -> dict[tuple[str, str, str], Row]:
+def collect(since: datetime, slurm: SlurmCommands, user: str | None = None,
+            shares_per_gpu: dict[str, int] | None = None) -> dict[tuple[str, str, str], Row]:
     try:
-        return summed(slurm.accounting_since(since.strftime("%Y-%m-%dT%H:%M:%S"), FIELDS, user=user))
+        return summed(slurm.accounting_since(since.strftime("%Y-%m-%dT%H:%M:%S"), FIELDS, user=user), shares_per_gpu)
     except SlurmError as error:
         raise UsageUnavailable(str(error)) from None
 

@@ -32,12 +32,13 @@ from .. import sessionvars
 from ..cluster.images import image_status
 from ..cluster.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
 from ..cluster.slurmparse import array_task_ids
-from ..rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job
+from ..rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy, RequestError, plan_job, share_name
 from ..settings import parse_walltime, whole_number
 from ..templating import render
 from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
 from .notebookjob import INPUT, SPEC, output_name, record_name
+from .sliceusage import share_per_gpu
 
 JOBS_DIR = ".dsportal/jobs"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -254,8 +255,10 @@ def held_slice(environ=os.environ) -> dict:
     job_id = environ.get("SLURM_JOB_ID", "")
     cpus = environ.get("SLURM_CPUS_PER_TASK") or environ.get("SLURM_CPUS_ON_NODE") or "0"
     mem = environ.get("SLURM_MEM_PER_NODE") or "0"
+    share = share_per_gpu(environ)
     found = {"job_id": whole_number(job_id), "partition": environ.get("SLURM_JOB_PARTITION", ""),
-             "gpus": len(job_gpus(environ)), "cpus": whole_number(cpus) or 0,
+             "gpus": 0 if share else len(job_gpus(environ)), "cpus": whole_number(cpus) or 0,
+             "share": share_name(share) if share else None,
              "memory_mb": whole_number(mem) or 0, "time_limit_s": None, "time_left_s": None, "node": ""}
     if found["job_id"] is None:
         return found

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cluster.slurmclient import job_gpus
+from ..sessionvars import GPU_SHARE
 
 UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63-1; anything above this is none
 
@@ -266,15 +267,24 @@ def _cpu_seconds(group: Cgroup) -> float | None:
 
 
 # ------------------------------------------------------------------ GPUs
+def share_per_gpu(environ=os.environ) -> int:
+    """4 for a session holding one share of 4 of its GPU (sessionvars.GPU_SHARE "1/4"); 0 for whole GPUs."""
+    found = re.fullmatch(r"1/([0-9]{1,2})", environ.get(GPU_SHARE, ""))
+    return int(found.group(1)) if found and int(found.group(1)) > 1 else 0
+
+
 @dataclass
 class Gpu:
     index: int  # the device's minor number (/dev/nvidiaN), as Slurm names it
     name: str = ""
     uuid: str = ""
-    utilization_percent: int | None = None
-    memory_used_bytes: int | None = None
+    utilization_percent: int | None = None  # the whole GPU's: every session sharing it counts
+    memory_used_bytes: int | None = None  # the whole GPU's; on a share, own_memory_bytes is this session's
     memory_total_bytes: int | None = None
     error: str = ""  # why there is no reading, in words
+    share: int = 0  # this session holds 1/share of the GPU (0: all of it)
+    own_memory_bytes: int | None = None  # on a share: what this session's processes hold on it
+    share_memory_bytes: int | None = None  # on a share: its part of the GPU's memory (not enforced)
 
 
 class Nvml:
@@ -297,12 +307,12 @@ class Nvml:
                     self._ready, self.error = False, f"NVML unavailable: {error}"
         return pynvml if self._ready else None
 
-    def read(self, mine: set[int], uuids: set[str]) -> list[Gpu]:
+    def read(self, mine: set[int], uuids: set[str], share: int = 0, own_pids: set[int] | None = None) -> list[Gpu]:
         """The job's GPUs. Where the node confines each job to its own devices, NVML opens only those:
         then all of them are the job's, whatever their numbers (as nvidia-smi shows it)."""
         pynvml = self._init()
         if pynvml is None:
-            return [Gpu(index=minor, error=self.error) for minor in sorted(mine)]
+            return [Gpu(index=minor, error=self.error, share=share) for minor in sorted(mine)]
         readings = []
         for position in range(pynvml.nvmlDeviceGetCount()):
             try:
@@ -317,6 +327,11 @@ class Nvml:
                 gpu.utilization_percent = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 gpu.memory_used_bytes, gpu.memory_total_bytes = int(memory.used), int(memory.total)
+                if share:  # what this session holds of a GPU others hold shares of too
+                    gpu.share, gpu.share_memory_bytes = share, int(memory.total) // share
+                    gpu.own_memory_bytes = sum(
+                        int(process.usedGpuMemory or 0) for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                        if process.pid in (own_pids or set()))
             except pynvml.NVMLError as error:
                 gpu.error = f"no reading: {error}"
             readings.append(gpu)
@@ -371,6 +386,7 @@ class SliceUsage:
         self.cores, self.cores_from = slice_cores(quota_cores, len(os.sched_getaffinity(0)),
                                                   int(slurm_cpus) if slurm_cpus.isdigit() else None)
         self.gpus, self.gpu_uuids = job_gpus(environ), job_gpu_uuids(environ)
+        self.share = share_per_gpu(environ)
         self.job_id = environ.get("SLURM_JOB_ID")
         self.nvml = Nvml()
         self._last_cpu: tuple[float, float] | None = None
@@ -394,7 +410,22 @@ class SliceUsage:
     def read_gpus(self) -> list[Gpu]:
         if not self.gpus and not self.gpu_uuids:
             return []  # a CPU slice: no GPU, and NVML is never loaded
-        return self.nvml.read(self.gpus, self.gpu_uuids)
+        return self.nvml.read(self.gpus, self.gpu_uuids, self.share, self.job_pids() if self.share else None)
+
+    def job_pids(self) -> set[int]:
+        """The processes of this session's job (its cgroup and those below it: kernels, containers, the
+        server), as NVML names a GPU's users: what on a shared GPU is this session's."""
+        top = self.memory_top
+        pids: set[int] = set()
+        if not top or not re.fullmatch(r"job_\d+", Path(top).name):  # not in a Slurm job: never the node's
+            return {os.getpid()}
+        for folder, _, files in os.walk(top):
+            if "cgroup.procs" in files:
+                try:
+                    pids.update(int(line) for line in Path(folder, "cgroup.procs").read_text().split())
+                except (OSError, ValueError):
+                    continue
+        return pids
 
     def read(self) -> Usage:
         return Usage(self.memory(), self.cpu(), self.read_gpus(), self.job_id, time.time())

@@ -15,6 +15,7 @@ from .mta import MAIL_PROGRAM, mail_domain
 from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
 GPUS_PER_NODE = 4
+SHARDS_PER_GPU = 4  # the class profile's "¼ GPU" (portal.yaml gpu_shares)
 # Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
 # what a department's sessions need. 32 cores for a full 4-GPU slice (4 x 8) beside 64 for the cpu
 # partition (its MaxCPUsPerNode), so the cpu partition holds a class of 100 one-core sessions on two
@@ -158,11 +159,16 @@ def write_slurm_conf() -> bool:
         cpus_per_node=CPUS_PER_NODE,
         mem_mb_per_node=MEM_MB_PER_NODE,
         gpus_per_node=GPUS_PER_NODE,
+        shards_per_node=GPUS_PER_NODE * SHARDS_PER_GPU,
         mail_program=MAIL_PROGRAM,
         mail_domain=mail_domain(),
     )
+    # Each GPU also gives SHARDS_PER_GPU shares (Slurm's shard GRES: several jobs on one GPU), spread
+    # evenly over the node's GPUs: the class profile's "¼ GPU" (portal.yaml: gpu_shares).
     gres = "".join(
-        f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n" for i in range(1, NODES + 1)
+        f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n"
+        f"NodeName=node{i} Name=shard Count={GPUS_PER_NODE * SHARDS_PER_GPU} File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n"
+        for i in range(1, NODES + 1)
     )
     cgroup = render("cgroup.conf.j2")
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
