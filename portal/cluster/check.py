@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -319,6 +320,46 @@ def _notebook_schedules(config: dict[str, str]) -> Result:
                   warning=True)
 
 
+_GRES_COUNT = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)")
+
+
+def check_gpu_shares(settings) -> list[Result]:
+    """Profiles offering shares of a GPU (gpu_shares): their partition's nodes give that many shards per
+    GPU. Slurm 22.05 allocates a GPU and its shards independently: a whole-GPU job can land on a GPU whose
+    shares are in use (tried on an H200: bench/results/gpu-shares.md), which only nodes kept apart avoid."""
+    results = []
+    slurm = SlurmCommands.from_settings(settings)
+    for profile in (p for p in settings.profiles if p.gpu_shares):
+        try:
+            listing = slurm.run([slurm.tool("sinfo"), "-h", "-N", "-p", profile.partition, "-o", "%N %G"])
+        except SlurmError as error:
+            results.append(Result(f"GPU shares {profile.name}", True, f"not known ({error})", warning=True))
+            continue
+        counts = {}
+        for line in listing.splitlines():
+            name, _, gres = line.strip().partition(" ")
+            found = {"gpu": 0, "shard": 0}
+            for kind, count in _GRES_COUNT.findall(gres):
+                found[kind] += int(count)
+            counts[name] = found
+        wrong = [f"{n} ({c['shard']} shards for {c['gpu']} GPUs)" for n, c in sorted(counts.items())
+                 if c["gpu"] and c["shard"] != c["gpu"] * profile.gpu_shares]
+        if not counts or wrong:
+            results.append(Result(f"GPU shares {profile.name}", True, f"partition {profile.partition} should give "
+                                  f"{profile.gpu_shares} shards per GPU (gres.conf Name=shard, slurm.conf Gres=shard:N): "
+                                  + (", ".join(wrong) if wrong else "no nodes"), warning=True))
+            continue
+        whole = sorted(p.name for p in settings.profiles if p.partition == profile.partition and any(p.gpu_choices))
+        detail = f"{profile.gpu_shares} shares per GPU on {', '.join(sorted(counts))}"
+        if whole:
+            results.append(Result(f"GPU shares {profile.name}", True, f"{detail}; profiles {', '.join(whole)} give "
+                                  "whole GPUs on the same nodes: Slurm 22.05 may place a whole-GPU job on a GPU whose "
+                                  "shares are in use (keep shares on nodes of a partition of their own)", warning=True))
+        else:
+            results.append(Result(f"GPU shares {profile.name}", True, detail))
+    return results
+
+
 def check_confinement(settings) -> list[Result]:
     """What keeps slices that share a node apart beyond files and ports: Slurm's confinement of
     each job (its processes, GPUs, memory, /tmp) and the node's /proc."""
@@ -392,6 +433,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     results.append(check_homes())
     results.append(check_firewall())
     results += check_confinement(settings)
+    results += check_gpu_shares(settings)
     results.append(check_hub_account(settings))
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

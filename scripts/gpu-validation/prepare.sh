@@ -13,6 +13,23 @@ rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
    libcap2 libgcrypt20 libgpg-error0 liblzma5 libzstd1 libtinfo6 \
    libpmix2 libevent-core-2.1-7 libevent-pthreads-2.1-7)  # PMIx 4, the one Slurm's mpi/pmix plugin was built for
 [ "${1:-}" = debs ] && { du -sh .devcarry; exit 0; }  # isolation.sh needs only Slurm
+if [ "${1:-}" = shares ]; then  # shares.sh: Slurm, NVML's Python binding for the gauges, a share's #SBATCH lines
+  /opt/dsportal/env/bin/python -m pip download -q --no-deps -d .devcarry/whl nvidia-ml-py
+  /opt/dsportal/env/bin/python - <<'PYEOF'
+from portal import settings
+from portal.rules import slice_for
+from portal.templating import render
+profile = settings.load("config/portal.yaml").profile("class-gpu").model_copy(update={"account": None})  # no slurmdbd there
+chosen = slice_for(profile, None)
+script = render("session.sbatch.j2", job_name="dsportal-student", partition=profile.partition, gpus=chosen.gpus,
+                shares=chosen.shares, cpus=chosen.cpus, mem_mb=chosen.mem_mb, walltime="00:10:00",
+                log_path="/dev/null", workdir="/tmp", profile=profile.model_dump(), environment="/opt/dsportal/env",
+                command=["true"], catalog="", umask="077")
+open(".devcarry/header-share.txt", "w").write(
+    "\n".join(l for l in script.splitlines() if l.startswith("#SBATCH") and "--output" not in l and "--chdir" not in l) + "\n")
+PYEOF
+  cat .devcarry/header-share.txt; du -sh .devcarry; exit 0
+fi
 if [ "${1:-}" = apptainer ] || [ "${1:-}" = scaling ]; then  # apptainer.sh: also Apptainer's debs (install-apptainer.sh's cache), patchelf, the SIF tools
   mkdir -p .devcarry/apptainer .devcarry/tools
   cp "${DSPORTAL_APPTAINER_CACHE:-/var/cache/dsportal/apptainer}"/*.deb .devcarry/apptainer/

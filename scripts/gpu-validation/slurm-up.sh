@@ -6,6 +6,9 @@ NGPU=$(ls /dev | grep -cE '^nvidia[0-9]+$')
 # SLURM_NODES=1+2: both at once, for jobs run one after another: partition gpu is gpunode1 with every
 # GPU, partition gpu2 is gpunode2 and gpunode3 with half of them each (the same devices again).
 NODES=${SLURM_NODES:-1}
+# SHARDS=4: each GPU also gives 4 shares (Slurm's shard GRES, on the same devices: Slurm 22.05 refuses
+# shards on a GPU that is not also a "gpu"), as the demo declares.
+SHARDS=${SHARDS:-0}
 [ "$NODES" = 1+2 ] && [ "$NGPU" -lt 2 ] && NODES=1   # (one GPU cannot be halved)
 # (The nodes of gpu and gpu2 are the same GPUs, CPUs and memory counted twice: jobs run one at a time.)
 if [ "$NODES" = 1+2 ]; then
@@ -63,7 +66,7 @@ TaskPlugin=$TASKPLUGIN
 $JOBCONTAINER
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-GresTypes=gpu
+GresTypes=gpu$([ "$SHARDS" -gt 0 ] && echo ,shard)
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
@@ -72,7 +75,7 @@ DebugFlags=NO_CONF_HASH
 SchedulerParameters=bf_interval=5
 JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
-$(for n in $(seq $NODES); do echo "NodeName=gpunode$n NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + n)) CPUs=$(( $(nproc) * GPUS_OF[n] / NGPU )) RealMemory=$((200000 * GPUS_OF[n] / NGPU)) Gres=gpu:${GPUS_OF[n]} State=UNKNOWN"; done)
+$(for n in $(seq $NODES); do echo "NodeName=gpunode$n NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + n)) CPUs=$(( $(nproc) * GPUS_OF[n] / NGPU )) RealMemory=$((200000 * GPUS_OF[n] / NGPU)) Gres=gpu:${GPUS_OF[n]}$([ "$SHARDS" -gt 0 ] && echo ",shard:$((GPUS_OF[n] * SHARDS))") State=UNKNOWN"; done)
 $PARTITIONS
 TaskProlog=/etc/slurm/taskprolog.sh
 CONF
@@ -89,7 +92,10 @@ if [ -n "\${CUDA_VISIBLE_DEVICES:-}" ] && [ "\$o" -gt 0 ]; then
 fi
 PROLOG
 chmod 755 /etc/slurm/taskprolog.sh
-for n in $(seq $NODES); do echo "NodeName=gpunode$n Name=gpu File=/dev/nvidia[${FIRST_OF[n]}-$(( FIRST_OF[n] + GPUS_OF[n] - 1 ))]"; done > /etc/slurm/gres.conf
+for n in $(seq $NODES); do
+  echo "NodeName=gpunode$n Name=gpu File=/dev/nvidia[${FIRST_OF[n]}-$(( FIRST_OF[n] + GPUS_OF[n] - 1 ))]"
+  [ "$SHARDS" -gt 0 ] && echo "NodeName=gpunode$n Name=shard Count=$((GPUS_OF[n] * SHARDS)) File=/dev/nvidia[${FIRST_OF[n]}-$(( FIRST_OF[n] + GPUS_OF[n] - 1 ))]"
+done > /etc/slurm/gres.conf
 for n in $(seq 2 $NODES); do grep -q gpunode$n /etc/hosts || echo "127.0.0.1 gpunode$n" >> /etc/hosts; done
 # Firecracker VM: cgroup v2 without systemd/dbus; slurmd makes its scope itself
 printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n%s' "$CONFINEMENT" > /etc/slurm/cgroup.conf
