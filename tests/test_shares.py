@@ -77,6 +77,16 @@ def test_the_job_asks_slurm_for_one_shard_and_tells_the_session():
 
 
 @pytest.mark.quick
+def test_a_share_is_busy_by_its_own_processes_not_its_neighbours():
+    from portal.session.sliceusage import Gpu, busy_gpus
+
+    neighbours_work = Gpu(index=0, utilization_percent=100, share=4, own_utilization_percent=0)
+    own_work = Gpu(index=1, utilization_percent=100, share=4, own_utilization_percent=60)
+    whole = Gpu(index=2, utilization_percent=40)
+    assert busy_gpus([neighbours_work, own_work, whole], 5) == [1, 2]
+
+
+@pytest.mark.quick
 def test_usage_counts_a_share_as_its_part_of_a_gpu_hour():
     record = {"JobID": "7", "User": "student01", "JobName": "dsportal-student01", "Partition": "gpu",
               "Account": "class101", "Comment": "dsportal-profile=class-gpu", "State": "COMPLETED",

@@ -284,6 +284,7 @@ class Gpu:
     error: str = ""  # why there is no reading, in words
     share: int = 0  # this session holds 1/share of the GPU (0: all of it)
     own_memory_bytes: int | None = None  # on a share: what this session's processes hold on it
+    own_utilization_percent: int | None = None  # on a share: its processes' part of the GPU's time (NVML's samples)
     share_memory_bytes: int | None = None  # on a share: its part of the GPU's memory (not enforced)
 
 
@@ -332,10 +333,21 @@ class Nvml:
                     gpu.own_memory_bytes = sum(
                         int(process.usedGpuMemory or 0) for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                         if process.pid in (own_pids or set()))
+                    gpu.own_utilization_percent = own_utilization(pynvml, handle, own_pids or set())
             except pynvml.NVMLError as error:
                 gpu.error = f"no reading: {error}"
             readings.append(gpu)
         return only_the_jobs(readings, mine, uuids)
+
+
+def own_utilization(pynvml, handle, own_pids: set[int]) -> int:
+    """The busiest of this session's processes on a shared GPU, from NVML's recent per-process samples
+    (SM %): a neighbour's work on the same GPU is not this session's use. 0 where there are none."""
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, int((time.time() - 10) * 1e6))
+    except pynvml.NVMLError:  # no samples in that time (NVML_ERROR_NOT_FOUND): nobody ran on it
+        return 0
+    return max((int(sample.smUtil) for sample in samples if sample.pid in own_pids), default=0)
 
 
 def only_the_jobs(readings: list[Gpu], mine: set[int], uuids: set[str]) -> list[Gpu]:
@@ -476,4 +488,10 @@ def shared() -> SliceUsage:
 
 def busy_gpus(gpus: list[Gpu], threshold: int) -> list[int]:
     """The GPUs (minor numbers) at or above ``threshold`` % utilisation: they count as use."""
-    return [gpu.index for gpu in gpus if gpu.utilization_percent is not None and gpu.utilization_percent >= threshold]
+    busy = []
+    for gpu in gpus:
+        # On a share, what its own processes use: a neighbour busy on the same GPU keeps no idle share.
+        percent = gpu.own_utilization_percent if gpu.share else gpu.utilization_percent
+        if percent is not None and percent >= threshold:
+            busy.append(gpu.index)
+    return busy

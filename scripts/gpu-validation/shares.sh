@@ -21,10 +21,12 @@ chmod -R a+rX /opt/dsportal-src
 
 cat > /usr/local/share/dsportal-matmul.py <<'PROG'
 # bf16 8192x8192 matmuls for $1 seconds, holding $2 GiB of GPU memory besides; with $3, the session's
-# gauges are read halfway (what the status bar would show). One JSON line.
+# gauges are read halfway (what the status bar would show); with $4 = idle, it only holds the memory
+# (a share nobody uses: its gauges should not count its neighbours' work as its use). One JSON line.
 import json, os, subprocess, sys, threading, time
 import torch
 seconds, hold_gib, gauges = float(sys.argv[1]), float(sys.argv[2]), len(sys.argv) > 3
+idle = sys.argv[4:5] == ["idle"]
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 y = torch.randn_like(x)
 hold = torch.empty(int(hold_gib * 2**30), dtype=torch.uint8, device="cuda")
@@ -39,12 +41,15 @@ def read_gauges():
     from portal.session.sliceusage import SliceUsage
     usage = SliceUsage()
     result["gauges"] = [{k: v for k, v in asdict(g).items() if k in ("index", "share", "utilization_percent",
-                        "memory_used_bytes", "memory_total_bytes", "own_memory_bytes", "share_memory_bytes", "error")}
+                        "memory_used_bytes", "memory_total_bytes", "own_memory_bytes", "share_memory_bytes",
+                        "own_utilization_percent", "error")}
                         for g in usage.read_gpus()]
 reader = threading.Thread(target=read_gauges) if gauges else None
 if reader: reader.start()
 n, t0 = 0, time.time()
-while time.time() - t0 < seconds:
+while idle and time.time() - t0 < seconds:
+    time.sleep(0.5)
+while not idle and time.time() - t0 < seconds:
     for _ in range(10):
         z = x @ y
     torch.cuda.synchronize()
@@ -76,8 +81,9 @@ ids=()
 i=0
 for u in alice bob carol dave; do
   i=$((i + 1))
+  mode=busy; [ $u = dave ] && mode=idle   # dave's share holds memory and computes nothing
   { echo '#!/bin/bash'; cat $C/header-share.txt; echo "#SBATCH --output=/home/$u/share-%j.out"
-    echo "export DSPORTAL_GPU_SHARE=1/4 $ENVV"; echo "$PY /usr/local/share/dsportal-matmul.py 40 $i gauges"; } > /tmp/share-$u.sh
+    echo "export DSPORTAL_GPU_SHARE=1/4 $ENVV"; echo "$PY /usr/local/share/dsportal-matmul.py 40 $i gauges $mode"; } > /tmp/share-$u.sh
   chmod 644 /tmp/share-$u.sh
   ids+=("$(asuser $u sbatch --parsable /tmp/share-$u.sh)")
 done
@@ -103,9 +109,10 @@ after = (results("/home/alice/after-*.out") or [None])[-1]
 last_end = max(r["started"] + r["elapsed_s"] for r in shares)
 share_gpus = sorted({r["SLURM_JOB_GPUS"] for r in shares})
 own = [round(r["gauges"][0]["own_memory_bytes"] / 2**30, 2) for r in shares if r.get("gauges")]
+own_busy = [r["gauges"][0].get("own_utilization_percent") for r in shares if r.get("gauges")]
 print(f"shares: each {', '.join(str(r['tflops']) for r in shares)} TFLOPS against {whole} alone "
       f"({sum(r['tflops'] for r in shares) / whole:.0%} of the card together), all on GPU {', '.join(share_gpus)}; "
-      f"their gauges' own GPU memory {own} GiB; "
+      f"their gauges' own GPU memory {own} GiB, own utilisation {own_busy} %; "
       + ("the whole-GPU job was refused: no GPU here is given whole" if after is None else
          f"the whole-GPU job, on GPU {after['SLURM_JOB_GPUS']}, "
          + (f"ran beside them ({last_end - after['started']:.1f} s while they ran)" if after['started'] < last_end else
