@@ -20,7 +20,9 @@ def test_check_passes_on_the_demo_cluster(portal):
                  "node firewall", "job confinement", "private /tmp", "private processes", "notebook schedules",
                  "terminal", "R kernel", "git"):
         assert f"[ok] {name}" in result.stdout
-    assert "computes 55 (profiles gpu, staff, course, class, cpu)" in result.stdout  # R, tried as a user
+    assert "computes 55 (profiles gpu, staff, course, class, class-gpu, cpu)" in result.stdout  # R, tried as a user
+    # The demo gives shares and whole GPUs on the same nodes (its GPUs are files): said, as Slurm 22.05 mixes them.
+    assert "[WARN] GPU shares class-gpu: 4 shares per GPU on node1, node2; profiles class-gpu" in result.stdout
     # Each compute node by its own address on the node network, reached from the login node.
     for node in ("node1", "node2"):
         assert f"[ok] node {node}: {network.address(node)}: reached" in result.stdout, result.stdout
