@@ -126,8 +126,8 @@ def share_name(per_gpu: int) -> str:
 
 def share_of(profile: Profile, gpus) -> bool:
     """Whether ``gpus`` asks for one share of a GPU ("1/4"); RequestError if the profile offers no such share."""
-    if not isinstance(gpus, str) or "/" not in gpus:
-        return False
+    if not isinstance(gpus, str) or not re.fullmatch(r"\s*[0-9]+\s*/\s*[0-9]+\s*", gpus):
+        return False  # not a fraction: judged as a GPU count
     found = SHARE_REQUEST.fullmatch(gpus.strip())
     if not profile.gpu_shares:
         raise RequestError(f"{shown(gpus)} GPU: {profile.display_name} offers whole GPUs only")

@@ -22,7 +22,7 @@ from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, 
 
 from portal import defaults, sessionvars
 from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
-from portal.rules import LaunchPolicy, RequestError, SessionSlice, slice_for, unix_groups
+from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for, unix_groups
 from portal.settings import Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
 from portal.templating import render
@@ -599,8 +599,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         chosen = self.slice
         if chosen is None:  # no idle limit known: never reclaimed
             return
-        limit = chosen.profile.idle_timeout if chosen.gpus else chosen.profile.idle_timeout_without_gpu
-        held = f"its {chosen.gpus} GPU(s)" if chosen.gpus else "its CPUs"
+        limit = chosen.profile.idle_timeout if chosen.gpus or chosen.shares else chosen.profile.idle_timeout_without_gpu
+        held = (f"its share of a GPU ({share_name(chosen.profile.gpu_shares)})" if chosen.shares else
+                f"its {chosen.gpus} GPU(s)" if chosen.gpus else "its CPUs")
         self.last_end = (f"Your session job {self.job_id} was stopped after {human_duration(idle_seconds)} "
                          f"without use, to give {held} back to others (partition {chosen.profile.partition} "
                          f"stops sessions unused for {human_duration(parse_walltime(limit))}). Your files are "
@@ -608,7 +609,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.log.info("Reclaiming idle session job %s of %s: unused for %d s (limit %s)", self.job_id,
                       self.user.name, idle_seconds, limit)
         metrics.SESSIONS_ENDED.labels(chosen.profile.partition, "IDLE").inc()
-        metrics.IDLE_GPUS_RECLAIMED.labels(chosen.profile.partition).inc(chosen.gpus)
+        metrics.IDLE_GPUS_RECLAIMED.labels(chosen.profile.partition).inc(
+            chosen.gpus or chosen.shares / max(1, chosen.profile.gpu_shares))  # a share: its part of a GPU
         await self.cancel_batch_job()
         self.clear_state()
 

@@ -43,7 +43,8 @@ def test_a_share_is_a_gpus_part_of_its_cpus_and_memory_and_the_profiles_default(
     ("1/3", 'a share there is "1/4"'),
     ("2/4", 'a share there is "1/4"'),
     ("1/4 ", None),
-    ("1/04x", 'a share there is "1/4"'),
+    ("1/04x", "GPU count must be a whole number"),
+    ("1/04", None),
 ])
 def test_only_the_profiles_own_share_is_taken(gpus, says):
     if says is None:
