@@ -4,8 +4,9 @@
 # to users). Its install compiles native modules (node-pty for its terminals, kerberos, argon2) with
 # Debian's headers, and its ripgrep (search in files) is Debian's: its own installer would download
 # one from GitHub, which these machines cannot reach. npm's install scripts run as nobody in a
-# folder of their own, never as root; root then copies the result in place. Again only when the
-# lock changes (about 2 min on 2 cores the first time).
+# folder of their own, never as root, in a process namespace of their own, so nothing of theirs
+# outlives the build; root then copies the result, as root's files, into a folder only root can
+# enter until it is complete, and moves it in place. Again only when the lock changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=${DSPORTAL_PREFIX:-/opt/dsportal}
@@ -54,7 +55,7 @@ chown -R nobody: "$work"
 say "installing code-server $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dependencies"]["code-server"])' \
   scripts/code-server/package.json) (npm ci, native modules built here)"
 log=$work/npm.log
-if ! runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME="$work" TMPDIR="$work/tmp" npm_config_cache="$work/.npm" \
+if ! unshare --pid --fork --kill-child runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME="$work" TMPDIR="$work/tmp" npm_config_cache="$work/.npm" \
     npm_config_yes=true npm_config_unsafe_perm=true npm_config_nodedir=/usr \
     bash -c 'cd "$1" && npm ci --no-audit --no-fund --loglevel=error' _ "$work" >"$log" 2>&1; then
   tail -20 "$log" >&2
@@ -62,11 +63,13 @@ if ! runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME="$work" TMPDIR="$work/t
   exit 1
 fi
 rm -rf "$DEST.new"
-mkdir -p "$DEST.new/bin"
-cp -a "$work/node_modules" "$DEST.new/"
+(umask 077 && mkdir -p "$DEST.new/bin")   # root's alone while it fills
+cp -R --no-preserve=ownership "$work/node_modules" "$DEST.new/"
 ln -s ../node_modules/code-server/out/node/entry.js "$DEST.new/bin/code-server"
-chown -R root: "$DEST.new" && chmod -R go-w,a+rX "$DEST.new"
 echo "$want" > "$DEST.new/.lock"
+chmod -R u+w,go-w,a+rX,ug-s "$DEST.new"
 rm -rf "$DEST.old"; [ -e "$DEST" ] && mv "$DEST" "$DEST.old"
 mv "$DEST.new" "$DEST" && rm -rf "$DEST.old"
-say "ready: $DEST/bin/code-server ($(HOME=$work "$DEST/bin/code-server" --version 2>/dev/null | tail -1 | cut -d' ' -f1))"
+home=$(mktemp -d)   # root's: code-server writes a config file into its home
+say "ready: $DEST/bin/code-server ($(HOME=$home "$DEST/bin/code-server" --version 2>/dev/null | tail -1 | cut -d' ' -f1))"
+rm -rf "$home"

@@ -67,9 +67,11 @@ def test_the_r_kernel_is_irkernels_with_her_library_and_the_admins_mirror(tmp_pa
     line = session_tools.write_r_kernel(session, system, Tools(frozenset({"r"}), r_repository="file:///srv/cran"))
     assert line == "ir: R"
     spec = json.loads((session / "kernels" / "ir" / "kernel.json").read_text())
-    assert spec["argv"][:3] == ["R", "--slave", "-e"] and spec["argv"][-2:] == ["--args", "{connection_file}"]
-    assert spec["argv"][3].endswith("IRkernel::main()") and "install.packages" in spec["argv"][3]
-    assert spec["env"] == {"DSPORTAL_R_REPOSITORY": "file:///srv/cran"}
+    assert spec["argv"][:4] == ["R", "--slave", "--no-restore", "-e"] and spec["argv"][-2:] == ["--args", "{connection_file}"]
+    assert spec["argv"][4].endswith("IRkernel::main()") and "install.packages" in spec["argv"][4]
+    home = os.path.expanduser("~")
+    assert spec["env"] == {"DSPORTAL_R_REPOSITORY": "file:///srv/cran", "R_ENVIRON_USER": f"{home}/.Renviron",
+                           "R_PROFILE_USER": f"{home}/.Rprofile"}
     assert (session / "kernels" / "ir" / "logo-64x64.png").read_bytes() == b"png"
     # Not IRkernel's (someone else's "ir"): left alone.
     (system / "kernel.json").write_text(json.dumps({"argv": ["python", "-m", "other"]}))
@@ -85,8 +87,10 @@ def test_an_image_with_r_gets_an_r_kernel_inside_it(monkeypatch, tmp_path):
     image = SimpleNamespace(name="rimage", path=str(tmp_path), runtime="apptainer", runtime_binary=None, r=True)
     spec = r_kernel_spec(image, [], "/home/alice", "/tmp/rt", "0", Tools(frozenset({"r"}), r_repository="file:///cran"))
     assert spec["language"] == "R" and spec["display_name"] == "R in a container (rimage)"
-    assert spec["argv"][-6:-1] == ["R", "--slave", "-e", session_tools.R_START, "--args"]
+    assert spec["argv"][-7:-1] == ["R", "--slave", "--no-restore", "-e", session_tools.R_START, "--args"]
     assert spec["env"]["APPTAINERENV_DSPORTAL_R_REPOSITORY"] == "file:///cran"
+    assert spec["env"]["APPTAINERENV_R_PROFILE_USER"] == "/home/alice/.Rprofile"
+    assert spec["env"]["APPTAINERENV_PYTHONSAFEPATH"] == "1"
     assert spec["env"]["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "0"
 
 
@@ -104,6 +108,9 @@ def test_a_demo_image_whose_packages_changed_is_built_again(tmp_path):
 
 @pytest.mark.quick
 def test_vs_code_listens_on_a_private_socket_without_its_own_port_proxy(monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the session's TMPDIR
     binary = tmp_path / "code-server"
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
@@ -112,6 +119,9 @@ def test_vs_code_listens_on_a_private_socket_without_its_own_port_proxy(monkeypa
     argv = offered["command"]
     assert argv[0] == str(binary) and argv[argv.index("--socket") + 1] == "{unix_socket}"
     assert offered["unix_socket"] is True and "--disable-proxy" in argv and argv[argv.index("--auth") + 1] == "none"
+    assert "--disable-workspace-trust" not in argv  # a shared notebook's saved outputs run no script unasked
+    config = argv[argv.index("--config") + 1]  # in a new folder of its own, never a name in a shared /tmp
+    assert os.stat(os.path.dirname(config)).st_mode & 0o777 == 0o700 and os.path.basename(config) == "code-server.yaml"
     assert "--bind-addr" not in argv and offered["launcher_entry"]["title"] == "VS Code"
     monkeypatch.setenv("DSPORTAL_TOOLS", json.dumps({"offered": ["r"], "code_server": str(binary)}))
     assert vscode.server()["launcher_entry"] == {"enabled": False}
@@ -178,6 +188,44 @@ def test_r_runs_inside_an_image_whose_catalog_entry_says_so(alice):
     seen = alice.run_code("cat(sum(1:10), nzchar(Sys.getenv('APPTAINER_CONTAINER')), Sys.info()[['user']], "
                           "Sys.getenv('SLURM_JOB_ID'))", kernel="dsportal-debian-python-r", timeout=180)
     assert seen.split() == ["55", "TRUE", "alice", str(active_jobs("alice")[0]["job_id"])], seen
+
+
+PLANTED = {
+    # R reads these from its working folder (the notebook's); a neighbour can leave them in a shared one.
+    ".Rprofile": 'writeLines("rprofile", file.path(Sys.getenv("HOME"), "planted-ran"))\n',
+    ".Renviron": "DSPORTAL_PLANTED=renviron\n",
+    # and Python 3.11+ puts the working folder first on sys.path unless told not to
+    "ipykernel_launcher.py": 'import os; open(os.path.expanduser("~/planted-ran"), "w").write("python")\n',
+}
+
+
+def _notebook(kernel: str, code: str) -> dict:
+    return {"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": [], "execution_count": None}],
+            "metadata": {"kernelspec": {"name": kernel, "display_name": kernel}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_files_planted_in_a_notebooks_folder_do_not_run_in_her_kernels(alice):
+    alice.spawn({"profile": "cpu"})
+    folder, home = "planted-by-a-neighbour", "/home/alice"
+    alice.run_in_terminal(f"rm -rf ~/{folder} ~/planted-ran && mkdir ~/{folder}")
+    for name, text in PLANTED.items():
+        alice.api("PUT", f"/user/alice/api/contents/{folder}/{name}",
+                  json={"type": "file", "format": "text", "content": text}).raise_for_status()
+    # an .RData whose .First would run as it is restored
+    alice.run_code(f'.First <- function() writeLines("rdata", "{home}/planted-ran"); '
+                   f'save(.First, file = "{home}/{folder}/.RData"); cat("saved")', kernel="ir")
+    kernels = [("ir", 'cat(Sys.getenv("DSPORTAL_PLANTED"), "|", "ran")'),
+               ("dsportal-debian-python", "import os; print(os.environ.get('DSPORTAL_PLANTED'), '|', 'ran')")]
+    specs = alice.api("GET", "/user/alice/api/kernelspecs").json()["kernelspecs"]
+    for kernel, code in kernels:
+        if kernel not in specs:
+            continue
+        path = f"{folder}/{kernel}.ipynb"
+        alice.api("PUT", f"/user/alice/api/contents/{path}",
+                  json={"type": "notebook", "content": _notebook(kernel, code)}).raise_for_status()
+        said = alice.run_notebook(path, timeout=180)
+        assert said[0].split("|")[-1].strip() == "ran" and "renviron" not in said[0], (kernel, said)
+        assert not os.path.exists(f"{home}/planted-ran"), (kernel, open(f"{home}/planted-ran").read())
 
 
 def test_a_profile_without_tools_offers_none_of_them(portal, admin):
@@ -265,7 +313,7 @@ def test_vs_code_is_hers_alone(alice, bob):
 
 @pytest.mark.skipif(not os.access("/opt/dsportal/code-server/bin/code-server", os.X_OK), reason="code-server not installed")
 def test_r_vs_code_and_git_open_from_the_launcher(alice):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
     from test_browser import SHOTS, open_lab
 
@@ -303,6 +351,10 @@ def test_r_vs_code_and_git_open_from_the_launcher(alice):
             page.locator('.jp-LauncherCard', has_text='VS Code').first.click()
         code = opened.value
         code.wait_for_selector(".monaco-workbench", timeout=120_000)
+        try:  # Workspace Trust asks about her own home: she trusts it
+            code.get_by_role("button", name=re.compile("Yes, I trust the authors")).click(timeout=20_000)
+        except PlaywrightTimeout:
+            pass
         code.locator(".explorer-folders-view .monaco-list-row", has_text="gitdemo").first.wait_for(timeout=60_000)
         code.screenshot(path=str(SHOTS / "vscode.png"))
         code.keyboard.press("Control+Shift+Backquote")  # Terminal: Create New Terminal

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ..cluster.images import image_status
 from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
-from .tools import R_REPOSITORY_VARIABLE, R_START, Tools
+from .tools import Tools, r_argv, r_environment
 
 if TYPE_CHECKING:
     from ..settings import DataMount, Image
@@ -81,9 +81,7 @@ def r_kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir:
                   tools: Tools) -> dict:
     """The R kernel of an image whose catalog entry says it has R (``r``): IRkernel inside the image,
     started as the host's R kernel is (portal.session.tools.R_START)."""
-    argv, env = container_command(image, mounts, home, runtime_dir, cuda,
-                                  ["R", "--slave", "-e", R_START, "--args", "{connection_file}"],
-                                  {R_REPOSITORY_VARIABLE: tools.r_repository})
+    argv, env = container_command(image, mounts, home, runtime_dir, cuda, r_argv("R"), r_environment(tools, home))
     return {
         "display_name": f"R in a container ({image.name})",
         "language": "R",
@@ -105,6 +103,9 @@ def container_command(image: Image, mounts: list[DataMount], home: str, runtime_
     # session's runtime folder (where its sockets are).
     env = {"CUDA_VISIBLE_DEVICES": cuda} if cuda is not None else {}
     env["JUPYTER_RUNTIME_DIR"] = runtime_dir
+    # Python 3.11+ does not put the working folder (the notebook's, perhaps a shared one) first on
+    # sys.path: a planted ipykernel_launcher.py there would run as her (-P for the image's Python).
+    env["PYTHONSAFEPATH"] = "1"
     if os.environ.get("SLURM_JOB_ID"):
         env["SLURM_JOB_ID"] = os.environ["SLURM_JOB_ID"]
     env.update(extra_env or {})

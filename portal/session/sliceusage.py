@@ -341,13 +341,18 @@ class Nvml:
 
 
 def own_utilization(pynvml, handle, own_pids: set[int]) -> int:
-    """The busiest of this session's processes on a shared GPU, from NVML's recent per-process samples
-    (SM %): a neighbour's work on the same GPU is not this session's use. 0 where there are none."""
+    """This session's processes' part of a shared GPU's time, from NVML's recent per-process samples
+    (SM %, summed over its processes, at most 100): a neighbour's work on the same GPU is not this
+    session's use. 0 where there are none."""
     try:
         samples = pynvml.nvmlDeviceGetProcessUtilization(handle, int((time.time() - 10) * 1e6))
     except pynvml.NVMLError:  # no samples in that time (NVML_ERROR_NOT_FOUND): nobody ran on it
         return 0
-    return max((int(sample.smUtil) for sample in samples if sample.pid in own_pids), default=0)
+    latest: dict[int, tuple[int, int]] = {}
+    for sample in samples:  # the newest sample of each of her processes
+        if sample.pid in own_pids and sample.timeStamp >= latest.get(sample.pid, (0, 0))[0]:
+            latest[sample.pid] = (sample.timeStamp, int(sample.smUtil))
+    return min(100, sum(util for _, util in latest.values()))
 
 
 def only_the_jobs(readings: list[Gpu], mine: set[int], uuids: set[str]) -> list[Gpu]:

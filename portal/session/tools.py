@@ -63,6 +63,19 @@ IRkernel::main()
 """.strip().splitlines())
 
 
+def r_argv(r_binary: str) -> list[str]:
+    """R for a kernel: --no-restore, so an .RData in the notebook's folder (anyone's, in a shared
+    folder) is not loaded and its .First not run."""
+    return [r_binary, "--slave", "--no-restore", "-e", R_START, "--args", "{connection_file}"]
+
+
+def r_environment(tools: Tools, home: str) -> dict[str, str]:
+    """R reads .Renviron and .Rprofile from its working folder, the notebook's, before her home's: a
+    neighbour's files in a shared folder would run as her. Her home's only (absent ones are skipped)."""
+    return {R_REPOSITORY_VARIABLE: tools.r_repository, "R_ENVIRON_USER": os.path.join(home, ".Renviron"),
+            "R_PROFILE_USER": os.path.join(home, ".Rprofile")}
+
+
 @dataclass(frozen=True)
 class Tools:
     offered: frozenset[str]
@@ -120,8 +133,8 @@ def write_r_kernel(dest: Path, source: Path, tools: Tools) -> str | None:
     argv = spec.get("argv", [])
     if len(argv) < 2 or "IRkernel::main()" not in argv:
         return None
-    spec["argv"] = [argv[0], "--slave", "-e", R_START, "--args", "{connection_file}"]
-    spec["env"] = {**spec.get("env", {}), R_REPOSITORY_VARIABLE: tools.r_repository}
+    spec["argv"] = r_argv(argv[0])
+    spec["env"] = {**spec.get("env", {}), **r_environment(tools, os.path.expanduser("~"))}
     spec.setdefault("metadata", {})["dsportal"] = {"tool": "r"}
     folder = dest / "kernels" / R_KERNEL
     folder.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from .tools import Tools
@@ -23,10 +24,13 @@ from .tools import Tools
 ICON = Path(__file__).with_name("vscode.svg")
 
 
-def command(binary: str, home: str, session_tmp: str) -> list[str]:
+def command(binary: str, home: str, config_dir: str) -> list[str]:
+    # Workspace Trust stays on: VS Code runs scripts in a notebook's saved outputs, a folder's tasks
+    # and its .vscode settings only where she trusts the folder (a neighbour's shared notebook would
+    # otherwise run script on her origin).
     return [binary, "--socket", "{unix_socket}", "--socket-mode", "600", "--auth", "none",
-            "--disable-proxy", "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
-            "--config", os.path.join(session_tmp, "code-server.yaml"),
+            "--disable-proxy", "--disable-telemetry", "--disable-update-check",
+            "--config", os.path.join(config_dir, "code-server.yaml"),
             "--user-data-dir", os.path.join(home, ".local", "share", "code-server"),
             "--extensions-dir", os.path.join(home, ".local", "share", "code-server", "extensions"),
             home]
@@ -42,7 +46,9 @@ def server() -> dict:
         reason = f"VS Code is not installed on this node ({tools.code_server}): ask your admin."
     else:
         return {
-            "command": command(tools.code_server, home, os.environ.get("TMPDIR", "/tmp")),
+            # Its config file in a new folder of its own (mode 700), never a name in a shared /tmp
+            # that a neighbour could have made first: the file's keys are code-server's options.
+            "command": command(tools.code_server, home, tempfile.mkdtemp(prefix="dsportal-code-server-")),
             "unix_socket": True,  # a new folder (mode 700) in TMPDIR, the session's private one
             "timeout": 60,
             "new_browser_tab": True,
