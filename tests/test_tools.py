@@ -208,9 +208,10 @@ def test_files_planted_in_a_notebooks_folder_do_not_run_in_her_kernels(alice):
     alice.spawn({"profile": "cpu"})
     folder, home = "planted-by-a-neighbour", "/home/alice"
     alice.run_in_terminal(f"rm -rf ~/{folder} ~/planted-ran && mkdir ~/{folder}")
-    for name, text in PLANTED.items():
-        alice.api("PUT", f"/user/alice/api/contents/{folder}/{name}",
-                  json={"type": "file", "format": "text", "content": text}).raise_for_status()
+    for name, text in PLANTED.items():  # (hidden files: the contents API refuses them; put there as a copy would)
+        planted = f"{home}/{folder}/{name}"
+        subprocess.run(["runuser", "-u", "alice", "--", "tee", planted], input=text, text=True, capture_output=True,
+                       check=True)
     # an .RData whose .First would run as it is restored
     alice.run_code(f'.First <- function() writeLines("rdata", "{home}/planted-ran"); '
                    f'save(.First, file = "{home}/{folder}/.RData"); cat("saved")', kernel="ir")
