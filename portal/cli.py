@@ -181,8 +181,7 @@ def cmd_usage(args) -> int:
         print(f"dsportal usage: {error}", file=sys.stderr)
         return 2
     try:
-        rows = usage.collect(since, SlurmCommands.from_settings(settings), args.user,
-                             {p.name: p.gpu_shares for p in settings.profiles if p.gpu_shares})
+        rows = usage.collect(since, SlurmCommands.from_settings(settings), args.user)
     except usage.UsageUnavailable as error:
         print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
               "(AccountingStorageType=accounting_storage/slurmdbd); see docs/how-to/deploy.md.", file=sys.stderr)

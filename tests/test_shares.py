@@ -93,9 +93,12 @@ def test_usage_counts_a_share_as_its_part_of_a_gpu_hour():
               "Account": "class101", "Comment": "dsportal-profile=class-gpu", "State": "COMPLETED",
               "ElapsedRaw": "3600", "AllocTRES": "billing=2,cpu=2,gres/shard=1,mem=12G,node=1"}
     whole = {**record, "JobID": "8", "Comment": "dsportal-profile=gpu", "AllocTRES": "cpu=8,gres/gpu=1,mem=48G,node=1"}
-    rows = usage.summed([record, whole], {"class-gpu": 4})
+    # her own sbatch of shards, saying nothing of itself: counted by what its partition's shards are
+    own = {**record, "JobID": "9", "JobName": "mine", "Comment": "", "AllocTRES": "cpu=1,gres/shard=2,mem=1G,node=1"}
+    rows = usage.summed([record, whole, own], {"gpu": 4})
     assert rows[("student01", "class101", "class-gpu")].gpu_hours == pytest.approx(0.25)
     assert rows[("student01", "class101", "gpu")].gpu_hours == pytest.approx(1.0)
+    assert rows[("student01", "class101", "(gpu)")].gpu_hours == pytest.approx(0.5)
 
 
 # ----------------------------------------------------------------------------- on the demo cluster

@@ -5,7 +5,8 @@ profile. The profile comes from the job's comment (`dsportal-profile=NAME`, whic
 multi-node jobs carry; slurm.conf needs `AccountingStoreFlags=job_comment`); jobs without one show
 their partition in brackets. Sessions (jobs named dsportal-<user>) and multi-node jobs are counted
 apart. GPU-hours are the job's allocated GPUs (AllocTRES gres/gpu, all nodes) times its elapsed
-time, a share of a GPU (gres/shard) counting as its part of one (the profile's gpu_shares per GPU);
+time, a share of a GPU (gres/shard) counting as its part of one (its partition's shards per GPU, from
+sinfo: what Slurm gave, whatever the job says of itself);
 CPU-hours likewise with AllocTRES cpu. One sacct call.
 """
 
@@ -84,16 +85,30 @@ def gpu_seconds(tres: str, elapsed: int, shares_per_gpu: int) -> float:
     return (gpus_of(tres) + shared) * elapsed
 
 
+def shards_per_gpu(slurm: SlurmCommands) -> dict[str, int]:
+    """Each partition's shards per GPU (its nodes' Gres: shard count over GPU count; the most common
+    where its nodes differ); partitions without shards are left out."""
+    ratios: dict[str, list[int]] = {}
+    for line in slurm.run([slurm.tool("sinfo"), "-h", "-N", "-o", "%P %G"]).splitlines():
+        partition, _, gres = line.strip().partition(" ")
+        counts = {"gpu": 0, "shard": 0}
+        for kind, count in re.findall(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)", gres):
+            counts[kind] += int(count)
+        if counts["gpu"] and counts["shard"]:
+            ratios.setdefault(partition.rstrip("*"), []).append(counts["shard"] // counts["gpu"])
+    return {partition: max(set(found), key=found.count) for partition, found in ratios.items()}
+
+
 def summed(records: list[dict[str, str]], shares_per_gpu: dict[str, int] | None = None) -> dict[tuple[str, str, str], Row]:
     """Accounting's records (FIELDS) summed per user, account and profile (``shares_per_gpu``: each
-    profile's gpu_shares, for jobs holding shares of a GPU)."""
+    partition's shards per GPU, for jobs holding shares of a GPU)."""
     rows: dict[tuple[str, str, str], Row] = {}
     for record in records:
         profile = profile_of(record["Comment"]) or f"({record['Partition']})"
         key = (record["User"], record["Account"] or "-", profile)
         row = rows.setdefault(key, Row(*key))
         elapsed = int(record["ElapsedRaw"] or 0)
-        gpu_s = gpu_seconds(record["AllocTRES"], elapsed, (shares_per_gpu or {}).get(profile, 0))
+        gpu_s = gpu_seconds(record["AllocTRES"], elapsed, (shares_per_gpu or {}).get(record["Partition"], 0))
         cpus = _CPUS.search(record["AllocTRES"] or "")
         row.cpu_s += (int(cpus.group(1)) if cpus else 0) * elapsed
         if record["JobName"].startswith("dsportal-") and not record["JobName"].startswith("dsportal-schedule-"):
@@ -118,10 +133,10 @@ def grouped(rows: dict[tuple[str, str, str], Row], by: tuple[str, ...]) -> dict[
     return result
 
 
-def collect(since: datetime, slurm: SlurmCommands, user: str | None = None,
-            shares_per_gpu: dict[str, int] | None = None) -> dict[tuple[str, str, str], Row]:
+def collect(since: datetime, slurm: SlurmCommands, user: str | None = None) -> dict[tuple[str, str, str], Row]:
     try:
-        return summed(slurm.accounting_since(since.strftime("%Y-%m-%dT%H:%M:%S"), FIELDS, user=user), shares_per_gpu)
+        return summed(slurm.accounting_since(since.strftime("%Y-%m-%dT%H:%M:%S"), FIELDS, user=user),
+                      shards_per_gpu(slurm))
     except SlurmError as error:
         raise UsageUnavailable(str(error)) from None
 
