@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import re
 import shutil
 import socket
 import stat
@@ -20,7 +19,7 @@ from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
 from .slurmclient import SlurmCommands
-from .slurmparse import SlurmError
+from .slurmparse import SlurmError, gpus_and_shards
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
@@ -320,9 +319,6 @@ def _notebook_schedules(config: dict[str, str]) -> Result:
                   warning=True)
 
 
-_GRES_COUNT = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)")
-
-
 def check_gpu_shares(settings) -> list[Result]:
     """Profiles offering shares of a GPU (gpu_shares): their partition's nodes give that many shards per
     GPU. Slurm 22.05 allocates a GPU and its shards independently: a whole-GPU job can land on a GPU whose
@@ -338,10 +334,8 @@ def check_gpu_shares(settings) -> list[Result]:
         counts = {}
         for line in listing.splitlines():
             name, _, gres = line.strip().partition(" ")
-            found = {"gpu": 0, "shard": 0}
-            for kind, count in _GRES_COUNT.findall(gres):
-                found[kind] += int(count)
-            counts[name] = found
+            gpus, shards = gpus_and_shards(gres)
+            counts[name] = {"gpu": gpus, "shard": shards}
         wrong = [f"{n} ({c['shard']} shards for {c['gpu']} GPUs)" for n, c in sorted(counts.items())
                  if c["gpu"] and c["shard"] != c["gpu"] * profile.gpu_shares]
         if not counts or wrong:

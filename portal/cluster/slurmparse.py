@@ -136,6 +136,17 @@ def _gpu_count(gres: str) -> int:
     return sum(int(n) for n in _GRES_GPU.findall(gres or ""))
 
 
+_GRES_GPU_OR_SHARD = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)")
+
+
+def gpus_and_shards(gres: str) -> tuple[int, int]:
+    """A node's GPUs and GPU shards (Slurm's shard GRES) from its Gres (gpu:h100:4,shard:16)."""
+    counts = {"gpu": 0, "shard": 0}
+    for kind, count in _GRES_GPU_OR_SHARD.findall(gres or ""):
+        counts[kind] += int(count)
+    return counts["gpu"], counts["shard"]
+
+
 @dataclass(frozen=True)
 class Node:
     name: str

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from .slurmclient import SlurmCommands
-from .slurmparse import SlurmError, profile_of
+from .slurmparse import SlurmError, gpus_and_shards, profile_of
 
 FIELDS = ("JobID", "User", "JobName", "Partition", "Account", "Comment", "State", "ElapsedRaw", "AllocTRES")
 KEYS = ("user", "account", "profile")
@@ -91,11 +91,9 @@ def shards_per_gpu(slurm: SlurmCommands) -> dict[str, int]:
     ratios: dict[str, list[int]] = {}
     for line in slurm.run([slurm.tool("sinfo"), "-h", "-N", "-o", "%P %G"]).splitlines():
         partition, _, gres = line.strip().partition(" ")
-        counts = {"gpu": 0, "shard": 0}
-        for kind, count in re.findall(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)", gres):
-            counts[kind] += int(count)
-        if counts["gpu"] and counts["shard"]:
-            ratios.setdefault(partition.rstrip("*"), []).append(counts["shard"] // counts["gpu"])
+        gpus, shards = gpus_and_shards(gres)
+        if gpus and shards:
+            ratios.setdefault(partition.rstrip("*"), []).append(shards // gpus)
     return {partition: max(set(found), key=found.count) for partition, found in ratios.items()}
 
 
