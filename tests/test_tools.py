@@ -48,9 +48,9 @@ def test_the_hubs_word_is_read_and_a_server_it_did_not_start_offers_everything()
 def test_what_a_profile_leaves_out_is_switched_off_by_jupyters_own_settings(tmp_path):
     config = session_tools.write_config(tmp_path, Tools(frozenset({"r"})))
     server = json.loads((config / "jupyter_server_config.json").read_text())["ServerApp"]
-    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False}}
+    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False, "nbdime": False}}
     page = json.loads((config / "labconfig" / "page_config.json").read_text())
-    assert page == {"disabledExtensions": {"@jupyterlab/git": True}}
+    assert page == {"disabledExtensions": {"@jupyterlab/git": True, "nbdime-jupyterlab": True}}
     everything = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)))
     assert json.loads((everything / "jupyter_server_config.json").read_text()) == {"ServerApp": {"terminals_enabled": True}}
 
@@ -236,9 +236,10 @@ def test_a_profile_without_tools_offers_none_of_them(portal, admin):
         student.spawn({"profile": "class"})
         prefix = "/user/student07"
         assert student.api("GET", f"{prefix}/git/settings").status_code == 404
+        assert student.api("GET", f"{prefix}/nbdime/difftool").status_code == 404  # nbdime: git's diffs only
         assert "ir" in student.api("GET", f"{prefix}/api/kernelspecs").json()["kernelspecs"]
         assert student.api("POST", f"{prefix}/api/terminals").status_code == 200
-        assert "@jupyterlab/git" in page_config(student, prefix)["disabledExtensions"]
+        assert {"@jupyterlab/git", "nbdime-jupyterlab"} <= set(page_config(student, prefix)["disabledExtensions"])
         opened = student.api("GET", f"{prefix}/vscode/", allow_redirects=False)
         assert opened.status_code >= 400, opened.status_code
     finally:
@@ -252,6 +253,9 @@ def test_git_works_against_a_repository_in_her_home(alice):
                           "echo hi > a.txt && git add a.txt && git commit -qm 'first commit from alice'")
     log = alice.api("POST", "/user/alice/git/gitdemo/log", json={"history_count": 5})
     assert log.status_code == 200 and log.json()["commits"][0]["commit_msg"] == "first commit from alice", log.text
+    # nbdime, which jupyterlab-git's notebook diffs use, is served where git is offered.
+    diff = alice.api("POST", "/user/alice/nbdime/api/isgit", json={"path": "gitdemo/a.txt"})
+    assert diff.status_code == 200 and diff.json()["is_git"] is True, diff.text
 
 
 JOB_TMP = "/var/lib/dsportal-demo/jobtmp"  # the demo's job_container.conf BasePath (then node, node, job, .job)

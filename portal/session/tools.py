@@ -7,7 +7,8 @@ JUPYTER_CONFIG_PATH):
 
 - terminal: ``ServerApp.terminals_enabled`` (JupyterLab shows no Terminal tile without it);
 - git: jupyterlab-git's server extension (``ServerApp.jpserver_extensions``) and its JupyterLab
-  plugins (page_config's ``disabledExtensions``);
+  plugins (page_config's ``disabledExtensions``), and with them nbdime's, which only jupyterlab-git's
+  diffs use here (a session without git neither imports nor serves it);
 - r: the R kernel's kernelspec in the session's folder (:func:`write_r_kernel`); without it the
   system's ``ir`` kernelspec is hidden (portal.session.ownkernels);
 - vscode: the launcher tile of portal.session.vscode (jupyter-server-proxy).
@@ -29,8 +30,9 @@ from .. import defaults, sessionvars
 from ..wholefile import write_whole
 
 TOOLS = ("terminal", "r", "vscode", "git")
-GIT_SERVER_EXTENSION = "jupyterlab_git"
-GIT_LAB_EXTENSION = "@jupyterlab/git"
+# git's extensions, with nbdime's: installed as jupyterlab-git's dependency, used for its diffs.
+GIT_SERVER_EXTENSIONS = ("jupyterlab_git", "nbdime")
+GIT_LAB_EXTENSIONS = ("@jupyterlab/git", "nbdime-jupyterlab")
 R_KERNEL = "ir"  # IRkernel's kernelspec name (Debian's r-cran-irkernel installs it system-wide)
 R_REPOSITORY_VARIABLE = "DSPORTAL_R_REPOSITORY"
 
@@ -107,9 +109,9 @@ def write_config(folder: Path, tools: Tools) -> Path:
     (config / "labconfig").mkdir(parents=True, exist_ok=True)
     server: dict = {"terminals_enabled": tools.offers("terminal")}
     if not tools.offers("git"):
-        server["jpserver_extensions"] = {GIT_SERVER_EXTENSION: False}
+        server["jpserver_extensions"] = dict.fromkeys(GIT_SERVER_EXTENSIONS, False)
     write_whole(config / "jupyter_server_config.json", json.dumps({"ServerApp": server}, indent=1))
-    disabled = {} if tools.offers("git") else {GIT_LAB_EXTENSION: True}
+    disabled = {} if tools.offers("git") else dict.fromkeys(GIT_LAB_EXTENSIONS, True)
     write_whole(config / "labconfig" / "page_config.json", json.dumps({"disabledExtensions": disabled}, indent=1))
     return config
 
