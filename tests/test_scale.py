@@ -89,16 +89,19 @@ def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_l
         refused = bob.start_server({"profile": "cpu"})
         assert refused.status_code == 429, refused.text
         assert refused.headers.get("Retry-After") in ("1", "2"), refused.headers
+        # The REST API answers in JupyterHub's words, with when to retry.
         said = refused.json()["message"]
-        assert said.startswith("1 session is starting on the portal right now"), said
-        assert "nothing was submitted to the cluster: please try again in about 10 s" in said, said
+        assert said.startswith("Too many users trying to log in right now. Try again in"), said
 
         page = bob.web.post(f"{base}/hub/spawn", data={"_xsrf": bob.web.cookies.get("_xsrf"), "profile": "cpu",
                                                        "gpus.cpu": "0", "walltime.cpu": "02:00:00"},
                             allow_redirects=False)
         assert page.status_code == 429, page.status_code
         text = html.unescape(page.text)
-        assert "the most it starts at once" in text and "please try again in about 10 s" in text, text[-2000:]
+        # The form in the portal's (templates/hub/spawn.html), with JupyterHub's time to retry.
+        assert ("1 session is starting on the portal right now" in text and "the most it starts at once" in text
+                and "nothing was submitted to the cluster: please try again in 10 seconds." in text), text[-2000:]
+        assert page.headers.get("Retry-After") in ("1", "2"), page.headers
         assert 'name="profile"' in text  # the form again, to press Start once more
 
         # Nothing of bob's reached Slurm or stuck to the hub.

@@ -50,10 +50,9 @@ def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
 HUB_APPLIES = """
 import json
 from traitlets.config import Config
-from portal.hub import origins, pacing, portreport, routeowner, spawnlimit, upstream, useroptions
+from portal.hub import origins, pacing, portreport, routeowner, upstream, useroptions
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
-spawnlimit.explain_refused_starts()
 useroptions.judge_before_storing()
 portreport.install_port_handler()
 pacing.install(pacing.Pacer())

@@ -17,7 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import loadshed, metrics, pacing, proxyservice, sessions, spawnlimit, upstream, useroptions
+from . import loadshed, metrics, pacing, proxyservice, sessions, upstream, useroptions
 from .auth import configure_ldap
 from .extend import ExtendHandler
 from .origins import configure_user_origins
@@ -120,8 +120,9 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
     c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended,
-                                   "sessions": sessions.rows}
-    c.JupyterHub.template_paths = [str(templating.folder() / "hub")]  # the stock pages, plus session_ended
+                                   "sessions": sessions.rows, "spawn_limit": hub.concurrent_spawn_limit}
+    # The stock pages, plus session_ended, the sessions' rows and a refused start's words (spawn.html).
+    c.JupyterHub.template_paths = [str(templating.folder() / "hub")]
 
     configure_ldap(c, settings)
     c.Authenticator.admin_users = set(hub.admin_users)
@@ -139,11 +140,11 @@ def configure(c, settings=None) -> None:
     c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
     c.PartitionSpawner.ldap = settings.ldap.model_dump(mode="json")  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
-    # Starts beyond the limit: HTTP 429, in the portal's words (portal/hub/spawnlimit.py).
+    # Starts beyond the limit: HTTP 429 with Retry-After, nothing submitted; the form says so in the
+    # portal's words (templates/hub/spawn.html), the REST API in JupyterHub's.
     c.JupyterHub.concurrent_spawn_limit = hub.concurrent_spawn_limit
     # Not a configurable trait of JupyterHub 6.1: its handlers read it from the tornado settings.
     c.JupyterHub.tornado_settings = {"spawn_throttle_retry_range": tuple(hub.spawn_retry_seconds)}
-    spawnlimit.explain_refused_starts()
     # The REST API's options are judged by the portal's rules before JupyterHub stores them.
     useroptions.judge_before_storing()
     c.Spawner.http_timeout = hub.http_timeout

@@ -24,14 +24,12 @@ from jupyterhub.apihandlers import default_handlers
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.app import JupyterHub
-from jupyterhub.handlers.base import BaseHandler
 from ldap3.core.exceptions import LDAPBindError
 from ldapauthenticator import LDAPAuthenticator
 from ldapauthenticator.ldapauthenticator import TlsStrategy
-from tornado import web
 
 from .. import ldapconnect
-from ..patchcheck import CHP, Definition, Mentions, Patch, stands_aside
+from ..patchcheck import CHP, Definition, Mentions, Patch
 
 # ------------------------------------------------------------------ session certificate pinning
 # The certificate the session being checked must present (DER): set around User._wait_up.
@@ -120,34 +118,6 @@ def replace_api_handler(pattern: str, handler) -> None:
     batchspawner.api is imported) served by ``handler`` instead."""
     default_handlers[:] = [h for h in default_handlers if h[0] != pattern]
     default_handlers.append((pattern, handler))
-
-
-# ------------------------------------------------------------------ JupyterHub's concurrent_spawn_limit
-def explain_throttled_spawns(explain) -> None:
-    """Wrap ``BaseHandler.spawn_single_user`` (every start: the spawn form's and the REST API's): the
-    HTTP 429 it raises past ``concurrent_spawn_limit`` (the one with a Retry-After header) is raised again
-    with ``explain(handler, retry_seconds)`` as its message, status and Retry-After kept (unless the
-    patch stands aside: JupyterHub's own message). Idempotent."""
-    spawn_single_user = BaseHandler.spawn_single_user
-    if getattr(spawn_single_user, "explains_throttled_spawns", False) or stands_aside("throttled-spawn-message"):
-        return
-
-    async def explained(self, user, *args, **kwargs):
-        try:
-            return await spawn_single_user(self, user, *args, **kwargs)
-        except web.HTTPError as error:
-            headers = getattr(error, "headers", None) or {}
-            if error.status_code != 429 or "Retry-After" not in headers:
-                raise  # active_server_limit's 429 (not configured by dsportal) and every other error as they are
-            message = explain(self, int(headers["Retry-After"]))
-            refused = web.HTTPError(429, "%s", message)
-            refused.jupyterhub_message = message  # what JupyterHub's pages and API answers show
-            refused.headers = headers  # written by JupyterHub's write_error, as for its own 429
-            raise refused from None
-
-    explained.original = spawn_single_user
-    explained.explains_throttled_spawns = True
-    BaseHandler.spawn_single_user = explained
 
 
 # ------------------------------------------------------------------ the REST API's requests for a user's server
@@ -269,17 +239,6 @@ PATCHES = [
           == ["portal.hub.portreport"],
           guards=True, hook="batchspawner letting the spawner judge a job's report (or JupyterHub taking a "
           "started server's port itself)"),
-    Patch("throttled-spawn-message", "portal/hub/spawnlimit.py",
-          "jupyterhub.handlers.base.BaseHandler.spawn_single_user (wrapped: its 429 past concurrent_spawn_limit, "
-          "told by its Retry-After header, raised again with the portal's message)", JUPYTERHUB, "6.1.1",
-          "a start refused past hub.concurrent_spawn_limit says how many sessions are starting, that nothing was "
-          "submitted, and when to try again",
-          (Definition("jupyterhub.handlers.base", "BaseHandler.spawn_single_user", "89ad7a1d6d9f3a0a"),
-           Mentions("jupyterhub.handlers.base", "Retry-After", "80267c7a399e7cee"),
-           Definition("jupyterhub.handlers.pages", "SpawnHandler._wrap_spawn_single_user", "7e857fbad2ab0148")),
-          lambda: getattr(BaseHandler.spawn_single_user, "explains_throttled_spawns", False),
-          hook="a JupyterHub setting for the message of concurrent_spawn_limit's 429 (a custom error.html "
-          "template reaches the pages, not the REST API's answer)"),
     Patch("server-request-options-judged", "portal/hub/useroptions.py",
           "jupyterhub.apihandlers.users.UserServerAPIHandler.get_server_json_body (wrapped) and get_json_body "
           "(APIHandler's, wrapped on UserServerAPIHandler): the user_options of POST, PUT and PATCH judged as "
