@@ -14,7 +14,7 @@ Measured, per hub:
               queries (REQUEST_JOB_INFO*, from sdiag) made meanwhile
   queued      the same while a job holds every GPU for --hold s: the job queries made while
               the sessions wait (each stock spawner polls squeue every 0.5 s; dsportal's hub
-              shares one squeue per poll_interval among all sessions)
+              shares one squeue per slurm.squeue_interval among all sessions)
   department  a hub for a whole department, one of each kind, in turn; each takes --sequence's steps in
               order without a restart between them (but the kill -9 of the step restart): a class of
               --students (100) logs in and starts a one-core session at once, each runs a cell, all stop

@@ -16,7 +16,7 @@ GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in 
 SLURM_BIN_DIR = "/usr/bin"
 MEDIATOR = "/usr/local/libexec/dsportal/mediator"  # what the hub runs as a user (portal/cluster/mediator.py)
 SUBMIT_AS = "runuser"
-SLURM_POLL_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions start
+SQUEUE_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions start
 
 LDAP_CONNECT_TIMEOUT = 5.0
 LDAP_RECEIVE_TIMEOUT = 5.0

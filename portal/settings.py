@@ -212,6 +212,12 @@ class HubSettings(_Model):
         8, ge=0, le=100, description="How many named sessions (beside the default one) a user may keep, running or "
         "not (JupyterHub's named_server_limit_per_user); how many may run at once is each profile's "
         "sessions_per_user. 0: named sessions are off, one session per user.")
+    poll_interval: int = Field(
+        2, gt=0, description="Seconds between the hub's checks that each running session's job still runs "
+        "(JupyterHub's Spawner.poll_interval). Each check reads the shared squeue snapshot (at most one squeue per "
+        "slurm.squeue_interval for all sessions), so a job ended outside the portal (scancel, node failure, "
+        "walltime) is seen within a few seconds.",
+    )
     concurrent_spawn_limit: int = Field(
         100, ge=0, description="How many sessions the hub starts at once (JupyterHub's concurrent_spawn_limit). A "
         "session counts from the moment it is asked for until it is ready, its time in Slurm's queue included, "
@@ -292,13 +298,9 @@ class SlurmSettings(_Model):
         "run as root.")
     mediator: Path = Field(Path(defaults.MEDIATOR), description="The mediator, installed root-owned by "
                            "`dsportal hub install-mediator`.")
-    poll_interval: float = Field(
-        defaults.SLURM_POLL_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start."
-    )
-    session_check_interval: int = Field(
-        2, gt=0, description="Seconds between the hub's checks that each running session's job still runs. "
-        "Each check reads the shared squeue snapshot (at most one squeue per poll_interval for all sessions), "
-        "so a job ended outside the portal (scancel, node failure, walltime) is seen within a few seconds.",
+    squeue_interval: float = Field(
+        defaults.SQUEUE_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start "
+        "(one squeue for all sessions; hub.poll_interval's checks read it too)."
     )
     resources_interval: float = Field(
         defaults.RESOURCES_INTERVAL, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."
@@ -627,6 +629,14 @@ class TemplateSettings(_Model):
         return self
 
 
+# Settings renamed so that each has one name in every layer (portal.yaml, the hub's traits, the docs):
+# (old section, old key) -> (section, key).
+RENAMED = {
+    ("slurm", "poll_interval"): ("slurm", "squeue_interval"),
+    ("slurm", "session_check_interval"): ("hub", "poll_interval"),
+}
+
+
 class Settings(_Model):
     """portal.yaml, the one file an admin edits: the hub, the spawn form, the batch scripts, the kernels
     and the job launcher are all derived from it."""
@@ -640,6 +650,27 @@ class Settings(_Model):
     data_mounts: list[DataMount] = Field(default_factory=list, description="Bound into every container kernel.")
     templates: TemplateSettings = TemplateSettings()
     source: Path | None = Field(None, exclude=True)
+    notices: list[str] = Field(default_factory=list, exclude=True)  # settings read under an old name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, raw):
+        """Settings under their old names are read under the new ones, each with a notice for the admin
+        (the hub's log, `dsportal check`); a file that names both is refused."""
+        if not isinstance(raw, dict):
+            return raw
+        notices = []
+        for (old_section, old_key), (section, key) in RENAMED.items():
+            old = raw.get(old_section)
+            if not isinstance(old, dict) or old_key not in old:
+                continue
+            new = raw.get(section)
+            if isinstance(new, dict) and key in new:
+                raise ValueError(f"{old_section}.{old_key} is the old name of {section}.{key}: keep only {section}.{key}")
+            raw = {**raw, old_section: {k: v for k, v in old.items() if k != old_key}}
+            raw[section] = {**(raw.get(section) or {}), key: old[old_key]}
+            notices.append(f"{old_section}.{old_key} is now called {section}.{key}: please rename it")
+        return {**raw, "notices": notices} if notices else raw
 
     @model_validator(mode="after")
     def _profiles(self) -> Settings:

@@ -14,7 +14,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from .settings import Settings
+from .settings import RENAMED, Settings
 
 TARGET = "docs/reference/portal-yaml.md"
 
@@ -40,8 +40,12 @@ def render() -> str:
     """The whole reference, as Markdown."""
     found = list(sections())
     links = " · ".join(f"[`{name}`](#{_anchor(name)})" for name, _ in found[1:])
+    renamed = "\n".join(f"| `{old[0]}.{old[1]}` | `{new[0]}.{new[1]}` |" for old, new in RENAMED.items())
     return "\n".join([_INTRO.format(summary=_sentence(Settings.__doc__), sections=links),
-                      *(_table(name, model) for name, model in found)])
+                      *(_table(name, model) for name, model in found),
+                      "## Renamed settings\n\nA file that still uses an old name is read as if it used the new "
+                      "one; the hub logs, and `dsportal check` warns, once per name.\n\n"
+                      f"| old name | new name |\n|---|---|\n{renamed}\n"])
 
 
 def sections(model: type[BaseModel] = Settings, name: str = ""):

@@ -89,7 +89,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help=_about(SlurmSettings, "bin_dir")).tag(config=True)
     mediator = Unicode(defaults.MEDIATOR, help=_about(SlurmSettings, "mediator")).tag(config=True)
     submit_as = Unicode(defaults.SUBMIT_AS, help=_about(SlurmSettings, "submit_as")).tag(config=True)
-    slurm_poll_interval = Float(defaults.SLURM_POLL_INTERVAL, help=_about(SlurmSettings, "poll_interval")).tag(config=True)
+    squeue_interval = Float(defaults.SQUEUE_INTERVAL, help=_about(SlurmSettings, "squeue_interval")).tag(config=True)
 
     profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
         config=True
@@ -144,7 +144,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     # shared snapshot, so the interval only decides how soon a change is noticed.
     @default("startup_poll_interval")
     def _startup_poll_default(self):
-        return self.slurm_poll_interval
+        return self.squeue_interval
 
     # ---------------------------------------------------------------- helpers
     @classmethod
@@ -156,12 +156,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         def value(name):
             return section[name] if name in section else traits[name].default_value
 
-        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("slurm_poll_interval"),
+        return shared_client(value("slurm_conf"), value("slurm_bin_dir"), value("submit_as"), value("squeue_interval"),
                              value("mediator"))
 
     @property
     def slurm(self) -> Slurm:
-        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.slurm_poll_interval, self.mediator)
+        return shared_client(self.slurm_conf, self.slurm_bin_dir, self.submit_as, self.squeue_interval, self.mediator)
 
     @property
     def home(self) -> str:

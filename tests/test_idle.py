@@ -22,7 +22,7 @@ LIMIT = 30
 
 
 def idle_config(config) -> None:
-    config["slurm"].update(session_check_interval=2)
+    config["hub"].update(poll_interval=2)
     config["session"] = {**config.get("session", {}), "activity_interval": 2}
     for profile in config["profiles"]:
         profile["idle_timeout"] = f"00:00:{LIMIT}"

@@ -11,7 +11,7 @@ from portal.cluster import demo
 
 
 def test_slurmctld_outage_keeps_sessions_and_explains_new_spawns(second_hub):
-    base = second_hub(lambda config: config["slurm"].update(session_check_interval=2))
+    base = second_hub(lambda config: config["hub"].update(poll_interval=2))
     alice, bob = login(base, "alice"), login(base, "bob")
     alice.spawn()
     try:

@@ -59,3 +59,20 @@ def test_walltime_and_memory_parsing():
     assert parse_memory_mb("512M") == 512
     with pytest.raises(ValueError):
         parse_walltime("08:61:00")
+
+
+def test_settings_under_their_old_names_are_read_under_the_new_ones_with_a_notice(tmp_path):
+    """slurm.poll_interval is slurm.squeue_interval and slurm.session_check_interval is hub.poll_interval
+    (JupyterHub's Spawner.poll_interval): one name in every layer. An older file still starts the hub."""
+    def old_names(config):
+        config["slurm"].pop("squeue_interval")
+        config["hub"].pop("poll_interval")
+        config["slurm"].update(poll_interval=3.5, session_check_interval=7)
+
+    settings = load(write(tmp_path, old_names))
+    assert settings.slurm.squeue_interval == 3.5 and settings.hub.poll_interval == 7
+    assert settings.notices == ["slurm.poll_interval is now called slurm.squeue_interval: please rename it",
+                                "slurm.session_check_interval is now called hub.poll_interval: please rename it"]
+    assert load(CONFIG).notices == []
+    with pytest.raises(SettingsError, match="slurm.session_check_interval is the old name of hub.poll_interval"):
+        load(write(tmp_path, lambda config: config["slurm"].update(session_check_interval=7)))

@@ -416,6 +416,7 @@ def run_checks(config_path=None) -> tuple[bool, str]:
     except settings_module.SettingsError as error:
         return False, f"  [FAIL] configuration: {error}"
     results = [Result("configuration", True, f"{settings.source} is valid ({len(settings.profiles)} profiles)")]
+    results += [Result("configuration", True, notice, warning=True) for notice in settings.notices]
     results += check_slurm(settings)
     results += check_nodes(settings)
     results.append(check_accounting(settings))

@@ -137,7 +137,7 @@ class Slurm:
         conf: Path | None = None,
         bin_dir: Path = Path(defaults.SLURM_BIN_DIR),
         submit_as: str = defaults.SUBMIT_AS,
-        cache_seconds: float = defaults.SLURM_POLL_INTERVAL,
+        cache_seconds: float = defaults.SQUEUE_INTERVAL,
         command_timeout: float = 30.0,
         mediator: Path = Path(defaults.MEDIATOR),
         as_user_at_once: int = 0,

@@ -90,6 +90,8 @@ def configure(c, settings=None) -> None:
     upstream internals that guards users no longer fits the installed upstream (portal/hub/upstream.py)."""
     patchcheck.check_at_start(upstream.PATCHES, get_logger().warning)
     settings = settings or settings_module.load()
+    for notice in settings.notices:
+        get_logger().warning("portal.yaml: %s", notice)
     hub = settings.hub
     data_dir = Path(hub.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -172,8 +174,8 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
     c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
-    c.SlurmGPUSpawner.slurm_poll_interval = settings.slurm.poll_interval
-    c.Spawner.poll_interval = settings.slurm.session_check_interval
+    c.SlurmGPUSpawner.squeue_interval = settings.slurm.squeue_interval
+    c.Spawner.poll_interval = hub.poll_interval
     # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/hub/metrics.py)
     metrics.register_slurm(SlurmGPUSpawner.shared_client(c))
     # JupyterHub measures its event loop's lag (jupyterhub_event_loop_interval_seconds); a stall of
