@@ -19,6 +19,7 @@ steps, because the GPU machine has neither the portal's Python stack nor a netwo
 
     python bench/gpu_scaling.py render --out .devcarry/gpu-scaling
     python3 bench/gpu_scaling.py run --jobs .devcarry/gpu-scaling      # on the GPU machine
+    python bench/gpu_scaling.py collect bench/results/gpu-scaling-DATE-*.log   # here: each log as JSON
 """
 
 from __future__ import annotations
@@ -245,6 +246,27 @@ def run(jobs: Path, hvd_site: str, python: str, torchrun: str, out: Path, counts
     return 0
 
 
+# ----------------------------------------------------------------------------- collect (here)
+def collect(logs: list[Path]) -> int:
+    """A run's log (``run`` prints each job's result as one JSON line, then a summary) as a dated JSON
+    file beside it: the same name ending in .json, with the log's name, its runs in order (each with
+    its launch, portal or bare) and its summary lines."""
+    for log in logs:
+        runs, summary = [], []
+        for line in log.read_text(errors="replace").splitlines():
+            found = re.match(r"(portal|bare) +(\S+): (\{.*\})$", line)
+            if found:
+                runs.append({"launch": found.group(1), **json.loads(found.group(3)), "name": found.group(2)})
+            elif line.startswith("gpu-scaling: "):
+                summary.append(line.removeprefix("gpu-scaling: "))
+        date = re.search(r"\d{4}-\d{2}-\d{2}", log.name)
+        target = log.with_suffix(".json")
+        target.write_text(json.dumps({"log": log.name, "date": date.group(0) if date else None, "runs": runs,
+                                      "summary": summary}, indent=1) + "\n")
+        print(f"{target}: {len(runs)} runs (portal and bare), {len(summary)} summary line(s)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -268,7 +290,11 @@ def main() -> int:
                           help="Horovod tuning, in the rendered jobs' environment (the profile's jobs.env) and the bare runs'")
         step.add_argument("--steps", type=int, default=None, help="timed steps per run (resnet_synthetic.py's default: 60)")
     g.add_argument("--tag", default="", help="added to the JSON file's name")
+    c = sub.add_parser("collect", help="each run's log (bench/results/gpu-scaling-*.log) as JSON beside it")
+    c.add_argument("logs", type=Path, nargs="+")
     args = parser.parse_args()
+    if args.step == "collect":
+        return collect(args.logs)
     if args.step == "render":
         render(args.out, args.hvd_site, parse_env(args.horovod_env), args.steps, args.launcher, args.image,
                args.apptainer, args.image_python)
