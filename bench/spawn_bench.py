@@ -112,6 +112,12 @@ STOCK_CLASS_SLICE = 'c.SlurmSpawner.req_partition = "cpu"\nc.SlurmSpawner.req_np
                     'c.SlurmSpawner.req_memory = "2G"\nc.SlurmSpawner.req_options = "--account=class101"\n' \
                     'c.SlurmSpawner.req_runtime = "02:00:00"  # the cpu partition allows 4 h at most'
 CLASS_SLICE = {"profile": "class"}
+# --class-profile class-gpu: each student a ¼ GPU on the demo's share node (Slurm's shard GRES), her
+# share's 2 cores and 12 GB; stock asks Slurm for the same shard through its req_gres.
+STOCK_SHARE_SLICE = 'c.SlurmSpawner.req_partition = "share"\nc.SlurmSpawner.req_gres = "shard:1"\n' \
+                    'c.SlurmSpawner.req_nprocs = "2"\nc.SlurmSpawner.req_memory = "12G"\n' \
+                    'c.SlurmSpawner.req_options = "--account=class101"\nc.SlurmSpawner.req_runtime = "02:00:00"'
+CLASS_PROFILES = {"class": (CLASS_SLICE, STOCK_CLASS_SLICE), "class-gpu": ({"profile": "class-gpu"}, STOCK_SHARE_SLICE)}
 
 
 def server_database(name: str, data: Path) -> tuple[str, Path]:
@@ -579,10 +585,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sequence", type=lambda s: s.split(","), default=list(STEPS),
                         help=f"the department runs: one hub of each kind takes these steps in order, without a "
                         f"restart between them ({','.join(STEPS)}): " + "; ".join(f"{k}: {v}" for k, v in STEPS.items()))
+    parser.add_argument("--class-profile", choices=tuple(CLASS_PROFILES), default="class",
+                        help="the class's sessions: one core each (class), or a ¼ GPU each on the share node "
+                        "(class-gpu), stock batchspawner asking for the same slice")
     parser.add_argument("--database", choices=("sqlite", "mariadb"), default="mariadb",
                         help="the department hubs' database: a SQLite file, or a database of each's own on the "
                         "demo's MariaDB (as in production)")
     args = parser.parse_args(argv)
+    global CLASS_SLICE, STOCK_CLASS_SLICE
+    CLASS_SLICE, STOCK_CLASS_SLICE = CLASS_PROFILES[args.class_profile]
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
     os.environ.setdefault("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")
@@ -637,7 +648,8 @@ def main(argv=None) -> int:
     both = set(args.kinds) == set(KINDS)
     in_department = ""
     if "department" in results:
-        in_department = (f"one hub each, in order, {args.database}: {sequence_summary(results['department'])}" if both
+        in_department = (f"one hub each, in order, {args.database}, class profile {args.class_profile}: "
+                         f"{sequence_summary(results['department'])}" if both
                          else "; ".join(f"{run['step']}: {describe(run[kind])}" for run in results["department"]
                                         for kind in args.kinds))  # one kind: its figures alone, not a summary
     if args.only_department:

@@ -21,10 +21,10 @@ def test_check_passes_on_the_demo_cluster(portal):
                  "terminal", "R kernel", "git"):
         assert f"[ok] {name}" in result.stdout
     assert "computes 55 (profiles gpu, staff, course, class, class-gpu, cpu)" in result.stdout  # R, tried as a user
-    # The demo gives shares and whole GPUs on the same nodes (its GPUs are files): said, as Slurm 22.05 mixes them.
-    assert "[WARN] GPU shares class-gpu: 4 shares per GPU on node1, node2; profiles class-gpu" in result.stdout
+    # The demo keeps its shares on a node of their own (partition share), as Slurm 22.05 would mix them.
+    assert "[ok] GPU shares class-gpu: 4 shares per GPU on node3" in result.stdout, result.stdout
     # Each compute node by its own address on the node network, reached from the login node.
-    for node in ("node1", "node2"):
+    for node in ("node1", "node2", "node3"):
         assert f"[ok] node {node}: {network.address(node)}: reached" in result.stdout, result.stdout
 
 
@@ -33,10 +33,14 @@ def test_check_names_each_broken_part(portal, tmp_path):
     next(p for p in config["profiles"] if p["name"] == "cpu")["partition"] = "nosuchpartition"
     config["ldap"]["server_port"] = 1  # nothing listens there
     config["session"]["environment"] = "/root"  # exists, unusable
+    # Whole GPUs where the shares are: Slurm 22.05 may put a whole-GPU job on a GPU whose shares run.
+    next(p for p in config["profiles"] if p["name"] == "staff")["partition"] = "share"
     path = tmp_path / "portal.yaml"
     path.write_text(yaml.safe_dump(config))
     result = check(path)
     assert result.returncode == 1
+    assert ("[WARN] GPU shares class-gpu: 4 shares per GPU on node3; profiles staff give whole GPUs on the same "
+            "nodes") in result.stdout, result.stdout
     assert "[FAIL] profile cpu: partition 'nosuchpartition' not in sinfo" in result.stdout
     assert "[FAIL] LDAP" in result.stdout
     assert "[FAIL] user environment" in result.stdout

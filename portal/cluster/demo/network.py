@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .base import DemoError, say
 
-NODES = 2
+NODES = 3  # node1 and node2 (whole GPUs, CPUs), node3 (GPU shares): portal/cluster/demo/slurmdaemons.py
 BRIDGE = "dsportal0"
 # A documentation range (RFC 5737), never routed anywhere: TEST-NET-2 unless told otherwise.
 PREFIX = os.environ.get("DSPORTAL_DEMO_NETWORK", "198.51.100")

@@ -14,8 +14,14 @@ from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for,
 from .mta import MAIL_PROGRAM, mail_domain
 from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
-GPUS_PER_NODE = 4
-SHARDS_PER_GPU = 4  # the class profile's "¼ GPU" (portal.yaml gpu_shares)
+GPUS_PER_NODE = 4  # node1 and node2: whole GPUs (partitions gpu and cpu)
+# node3 is a node of GPU shares alone (partition share: Slurm's shard GRES, several jobs on one GPU):
+# the class-gpu profile's "¼ GPU" (portal.yaml gpu_shares). Slurm 22.05 allocates a GPU and its shards
+# independently, so shares keep to nodes no whole-GPU job reaches (dsportal check says so). 28 GPUs
+# give 112 shares: a class of 100 at once, each share with its 2 cores and 12 GB.
+SHARE_NODE, SHARE_NODE_GPUS, SHARDS_PER_GPU = "node3", 28, 4
+SHARE_NODE_CPUS = SHARE_NODE_GPUS * SHARDS_PER_GPU * 2
+SHARE_NODE_MEM_MB = SHARE_NODE_GPUS * SHARDS_PER_GPU * 12 * 1024 + 16_384
 # Declared, not this machine's (slurmd's config_overrides; jobs run under SCHED_IDLE on its 2 cores):
 # what a department's sessions need. 32 cores for a full 4-GPU slice (4 x 8) beside 64 for the cpu
 # partition (its MaxCPUsPerNode), so the cpu partition holds a class of 100 one-core sessions on two
@@ -25,7 +31,7 @@ CPUS_PER_NODE = 96
 # and above slurm.conf's DefMemPerCPU x CPUS_PER_NODE (6000 MB x 96). Each job's own memory limit is
 # enforced (cgroup.conf): a session's processes get what it asked for, however much is declared here.
 MEM_MB_PER_NODE = 600_000
-GPU_MAJOR = 195  # the NVIDIA driver's character-device major: node N's GPU k is 195:(N-1)*4+k
+GPU_MAJOR = 195  # the NVIDIA driver's character-device major: the demo's GPUs are 195:0, 195:1, ... in node order
 CTLD_PORT, SLURMD_PORT = 6817, 6818  # Slurm's own: each node has its own addresses
 SLURM_CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "job_container.conf")
 
@@ -123,15 +129,31 @@ def ensure_gpus() -> None:
     gpus = paths().gpus
     gpus.mkdir(parents=True, exist_ok=True)
     os.chmod(gpus, 0o755)
-    for node in range(1, NODES + 1):
-        for index in range(GPUS_PER_NODE):
-            device = gpus / f"node{node}-gpu{index}"
-            number = os.makedev(GPU_MAJOR, (node - 1) * GPUS_PER_NODE + index)
+    minor = 0
+    for node in node_names():
+        for index in range(gpus_of(node)):
+            device = gpus / f"{node}-gpu{index}"
+            number = os.makedev(GPU_MAJOR, minor)
+            minor += 1
             if device.exists() and device.stat().st_rdev != number:
                 device.unlink()  # an earlier demo's device (all were 1:3, /dev/null's number)
             if not device.exists():
                 os.mknod(device, 0o666 | 0o020000, number)
             os.chmod(device, 0o666)
+
+
+def gpus_of(node: str) -> int:
+    return SHARE_NODE_GPUS if node == SHARE_NODE else GPUS_PER_NODE
+
+
+def node_line(node: str) -> dict:
+    """A node of slurm.conf: its name, address, CPUs, memory and GRES."""
+    gpus = gpus_of(node)
+    if node == SHARE_NODE:
+        cpus, mem, gres = SHARE_NODE_CPUS, SHARE_NODE_MEM_MB, f"gpu:{gpus},shard:{gpus * SHARDS_PER_GPU}"
+    else:
+        cpus, mem, gres = CPUS_PER_NODE, MEM_MB_PER_NODE, f"gpu:{gpus}"
+    return {"name": node, "address": address(node), "cpus": cpus, "mem_mb": mem, "gres": gres}
 
 
 def write_slurm_conf() -> bool:
@@ -145,7 +167,7 @@ def write_slurm_conf() -> bool:
     for spool in (p.slurm / "spool", *(p.slurm / "spool" / node for node in node_names())):
         spool.mkdir(exist_ok=True)
         os.chmod(spool, 0o711)
-    nodes = [{"name": name, "address": address(name)} for name in node_names()]
+    nodes = [node_line(name) for name in node_names()]
     conf = render(
         "slurm.conf.j2",
         hostname=socket.gethostname(),
@@ -155,21 +177,19 @@ def write_slurm_conf() -> bool:
         slurmd_port=SLURMD_PORT,
         dbd_port=DBD_PORT,
         nodes=nodes,
-        node_list=f"node[1-{NODES}]",
-        cpus_per_node=CPUS_PER_NODE,
-        mem_mb_per_node=MEM_MB_PER_NODE,
-        gpus_per_node=GPUS_PER_NODE,
-        shards_per_node=GPUS_PER_NODE * SHARDS_PER_GPU,
+        node_list=",".join(n for n in node_names() if n != SHARE_NODE),
+        share_node=SHARE_NODE,
         mail_program=MAIL_PROGRAM,
         mail_domain=mail_domain(),
     )
-    # Each GPU also gives SHARDS_PER_GPU shares (Slurm's shard GRES: several jobs on one GPU), spread
-    # evenly over the node's GPUs: the class profile's "¼ GPU" (portal.yaml: gpu_shares).
-    gres = "".join(
-        f"NodeName=node{i} Name=gpu File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n"
-        f"NodeName=node{i} Name=shard Count={GPUS_PER_NODE * SHARDS_PER_GPU} File={p.gpus}/node{i}-gpu[0-{GPUS_PER_NODE - 1}]\n"
-        for i in range(1, NODES + 1)
-    )
+    # The share node's GPUs each give SHARDS_PER_GPU shares, spread evenly over them (Slurm wants the
+    # shards on the files of the node's gpu GRES).
+    gres = ""
+    for node in node_names():
+        files = f"{p.gpus}/{node}-gpu[0-{gpus_of(node) - 1}]"
+        gres += f"NodeName={node} Name=gpu File={files}\n"
+        if node == SHARE_NODE:
+            gres += f"NodeName={node} Name=shard Count={gpus_of(node) * SHARDS_PER_GPU} File={files}\n"
     cgroup = render("cgroup.conf.j2")
     job_container = render("job_container.conf.j2", nodes=nodes, base=p.root / "jobtmp")
     write_node_confs(conf)
