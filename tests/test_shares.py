@@ -32,8 +32,11 @@ def test_a_share_is_a_gpus_part_of_its_cpus_and_memory_and_the_profiles_default(
     assert (chosen.shares, chosen.gpus, chosen.cpus, chosen.mem_mb) == (1, 0, 2, 12288)
     assert chosen.describe().startswith("¼ GPU, 2 CPUs, 12 GB")
     assert chosen.idle_limit == 30 * 60  # the GPU idle limit: a share goes back to the queue
-    whole = slice_for(profile, 1)
-    assert (whole.shares, whole.gpus, whole.cpus) == (0, 1, 8)
+    # On the share node, a share or no GPU: never a whole one, which Slurm 22.05 would put beside shares.
+    without = slice_for(profile, 0)
+    assert (without.shares, without.gpus, without.cpus, without.mem_mb) == (0, 0, 2, 12288)
+    with pytest.raises(RequestError, match=re.escape('choose one of 0, or a share: "1/4" (¼ GPU)')):
+        slice_for(profile, 1)
     asked = parse_options({"profile": "class-gpu", "gpus": "1/4"}, load(CONFIG).profiles, {"class101"}, "gpu")
     assert asked.shares == 1
 
@@ -52,6 +55,18 @@ def test_only_the_profiles_own_share_is_taken(gpus, says):
         return
     with pytest.raises(RequestError, match=re.escape(says)):
         slice_for(_class_gpu(), gpus)
+
+
+@pytest.mark.quick
+def test_the_form_counts_a_partitions_free_shares_from_sinfo():
+    from portal.cluster.slurmparse import Node, partition_resources
+
+    node = Node.from_json({"name": "node3", "state": "mixed", "partitions": ["share"], "cpus": 224, "alloc_cpus": 6,
+                           "real_memory": 1000, "alloc_memory": 36, "gres": "gpu:28,shard:112",
+                           "gres_used": "gpu:0,shard:(null):3(IDX:0-1)"})
+    assert (node.gpus, node.alloc_gpus, node.shards, node.alloc_shards) == (28, 0, 112, 3)
+    share = partition_resources([node])["share"]
+    assert (share.shards, share.free_shards) == (112, 109)
 
 
 @pytest.mark.quick
@@ -132,6 +147,7 @@ def test_the_form_offers_the_share_in_words(portal):
     assert 'value="1/4"' in form and "¼ GPU" in form, form[:2000]
     assert "one GPU\n        shared with up to 3 other sessions" in form or "shared with up to 3 other sessions" in form
     assert "out-of-memory" in form
+    assert re.search(r"<b>\d+ of 112 GPU shares</b>", form), form  # the share node's, live from sinfo
 
 
 @pytest.mark.parametrize("field", ["gpus"])

@@ -136,7 +136,8 @@ def _gpu_count(gres: str) -> int:
     return sum(int(n) for n in _GRES_GPU.findall(gres or ""))
 
 
-_GRES_GPU_OR_SHARD = re.compile(r"(?:^|,)(gpu|shard)(?::[^:(,]+)?:(\d+)")
+# A type is optional, and sinfo's gres_used names an untyped one "(null)": shard:(null):3(IDX:...)
+_GRES_GPU_OR_SHARD = re.compile(r"(?:^|,)(gpu|shard)(?::(?:\(null\)|[^:(,]+))?:(\d+)")
 
 
 def gpus_and_shards(gres: str) -> tuple[int, int]:
@@ -159,6 +160,8 @@ class Node:
     gpus: int
     alloc_gpus: int
     address: str = ""  # NodeAddr: where the login node (hub, slurmctld) reaches it
+    shards: int = 0  # shares of its GPUs (Slurm's shard GRES), and those in use
+    alloc_shards: int = 0
 
     @property
     def usable(self) -> bool:
@@ -177,6 +180,8 @@ class Node:
             gpus=_gpu_count(item.get("gres", "")),
             alloc_gpus=_gpu_count(item.get("gres_used", "")),
             address=str(item.get("address") or item["name"]),
+            shards=gpus_and_shards(item.get("gres", ""))[1],
+            alloc_shards=gpus_and_shards(item.get("gres_used", ""))[1],
         )
 
 
@@ -193,6 +198,8 @@ class Resources:
     free_mem_mb: int = 0
     largest_free_gpus_on_a_node: int = 0
     most_gpus_on_a_node: int = 0
+    shards: int = 0  # GPU shares (shard GRES) and those free
+    free_shards: int = 0
 
 
 def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
@@ -212,6 +219,8 @@ def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
             t["free_mem_mb"] += max(node.mem_mb - node.alloc_mem_mb, 0)
             t["largest_free_gpus_on_a_node"] = max(t["largest_free_gpus_on_a_node"], free_gpus)
             t["most_gpus_on_a_node"] = max(t["most_gpus_on_a_node"], node.gpus)
+            t["shards"] += node.shards
+            t["free_shards"] += max(node.shards - node.alloc_shards, 0)
     return {name: Resources(**values) for name, values in totals.items()}
 
 
