@@ -154,7 +154,7 @@ def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> Sess
     gpus = 0 if shares else profile.default_gpus if gpus in (None, "") else _as_int("GPU count", gpus)
     if not shares and gpus not in profile.gpu_choices:
         choices = ", ".join(map(str, profile.gpu_choices))
-        if profile.gpu_shares:
+        if profile.gpu_shares and not per:  # a session may hold a share; a job's nodes hold whole GPUs
             choices += f", or a share: \"1/{profile.gpu_shares}\" ({share_name(profile.gpu_shares)})"
         raise RequestError(f"{shown(gpus)} GPUs{per} is not offered on {profile.display_name}: choose one of {choices}")
     walltime = profile.default_walltime if walltime in (None, "") else str(walltime).strip()

@@ -221,8 +221,9 @@ class HubSettings(_Model):
     concurrent_spawn_limit: int = Field(
         100, ge=0, description="How many sessions the hub starts at once (JupyterHub's concurrent_spawn_limit). A "
         "session counts from the moment it is asked for until it is ready, its time in Slurm's queue included, "
-        "so a class waiting for cores counts too. A start beyond it is refused with HTTP 429 and a message that "
-        "says how many are starting and when to try again; nothing is submitted for it. 0: no limit.")
+        "so a class waiting for cores counts too. A start beyond it is refused with HTTP 429 (Retry-After) and "
+        "nothing is submitted for it: the spawn form says how many are starting and when to try again, the REST "
+        "API in JupyterHub's words. 0: no limit.")
     spawn_retry_seconds: tuple[int, int] = Field(
         (30, 60), description="The range of seconds a start refused by concurrent_spawn_limit is told to wait "
         "before trying again (a random one from it, rounded in the message; Retry-After), so a refused class "
@@ -659,12 +660,16 @@ class Settings(_Model):
         (the hub's log, `dsportal check`); a file that names both is refused."""
         if not isinstance(raw, dict):
             return raw
+        if "notices" in raw:
+            raise ValueError("notices is not a setting: the hub writes these itself")
         notices = []
         for (old_section, old_key), (section, key) in RENAMED.items():
             old = raw.get(old_section)
             if not isinstance(old, dict) or old_key not in old:
                 continue
             new = raw.get(section)
+            if new is not None and not isinstance(new, dict):
+                continue  # a section that is not a mapping: refused by validation, in its own words
             if isinstance(new, dict) and key in new:
                 raise ValueError(f"{old_section}.{old_key} is the old name of {section}.{key}: keep only {section}.{key}")
             raw = {**raw, old_section: {k: v for k, v in old.items() if k != old_key}}

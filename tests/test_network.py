@@ -54,10 +54,17 @@ def test_session_is_reached_at_its_node_on_the_node_network(admin, alice):
     assert node_listeners.strip() and not login_listeners.strip(), (login_listeners, node_listeners)
 
 
+def partition_of(node: str) -> str:
+    """A partition holding ``node``: cpu, or the share node's own."""
+    from portal.cluster.demo.slurmdaemons import SHARE_NODE
+
+    return "share" if node == SHARE_NODE else "cpu"
+
+
 def job_as(user: str, node: str, code: str) -> str:
     """A batch job of ``user`` on ``node`` (its output; --quiet: not srun's own "queued and waiting" notices)."""
     result = subprocess.run(
-        ["runuser", "-u", user, "--", "srun", "--quiet", "--partition=cpu", f"--nodelist={node}", "--ntasks=1",
+        ["runuser", "-u", user, "--", "srun", "--quiet", f"--partition={partition_of(node)}", f"--nodelist={node}", "--ntasks=1",
          "--cpus-per-task=1", "--mem=256M", "--time=5", "--chdir=/tmp", "/usr/bin/python3", "-c", code],
         capture_output=True, text=True, timeout=120)
     return result.stdout + result.stderr

@@ -132,7 +132,8 @@ def test_four_students_share_one_gpu_each_told_its_share(portal, admin):
             gpu, job = env.split()
             assert held["share"] == "¼ GPU" and held["gpus"] == 0 and held["cpus"] == 2, held
             job_of = active_jobs(student.name)[0]
-            assert str(job_of["job_id"]) == job and re.fullmatch(r"[0-9]", gpu), (held, env)
+            assert str(job_of["job_id"]) == job and re.fullmatch(r"[0-9]+", gpu), (held, env)
+            assert job_of["nodes"] == "node3", job_of  # the share node, the partition of shares
             seen[student.name] = (job_of["nodes"], gpu)
         # Slurm puts shares together: 5 shares of 4 per GPU use at least 2 GPUs, and some GPU holds more than one.
         assert len(set(seen.values())) < len(students), seen

@@ -18,7 +18,7 @@ from hubclient import active_jobs
 from portal.cluster import firewall
 from portal.cluster.demo import network
 from test_jobs import jobs_api, stream
-from test_network import job_as
+from test_network import job_as, partition_of
 
 SECRET = "alice-only-7d1f"
 
@@ -90,7 +90,7 @@ def run_as(user: str, code: str, node: str | None = None) -> str:
 
 def job_in_background(user: str, node: str, *command: str, **popen) -> subprocess.Popen:
     """A job of ``user`` on ``node`` running ``command`` while the test goes on."""
-    return subprocess.Popen(["runuser", "-u", user, "--", "srun", "--partition=cpu", f"--nodelist={node}",
+    return subprocess.Popen(["runuser", "-u", user, "--", "srun", f"--partition={partition_of(node)}", f"--nodelist={node}",
                              "--ntasks=1", "--cpus-per-task=1", "--mem=128M", "--time=5", *command],
                             **(popen or {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}))
 

@@ -128,12 +128,11 @@ def _exit_status(raw: int) -> int:
     return raw >> 8 if raw > 255 else raw
 
 
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:(\d+)")
 _UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "maint", "reboot")
 
 
 def _gpu_count(gres: str) -> int:
-    return sum(int(n) for n in _GRES_GPU.findall(gres or ""))
+    return gpus_and_shards(gres)[0]
 
 
 # A type is optional, and sinfo's gres_used names an untyped one "(null)": shard:(null):3(IDX:...)

@@ -19,7 +19,8 @@ if [ "${1:-}" = shares ]; then  # shares.sh: Slurm, NVML's Python binding for th
 from portal import settings
 from portal.rules import slice_for
 from portal.templating import render
-profile = settings.load("config/portal.yaml").profile("class-gpu").model_copy(update={"account": None})  # no slurmdbd there
+# no slurmdbd there; its one partition, gpu, holds the shares (slurm-up.sh SHARDS=4)
+profile = settings.load("config/portal.yaml").profile("class-gpu").model_copy(update={"account": None, "partition": "gpu"})
 chosen = slice_for(profile, None)
 script = render("session.sbatch.j2", job_name="dsportal-student", partition=profile.partition, gpus=chosen.gpus,
                 shares=chosen.shares, cpus=chosen.cpus, mem_mb=chosen.mem_mb, walltime="00:10:00",

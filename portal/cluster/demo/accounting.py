@@ -76,10 +76,11 @@ def ensure_slurm_associations() -> None:
         sacctmgr("add", "qos", qos["name"])
         # A limit on gres/gpu needs that TRES in the database, which slurmctld adds when it first
         # registers (AccountingStorageTRES): on a fresh machine that is a moment after it starts.
-        wait_for(lambda qos=qos: sacctmgr("modify", "qos", "where", f"name={qos['name']}", "set",
-                                          f"Description={qos['description']}",
-                                          f"MaxTRESPerUser={qos['max_tres_per_user']}",
-                                          f"Flags={qos['flags']}") or True,
+        limits = [f"MaxTRESPer{per}={qos[key]}" for per, key in (("User", "max_tres_per_user"), ("Job", "max_tres_per_job"))
+                  if key in qos]
+        wait_for(lambda qos=qos, limits=limits: sacctmgr("modify", "qos", "where", f"name={qos['name']}", "set",
+                                                         f"Description={qos['description']}", *limits,
+                                                         f"Flags={qos['flags']}") or True,
                   f"the limits of QoS {qos['name']}", timeout=60, interval=1)
     for account in data["slurm_accounts"]:
         users = ",".join(account["users"])

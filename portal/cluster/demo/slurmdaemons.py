@@ -246,6 +246,11 @@ def ensure_slurm() -> None:
     wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
               "slurmctld", timeout=30)
     ensure_slurm_associations()
+    # slurm.conf names the share partition's QoS, which slurmctld ignores if it started before the QoS
+    # was made (a fresh machine): given again now that it exists.
+    shown = subprocess.run(["scontrol", "show", "partition", "share"], env=env, capture_output=True, text=True).stdout
+    if "QoS=share" not in shown:
+        run(["scontrol", "update", "PartitionName=share", "QOS=share"], env=env)
     restarted_at = None
     for node in node_names():
         pid = alive(p.run / f"slurmd-{node}.pid")
