@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .accounting import DBD_PORT, ensure_accounting, ensure_slurm_associations
+from .accounting import DBD_PORT, directory, ensure_accounting, ensure_slurm_associations
 from .base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
 from .mta import MAIL_PROGRAM, mail_domain
 from .network import LOGIN_ADDRESS, NODES, address, in_node, node_names
@@ -231,8 +231,12 @@ def ensure_slurm() -> None:
     write_slurm_conf()
     ensure_accounting()
     env = slurm_env()
-    # The cluster is in the accounting database before slurmctld registers with it.
+    # The cluster is in the accounting database before slurmctld registers with it, and so are the QoS
+    # a partition names (slurm.conf's share partition: slurmctld refuses to start without it); their
+    # limits follow once slurmctld has registered its TRES (ensure_slurm_associations).
     subprocess.run(["sacctmgr", "-i", "add", "cluster", "dsportal"], env=env, capture_output=True, text=True)
+    for qos in directory()["slurm_qos"]:
+        subprocess.run(["sacctmgr", "-i", "add", "qos", qos["name"]], env=env, capture_output=True, text=True)
     ctld_pidfile = p.run / "slurmctld.pid"
     newest_conf = max((p.slurm / name).stat().st_mtime for name in SLURM_CONF_FILES)
     if alive(ctld_pidfile) and newest_conf > ctld_pidfile.stat().st_mtime:
@@ -246,11 +250,6 @@ def ensure_slurm() -> None:
     wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
               "slurmctld", timeout=30)
     ensure_slurm_associations()
-    # slurm.conf names the share partition's QoS, which slurmctld ignores if it started before the QoS
-    # was made (a fresh machine): given again now that it exists.
-    shown = subprocess.run(["scontrol", "show", "partition", "share"], env=env, capture_output=True, text=True).stdout
-    if "QoS=share" not in shown:
-        run(["scontrol", "update", "PartitionName=share", "QOS=share"], env=env)
     restarted_at = None
     for node in node_names():
         pid = alive(p.run / f"slurmd-{node}.pid")
