@@ -66,7 +66,9 @@ def with_cluster_limits(policy: LaunchPolicy, max_age: float = 10.0) -> LaunchPo
         limits = {"node_gpus": {name: r.most_gpus_on_a_node for name, r in resources.items()},
                   "node_count": {name: r.nodes for name, r in resources.items()}}
         _limits_cache["sinfo"] = (time.monotonic(), limits)
-    return policy.model_copy(update=limits)
+    offered = {profile.partition for profile in policy.profiles}  # her profiles' partitions, not the cluster's
+    return policy.model_copy(update={key: {name: n for name, n in values.items() if name in offered}
+                                     for key, values in limits.items()})
 
 
 def plan(request: dict, policy: LaunchPolicy, base_dir: str | os.PathLike) -> JobPlan:
