@@ -118,6 +118,23 @@ def test_usage_counts_a_share_as_its_part_of_a_gpu_hour():
 
 # ----------------------------------------------------------------------------- on the demo cluster
 
+def test_a_whole_gpu_is_refused_on_the_share_partition_even_from_a_users_own_shell(portal):
+    """Slurm 22.05 would place a whole-GPU job on a GPU whose shares are in use: the share partition's QoS
+    refuses one to anybody's own sbatch, while a share is taken."""
+    import subprocess
+
+    def sbatch(gres: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", "bob", "--", "sbatch", "--parsable", "--partition=share", f"--gres={gres}",
+                               "--time=1", "--mem=100M", "--output=/dev/null", "--wrap", "true"],
+                              capture_output=True, text=True, timeout=60)
+
+    whole = sbatch("gpu:1")
+    assert whole.returncode != 0 and "QOSMaxGRESPerJob" in whole.stderr, whole
+    share = sbatch("shard:1")
+    assert share.returncode == 0, share.stderr
+    subprocess.run(["scancel", share.stdout.strip().split(";")[0]], capture_output=True)
+
+
 def test_four_students_share_one_gpu_each_told_its_share(portal, admin):
     students = [HubUser(portal, f"student{n:02d}").must_login(f"student{n:02d}-demo") for n in range(21, 26)]
     try:
