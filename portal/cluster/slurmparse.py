@@ -168,6 +168,8 @@ class Node:
 
     @classmethod
     def from_json(cls, item: dict) -> Node:
+        gpus, shards = gpus_and_shards(item.get("gres", ""))
+        alloc_gpus, alloc_shards = gpus_and_shards(item.get("gres_used", ""))
         return cls(
             name=item["name"],
             state=str(item.get("state") or ""),
@@ -176,11 +178,11 @@ class Node:
             alloc_cpus=int(item.get("alloc_cpus") or 0),
             mem_mb=int(item.get("real_memory") or 0),
             alloc_mem_mb=int(item.get("alloc_memory") or 0),
-            gpus=_gpu_count(item.get("gres", "")),
-            alloc_gpus=_gpu_count(item.get("gres_used", "")),
+            gpus=gpus,
+            alloc_gpus=alloc_gpus,
             address=str(item.get("address") or item["name"]),
-            shards=gpus_and_shards(item.get("gres", ""))[1],
-            alloc_shards=gpus_and_shards(item.get("gres_used", ""))[1],
+            shards=shards,
+            alloc_shards=alloc_shards,
         )
 
 
