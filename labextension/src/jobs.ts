@@ -374,11 +374,15 @@ export class JobsPanel extends Widget {
   }
 
   private async _refreshSchedules(): Promise<void> {
+    const asked = ++this._schedulesAsked;
     let schedules: Schedule[];
     try {
       schedules = (await api<{ schedules: Schedule[] }>('GET', 'schedules')).schedules;
     } catch {
       return;  // the jobs' own refresh says what is wrong
+    }
+    if (asked !== this._schedulesAsked) {
+      return;  // a later refresh (e.g. after a delete) answers; this older list must not bring a deleted row back
     }
     this._schedulesSection.hidden = schedules.length === 0;
     this._scheduleRows.textContent = '';
@@ -418,14 +422,16 @@ export class JobsPanel extends Widget {
   }
 
   private async _changeSchedule(s: Schedule, method: string, body?: unknown): Promise<void> {
+    let said: [string, 'ok' | 'error'];
     try {
       await api(method, `schedules/${s.id}`, body);
       const done = method === 'DELETE' ? 'deleted' : (body as { paused: boolean }).paused ? 'paused' : 'resumed';
-      this._say(`The schedule of ${s.notebook} (${s.words}) is ${done}.`, 'ok');
+      said = [`The schedule of ${s.notebook} (${s.words}) is ${done}.`, 'ok'];
     } catch (error) {
-      this._say((error as Error).message, 'error');
+      said = [(error as Error).message, 'error'];
     }
-    await this._refreshSchedules();
+    await this._refreshSchedules();  // the list shows the change by the time the message says it
+    this._say(...said);
   }
 
   /** Open a job's notebook; why not, in the panel's message (e.g. no cell has run yet). */
@@ -699,6 +705,7 @@ export class JobsPanel extends Widget {
   private _results = element('section', { class: 'dsportal-Jobs-results' });
   private _schedulesSection = element('section', { class: 'dsportal-Jobs-schedulesSection' });
   private _scheduleRows = element('tbody');
+  private _schedulesAsked = 0;
   private _form = element('form', { class: 'dsportal-Jobs-form' });
   private _message = element('div', { class: 'dsportal-Jobs-message' });
   private _rows = element('tbody');
