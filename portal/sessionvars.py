@@ -13,6 +13,7 @@ SAVE_AHEAD = "DSPORTAL_SAVE_AHEAD"  # seconds: Slurm signals the walltime's end 
 LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
 TOOLS = "DSPORTAL_TOOLS"  # JSON: what the profile offers besides notebooks (portal.session.tools.Tools)
 TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
+SHARING = "DSPORTAL_SHARING"  # JSON: the sharing groups of the session's owner (portal.session.sharing); absent: not shareable
 REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start; its port report waits as long
 
 # Set by the session's batch script (templates/session.sbatch.j2).

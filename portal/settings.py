@@ -630,6 +630,30 @@ class TemplateSettings(_Model):
         return self
 
 
+# A Unix group name that also ends a JupyterHub role's name (portal.hub.sharing: it ends in a letter or digit).
+_GROUP = r"^([a-z_][a-z0-9_-]{0,30})?[a-z0-9]$"
+
+
+class SharingSettings(_Model):
+    """Sharing a running session with named colleagues, on purpose (JupyterHub's sharing; live co-editing
+    with jupyter-collaboration). Users are strangers otherwise."""
+
+    groups: list[str] = Field(default_factory=list, description="Unix/LDAP groups within which sessions may "
+                              "be shared: a member shares one of her sessions with members of a group she is "
+                              "in (by name), never with anyone else. Empty: nobody shares.")
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.match(_GROUP, name):
+                raise ValueError(f"{name!r} is not a Unix group name that dsportal can share within "
+                                 "(a-z, 0-9, _ and -, at most 32, ending in a letter or digit)")
+        if len(value) != len(set(value)):
+            raise ValueError(f"group names must be unique, got {value}")
+        return value
+
+
 # Settings renamed so that each has one name in every layer (portal.yaml, the hub's traits, the docs):
 # (old section, old key) -> (section, key).
 RENAMED = {
@@ -650,6 +674,7 @@ class Settings(_Model):
     images: list[Image] = Field(default_factory=list, description="Container images for kernels and job ranks.")
     data_mounts: list[DataMount] = Field(default_factory=list, description="Bound into every container kernel.")
     templates: TemplateSettings = TemplateSettings()
+    sharing: SharingSettings = SharingSettings()
     source: Path | None = Field(None, exclude=True)
     notices: list[str] = Field(default_factory=list, exclude=True)  # settings read under an old name
 

@@ -111,6 +111,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
              "the user's groups see, read-only, in its templates folder."
     ).tag(config=True)
 
+    sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: a session of a member of one of "
+                          "them can be shared, and loads live co-editing (portal.session.sharing).").tag(config=True)
+
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
     save_ahead = Integer(defaults.SAVE_AHEAD, help=_about(SessionSettings, "save_ahead")).tag(config=True)
@@ -234,6 +237,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             env[sessionvars.IDLE_LIMIT] = str(limit)
         if self.launch_policy_json:
             env[sessionvars.LAUNCH_POLICY] = self.launch_policy_json
+        if self.sharing_groups:
+            from portal.hub.sharing import groups_of  # the hub's; a spawner without sharing never loads it
+
+            if groups := groups_of(self.user, self.sharing_groups):
+                env[sessionvars.SHARING] = json.dumps({"groups": groups}, separators=(",", ":"))
         if self.templates.get("sources"):
             env[sessionvars.TEMPLATES] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
         return env

@@ -48,11 +48,21 @@ def test_the_hubs_word_is_read_and_a_server_it_did_not_start_offers_everything()
 def test_what_a_profile_leaves_out_is_switched_off_by_jupyters_own_settings(tmp_path):
     config = session_tools.write_config(tmp_path, Tools(frozenset({"r"})))
     server = json.loads((config / "jupyter_server_config.json").read_text())["ServerApp"]
-    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False, "nbdime": False}}
+    off = {"jupyter_server_ydoc": False, "jupyter_server_fileid": False}  # live co-editing: shareable sessions only
+    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False, "nbdime": False, **off}}
     page = json.loads((config / "labconfig" / "page_config.json").read_text())
-    assert page == {"disabledExtensions": {"@jupyterlab/git": True, "nbdime-jupyterlab": True}}
+    assert page == {"disabledExtensions": {"@jupyterlab/git": True, "nbdime-jupyterlab": True,
+                                           "@jupyter/collaboration-extension": True, "@jupyter/docprovider-extension": True}}
     everything = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)))
-    assert json.loads((everything / "jupyter_server_config.json").read_text()) == {"ServerApp": {"terminals_enabled": True}}
+    assert json.loads((everything / "jupyter_server_config.json").read_text()) == \
+        {"ServerApp": {"terminals_enabled": True, "jpserver_extensions": off}}
+    shared = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)), shareable=True)
+    assert json.loads((shared / "jupyter_server_config.json").read_text()) == {
+        "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True)},
+        "HubOAuth": {"cache_max_age": 10}}
+    assert json.loads((shared / "labconfig" / "page_config.json").read_text()) == {"disabledExtensions": {}}
+    assert session_tools.sharing_groups({"DSPORTAL_SHARING": '{"groups": ["ml-lab", "Bad Name", 3]}'}) == ["ml-lab"]
+    assert session_tools.sharing_groups({"DSPORTAL_SHARING": "{nope"}) == session_tools.sharing_groups({}) == []
 
 
 @pytest.mark.quick

@@ -24,6 +24,7 @@ import { JobFilesDrive } from './jobfiles';
 import { JobsPanel } from './jobs';
 import { Slice, SLICE_CHANGED, SliceStatus } from './slice';
 import { OUT_OF_MEMORY, UsagePanel, UsageStatus, UsageWatch } from './gauges';
+import { GuestBanner, SharingPanel, whoIsHere } from './sharing';
 
 import '../style/index.css';
 
@@ -53,7 +54,8 @@ const COMMANDS = {
   freshCopy: 'dsportal:fresh-template-copy',
   keep: 'dsportal:keep-session',
   extend: 'dsportal:extend-session',
-  usage: 'dsportal:open-usage'
+  usage: 'dsportal:open-usage',
+  share: 'dsportal:share-session'
 };
 
 type Notify = (message: string, type?: string, actions?: { label: string; commandId: string; args?: any; displayType?: string }[]) => Promise<string>;
@@ -300,6 +302,9 @@ const main: JupyterFrontEndPlugin<void> = {
     rendermime: IRenderMimeRegistry | null,
     editors: IEditorServices | null
   ) => {
+    if (whoIsHere().guest) {
+      return;  // the Jobs panel, TensorBoards, templates and idle warnings are the owner's (sharing.ts)
+    }
     const notify = notifier(app);
     const tracker = new WidgetTracker<JobsPanel>({ namespace: 'dsportal-jobs' });
     app.serviceManager.contents.addDrive(new JobFilesDrive());
@@ -413,7 +418,7 @@ const slice: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   optional: [IStatusBar],
   activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null) => {
-    if (!statusBar) {
+    if (!statusBar || whoIsHere().guest) {
       return;
     }
     const item = new SliceStatus(() => void app.commands.execute(COMMANDS.extend));
@@ -427,6 +432,9 @@ const gauges: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   optional: [IStatusBar, ICommandPalette],
   activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null, palette: ICommandPalette | null) => {
+    if (whoIsHere().guest) {
+      return;
+    }
     const notify = notifier(app);
     // With a button, a notification stays until dismissed: these must not pass unseen.
     const watch = new UsageWatch((message, type) => notify(message, type, [{ label: 'Show my slice', commandId: COMMANDS.usage }]));
@@ -455,4 +463,46 @@ const gauges: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [main, slice, gauges];
+const sharing: JupyterFrontEndPlugin<void> = {
+  id: 'dsportal-lab:sharing',
+  description: "Share this session with a colleague (the owner's Share panel); a guest's word on whose session this is",
+  autoStart: true,
+  optional: [ICommandPalette],
+  activate: (app: JupyterFrontEnd, palette: ICommandPalette | null) => {
+    const here = whoIsHere();
+    if (here.guest) {
+      app.shell.add(new GuestBanner(here.owner, here.me), 'top', { rank: 1000 });
+      return;
+    }
+    let panel: SharingPanel | null = null;
+    app.commands.addCommand(COMMANDS.share, {
+      label: 'Share this session…',
+      caption: 'Let a colleague work in this session with you, until you take it back',
+      execute: () => {
+        if (!panel || panel.isDisposed) {
+          panel = new SharingPanel();
+          app.shell.add(panel, 'right', { rank: 950 });
+        }
+        app.shell.activateById(panel.id);
+      }
+    });
+    void api<{ shareable: boolean }>('GET', 'sharing?brief=1').then(answer => {
+      state.shareable = answer.shareable;
+      if (!answer.shareable) {
+        return;
+      }
+      palette?.addItem({ command: COMMANDS.share, category: 'dsportal' });
+      const button = new Widget({ node: document.createElement('button') });
+      button.id = 'dsportal-share-button';
+      button.addClass('jp-Button');
+      button.addClass('jp-mod-styled');
+      button.addClass('dsportal-ShareButton');
+      button.node.textContent = 'Share';
+      button.node.title = 'Share this session with a colleague';
+      button.node.onclick = () => void app.commands.execute(COMMANDS.share);
+      app.shell.add(button, 'top', { rank: 1000 });
+    }, () => undefined);
+  }
+};
+
+export default [main, slice, gauges, sharing];

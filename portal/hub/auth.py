@@ -18,11 +18,12 @@ import re
 from ldap3.core.exceptions import LDAPCommunicationError, LDAPResponseTimeoutError
 from ldapauthenticator import LDAPAuthenticator
 from tornado import web
-from traitlets import Float, Integer
+from traitlets import Float, Integer, List, Unicode
 
 from spawner.certs import USERS_DOMAIN
 
 from .. import defaults
+from ..rules import unix_groups
 from ..settings import LdapSettings, LoginThrottleSettings, human_duration
 from . import metrics, upstream
 from .loginthrottle import LoginThrottle
@@ -111,6 +112,9 @@ class PortalAuthenticator(LDAPAuthenticator):
                            help=_about(LoginThrottleSettings, "account_window")).tag(config=True)
     account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help=_about(LoginThrottleSettings, "account_lock")).tag(config=True)
 
+    sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the hub's groups, set from each "
+                          "user's Unix groups at her login (Authenticator.manage_groups).").tag(config=True)
+
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _throttle: LoginThrottle | None = None
 
@@ -171,6 +175,12 @@ class PortalAuthenticator(LDAPAuthenticator):
             metrics.LOGINS.labels("ldap_unavailable").inc()
             raise LoginServiceUnavailable() from None
         metrics.LOGINS.labels("ok" if answer else "refused").inc()
+        if answer and self.manage_groups:
+            # JupyterHub sets her groups to this list (it must be there): the sharing groups she is in now.
+            answer = answer if isinstance(answer, dict) else {"name": answer}
+            name = self.normalize_username(answer["name"])
+            mine = await asyncio.get_running_loop().run_in_executor(self._pool, unix_groups, name)
+            answer["groups"] = sorted(mine & set(self.sharing_groups))
         return answer
 
 

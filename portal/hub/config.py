@@ -17,7 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import loadshed, metrics, pacing, proxyservice, sessions, upstream, useroptions
+from . import loadshed, metrics, pacing, proxyservice, sessions, sharing, upstream, useroptions
 from .auth import configure_ldap
 from .extend import ExtendHandler
 from .origins import configure_user_origins
@@ -122,12 +122,14 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
     c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended,
-                                   "sessions": sessions.rows, "spawn_limit": hub.concurrent_spawn_limit}
+                                   "sessions": sessions.rows, "spawn_limit": hub.concurrent_spawn_limit,
+                                   "shared_with_me": ()}  # portal.yaml sharing: sharing.configure
     # The stock pages, plus session_ended, the sessions' rows and a refused start's words (spawn.html).
     c.JupyterHub.template_paths = [str(templating.folder() / "hub")]
 
     configure_ldap(c, settings)
     c.Authenticator.admin_users = set(hub.admin_users)
+    sharing.configure(c, settings)  # sessions shared with named colleagues, within portal.yaml's groups
 
     install_port_handler()
     # An overloaded hub answers page views and polling 429 + Retry-After, never a session's lifeline.

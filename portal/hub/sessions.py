@@ -77,3 +77,35 @@ def ended(user) -> dict[str, str]:
     if user is None:
         return {}
     return {s.name: _ended(s) for s in user.all_spawners(include_default=True) if not s.active and _ended(s)}
+
+
+@dataclass(frozen=True)
+class SharedRow:
+    owner: str
+    name: str  # the owner's server name; '' for her default session
+    label: str  # "alice's session train"
+    active: bool
+    url: str
+
+
+def shared_with(user) -> list[SharedRow]:
+    """Template variable ``shared_with_me``: the sessions others shared with her, by name or through a
+    group (JupyterHub's shares; portal.yaml sharing), the running ones first. Read from the hub's own
+    records: rendering the page asks Slurm nothing."""
+    if user is None:
+        return []
+    orm_user = getattr(user, "orm_user", None)
+    shares = list(getattr(orm_user, "all_shared_with_me", None) or [])
+    users = getattr(user, "settings", {}).get("users")
+    rows = {}
+    for share in shares:
+        spawner = share.spawner
+        owner = spawner.user if spawner is not None else None
+        if owner is None or owner.name == user.name or users is None:
+            continue
+        wrapper = users[owner]
+        active = bool(spawner.server)
+        label = f"{owner.name}'s session {spawner.name}" if spawner.name else f"{owner.name}'s default session"
+        rows[(owner.name, spawner.name)] = SharedRow(owner.name, spawner.name, label, active,
+                                                     wrapper.server_url(spawner.name))
+    return sorted(rows.values(), key=lambda r: (not r.active, r.owner, r.name))

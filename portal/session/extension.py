@@ -9,6 +9,8 @@ its handlers in its own module; this puts them under the session's base URL:
   dsportal/api/templates, templates/open                          template copies (nbtemplates.py)
   dsportal/tensorboard/...                                        TensorBoard (tensorboards.py)
   dsportal/api/walltime/saved                                     what JupyterLab saved as the walltime ended (walltime.py)
+  dsportal/api/sharing                                            the session's shares (sharing.py)
+All of them answer the session's owner only, never a guest of a shared session (sharing.GuestGate).
 and guards jupyter-server-proxy's /proxy/ routes (portguard.py). Once the server listens, a session
 job's server reports its port to the hub (portreport.py).
 """
@@ -17,7 +19,18 @@ from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
 
-from . import activity, gauges, jobs_api, nbtemplates, portguard, portreport, singleuser, tensorboards, walltime
+from . import (
+    activity,
+    gauges,
+    jobs_api,
+    nbtemplates,
+    portguard,
+    portreport,
+    sharing,
+    singleuser,
+    tensorboards,
+    walltime,
+)
 
 
 def _load_jupyter_server_extension(server_app):
@@ -43,7 +56,9 @@ def _load_jupyter_server_extension(server_app):
     routes += nbtemplates.setup(server_app)
     routes += walltime.setup(server_app)
     routes += gauges.setup(server_app)
+    routes += sharing.routes()
     web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
+    sharing.check_gate(server_app)
     portguard.install(web_app, base, server_app.log)
     server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))
 

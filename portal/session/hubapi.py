@@ -14,14 +14,21 @@ from .upstream import hub_tls_context
 async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
     """POST ``body`` to the hub's API at ``path`` (e.g. "batchspawner"); the response, whatever its code
     (599: the hub did not answer)."""
+    return await request("POST", path, body, timeout)
+
+
+async def request(method: str, path: str, body: dict | None = None, timeout: float = 60,
+                  token: str | None = None) -> HTTPResponse:
+    """``method`` on the hub's API at ``path``, as the session (or with ``token``: as its holder); the
+    response, whatever its code (599: the hub did not answer)."""
     hub_auth = HubAuth()
     ssl = None
     if hub_auth.certfile and hub_auth.keyfile:
         ssl = hub_tls_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
     request = HTTPRequest(
-        url_path_join(hub_auth.api_url, path), method="POST", ssl_options=ssl,
-        headers={"Authorization": f"token {hub_auth.api_token}", "Content-Type": "application/json"},
-        body=json.dumps(body), request_timeout=timeout,
+        url_path_join(hub_auth.api_url, path), method=method, ssl_options=ssl,
+        headers={"Authorization": f"token {token or hub_auth.api_token}", "Content-Type": "application/json"},
+        body=None if body is None else json.dumps(body), request_timeout=timeout,
     )
     try:
         return await AsyncHTTPClient().fetch(request, raise_error=False)

@@ -33,7 +33,7 @@ from jupyter_core.paths import jupyter_path
 from .. import patchcheck, sessionvars
 from . import upstream
 from .kernels import write_catalog, write_host_kernel
-from .tools import Tools, system_r_kernel, write_config, write_r_kernel
+from .tools import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
 
 
 def free_port() -> int:
@@ -68,7 +68,7 @@ def write_tools(folder: Path) -> None:
     folder, first on JUPYTER_CONFIG_PATH, and the R kernel where R is offered and installed."""
     tools = Tools.from_env()
     try:
-        config = write_config(folder, tools)
+        config = write_config(folder, tools, shareable=bool(sharing_groups()))
     except OSError as error:
         print(f"dsportal: the profile's tools are not configured ({error}); all that is installed is offered", flush=True)
     else:

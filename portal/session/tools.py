@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,10 @@ TOOLS = ("terminal", "r", "vscode", "git")
 # git's extensions, with nbdime's: installed as jupyterlab-git's dependency, used for its diffs.
 GIT_SERVER_EXTENSIONS = ("jupyterlab_git", "nbdime")
 GIT_LAB_EXTENSIONS = ("@jupyterlab/git", "nbdime-jupyterlab")
+# Live co-editing (jupyter-collaboration), in shareable sessions only (portal.session.sharing).
+COLLABORATION_SERVER_EXTENSIONS = ("jupyter_server_ydoc", "jupyter_server_fileid")
+COLLABORATION_LAB_EXTENSIONS = ("@jupyter/collaboration-extension", "@jupyter/docprovider-extension")
+GUEST_RECHECK = 10  # seconds: how long a guest's access, once confirmed by the hub, is taken as standing
 R_KERNEL = "ir"  # IRkernel's kernelspec name (Debian's r-cran-irkernel installs it system-wide)
 R_REPOSITORY_VARIABLE = "DSPORTAL_R_REPOSITORY"
 
@@ -102,16 +107,36 @@ class Tools:
         return tool in self.offered
 
 
-def write_config(folder: Path, tools: Tools) -> Path:
+def sharing_groups(environ=os.environ) -> list[str]:
+    """The sharing groups the hub found the session's owner in (sessionvars.SHARING); [] where the
+    session is not shareable (portal.session.sharing)."""
+    try:
+        groups = json.loads(environ.get(sessionvars.SHARING, "") or "{}").get("groups", [])
+    except (ValueError, AttributeError):
+        return []
+    return [g for g in groups if isinstance(g, str) and re.match(r"^[a-z_][a-z0-9_-]{0,31}$", g)] \
+        if isinstance(groups, list) else []
+
+
+def write_config(folder: Path, tools: Tools, shareable: bool = False) -> Path:
     """The session's own Jupyter config folder, for JUPYTER_CONFIG_PATH: what the profile leaves out,
-    switched off by Jupyter's own settings."""
+    switched off by Jupyter's own settings. A shareable session (portal.session.sharing) loads live
+    co-editing and judges guests; any other neither imports nor serves them."""
     config = folder / "config"
     (config / "labconfig").mkdir(parents=True, exist_ok=True)
-    server: dict = {"terminals_enabled": tools.offers("terminal")}
+    server: dict = {"terminals_enabled": tools.offers("terminal"), "jpserver_extensions": {}}
     if not tools.offers("git"):
-        server["jpserver_extensions"] = dict.fromkeys(GIT_SERVER_EXTENSIONS, False)
-    write_whole(config / "jupyter_server_config.json", json.dumps({"ServerApp": server}, indent=1))
+        server["jpserver_extensions"].update(dict.fromkeys(GIT_SERVER_EXTENSIONS, False))
+    server["jpserver_extensions"].update(dict.fromkeys(COLLABORATION_SERVER_EXTENSIONS, shareable))
+    whole = {"ServerApp": server}
+    if shareable:
+        # JupyterHub's cache of who a request's token is: as long as a guest's access is taken as standing
+        # (portal.session.sharing.GuestGate asks the hub again about a guest this often as well).
+        whole["HubOAuth"] = {"cache_max_age": GUEST_RECHECK}
+    write_whole(config / "jupyter_server_config.json", json.dumps(whole, indent=1))
     disabled = {} if tools.offers("git") else dict.fromkeys(GIT_LAB_EXTENSIONS, True)
+    if not shareable:
+        disabled.update(dict.fromkeys(COLLABORATION_LAB_EXTENSIONS, True))
     write_whole(config / "labconfig" / "page_config.json", json.dumps({"disabledExtensions": disabled}, indent=1))
     return config
 

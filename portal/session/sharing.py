@@ -1,0 +1,327 @@
+"""A session shared with named colleagues, on purpose (portal.yaml's ``sharing``; the hub's side:
+portal.hub.sharing).
+
+The session's owner is JUPYTERHUB_USER; a guest is anyone else the hub lets in (JupyterHub's sharing:
+``access:servers!server=<owner>/<session>``). A guest reads and changes the owner's files and runs code
+as her, inside her job, until she takes the share back; that is what sharing means, and the Share
+panel says so. Everything else stays the owner's.
+
+:class:`GuestGate` is the session's identity provider (``ServerApp.identity_provider_class``,
+jupyter_server's hook; JupyterHub's own provider, subclassed), so it judges every request of every
+handler, websockets included, before the handler runs. The owner passes, and a JupyterHub admin as
+JupyterHub lets one. A guest passes only where:
+
+- the session is shareable (the hub found its owner in a sharing group: sessionvars.SHARING); a
+  session that is not refuses a share made earlier;
+- she is a Unix member of one of those groups (a share code or an old share does not widen them);
+- the hub still says she has access, asked again every GUEST_RECHECK seconds (a share taken back at
+  the hub ends within that time; one taken back in the Share panel at once);
+- the page is not one of the owner's own: dsportal's (jobs, schedules, TensorBoards, walltime, this
+  panel) and jupyter-server-proxy's (VS Code, any port).
+
+Her websockets are kept track of and closed when the owner takes the share back; what she opens, runs
+and saves goes to the owner's visits log, which the Share panel shows. :class:`SharingHandler`
+(dsportal/api/sharing) grants, lists and takes back this session's shares through the hub's share
+API with the owner's own token (the one her request came with), never the session's.
+
+A session is shareable only when the hub says so; only then does it load live co-editing
+(jupyter-collaboration: portal.session.tools).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import weakref
+from datetime import UTC, datetime
+from pathlib import Path
+
+from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
+from tornado import web
+from tornado.websocket import WebSocketHandler
+
+from . import hubapi
+from .api import MessageAPIHandler
+from .tools import GUEST_RECHECK, sharing_groups
+
+VISIT_REPEAT = 60  # seconds: the same visit (guest, what) is logged once in this time
+CONNECTED_FOR = 60  # seconds: a guest whose last request is this recent counts as connected
+VISITS_SHOWN = 50
+NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+GUEST_REFUSED = ("This is {owner}'s own page: as a guest in this session you can use its notebooks, "
+                 "files, kernels and terminal, not {owner}'s jobs, TensorBoards, VS Code, sharing or walltime.")
+NOT_SHARED = "This session of {owner}'s is not shared with you."
+
+
+def owner() -> str:
+    return os.environ.get("JUPYTERHUB_USER", "")
+
+
+def session_name() -> str:
+    return os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+
+
+class Guests:
+    """The session's guests as this server has seen them: when the hub last confirmed each one, who is
+    connected, their websockets, and the visits log."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.checked: dict[str, float] = {}  # guest -> when the hub last confirmed her access
+        self.seen: dict[str, float] = {}
+        self.sockets: dict[str, weakref.WeakSet] = {}
+        self._logged: dict[tuple, float] = {}
+
+    def visit(self, guest: str, what: str) -> None:
+        now = time.monotonic()
+        self.seen[guest] = now
+        key = (guest, what)
+        if now - self._logged.get(key, -VISIT_REPEAT) < VISIT_REPEAT:
+            return
+        self._logged[key] = now
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(self.log_path, "a", encoding="utf-8") as log:
+                log.write(f"{stamp} {guest} {what}\n")
+        except OSError:
+            pass  # a full home: the visit is still judged, just not written down
+
+    def visits(self) -> list[str]:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-VISITS_SHOWN:]
+        except OSError:
+            return []
+
+    def connected(self) -> list[str]:
+        now = time.monotonic()
+        return sorted(g for g in set(self.seen) | set(self.sockets)
+                      if now - self.seen.get(g, -CONNECTED_FOR) < CONNECTED_FOR or len(self.sockets.get(g, ())) > 0)
+
+    def opened(self, guest: str, socket: WebSocketHandler) -> None:
+        self.sockets.setdefault(guest, weakref.WeakSet()).add(socket)
+
+    def take_back(self, guest: str | None) -> int:
+        """The hub took ``guest``'s share back (None: a group's, so every guest): her next request asks
+        the hub again, and her websockets are closed now. How many were closed."""
+        names = [guest] if guest else list(self.sockets)
+        for name in names:
+            self.checked.pop(name, None)
+            self.seen.pop(name, None)
+        if guest is None:
+            self.checked.clear()
+        closed = 0
+        for name in names:
+            for socket in list(self.sockets.pop(name, ())):
+                socket.close(4403, "Your access to this session was taken back by its owner.")
+                closed += 1
+        return closed
+
+
+_GUESTS: Guests | None = None
+
+
+def guests() -> Guests:
+    global _GUESTS
+    if _GUESTS is None:
+        folder = Path.home() / ".dsportal" / "sharing"
+        _GUESTS = Guests(folder / f"{session_name() or 'default'}-visits.log")
+    return _GUESTS
+
+
+def _owners_page(handler) -> bool:
+    """dsportal's own routes, and jupyter-server-proxy's (VS Code, /proxy/<port>): the owner's only."""
+    module = type(handler).__module__ or ""
+    if module.startswith(("portal.", "jupyter_server_proxy")):
+        return True
+    return any(c.__module__.startswith("jupyter_server_proxy") for c in type(handler).__mro__)
+
+
+class GuestGate(JupyterHubIdentityProvider):
+    """JupyterHub's identity provider, and for anyone but the owner (and an admin): the guest's rules."""
+
+    async def get_user(self, handler):
+        user = await super().get_user(handler)
+        if user is None:
+            return None
+        name = user.username
+        if name == owner() or (getattr(user, "hub_user", None) or {}).get("admin"):
+            return user
+        why = await self._refusal(handler, name)
+        if why:
+            handler.log.warning("dsportal: %s refused %s %s: %s", name, handler.request.method, handler.request.path, why)
+            handler._jupyterhub_user = None
+            raise web.HTTPError(403, why)
+        book = guests()
+        if isinstance(handler, WebSocketHandler):
+            book.opened(name, handler)
+        book.visit(name, _visit_words(handler))
+        return user
+
+    async def _refusal(self, handler, name: str) -> str | None:
+        groups = sharing_groups()
+        if not groups:
+            return NOT_SHARED.format(owner=owner())
+        from ..rules import unix_groups
+
+        book = guests()
+        if time.monotonic() - book.checked.get(name, -GUEST_RECHECK) >= GUEST_RECHECK:
+            if not unix_groups(name) & set(groups):
+                return (f"{owner()} may share this session only with members of {', '.join(groups)}; "
+                        f"{name} is not one.")
+            if not await _still_shared(self.hub_auth, handler):
+                book.take_back(name)
+                return NOT_SHARED.format(owner=owner())
+            book.checked[name] = time.monotonic()
+        if _owners_page(handler):
+            book.visit(name, f"was refused {handler.request.path}")
+            return GUEST_REFUSED.format(owner=owner())
+        return None
+
+
+async def _still_shared(hub_auth, handler) -> bool:
+    """The hub's word, now, on the guest's token: does it still reach this session? (Not answering:
+    not this time; the next request asks again.)"""
+    token = hub_auth.get_token(handler)
+    if not token:
+        return False
+    try:
+        model = await hub_auth.user_for_token(token, use_cache=False, sync=False)
+    except Exception:  # noqa: BLE001 - the hub did not answer: a guest is not let in on an old answer
+        return False
+    return bool(model) and bool(hub_auth.check_scopes(hub_auth.access_scopes, model))
+
+
+def _visit_words(handler) -> str:
+    path, method = handler.request.path, handler.request.method
+    base = handler.base_url
+    where = path[len(base):] if path.startswith(base) else path
+    if isinstance(handler, WebSocketHandler):
+        if "/channels" in where and where.startswith("api/kernels/"):
+            return "connected to a kernel (runs code as the owner)"
+        if where.startswith("api/collaboration/room/"):
+            return "opened a document to edit live"
+        if where.startswith("terminals/websocket/"):
+            return "used a terminal (runs commands as the owner)"
+        return f"connected to {where}"
+    if where.startswith("api/contents/") and method in ("PUT", "PATCH", "POST", "DELETE"):
+        return f"{'deleted' if method == 'DELETE' else 'changed'} {where.removeprefix('api/contents/')}"
+    if where.startswith("lab"):
+        return "opened JupyterLab"
+    return "used the session"
+
+
+def _share_path() -> str:
+    return f"shares/{owner()}/{session_name()}"
+
+
+class SharingHandler(MessageAPIHandler):
+    """GET: who has access, who is connected, the visits; POST {"user": name} or {"group": name}: share;
+    DELETE ?user=name or ?group=name: take it back."""
+
+    @web.authenticated
+    async def get(self):
+        groups = sharing_groups()
+        if self.get_query_argument("brief", ""):  # JupyterLab's question at each page load: no call to the hub
+            self.finish(json.dumps({"shareable": bool(groups)}))
+            return
+        if not groups:
+            self.finish(json.dumps({"shareable": False, "groups": [], "shares": [], "connected": [], "visits": [],
+                                    "message": _NOT_SHAREABLE}))
+            return
+        response = await hubapi.request("GET", _share_path(), token=self._owners_token())
+        if response.code != 200:
+            raise web.HTTPError(502, f"The hub did not list this session's shares: {hubapi.message_of(response)}")
+        items = json.loads(response.body or b"{}").get("items", [])
+        shares = [{"user": (i.get("user") or {}).get("name"), "group": (i.get("group") or {}).get("name"),
+                   "created": i.get("created_at")} for i in items]
+        book = guests()
+        self.finish(json.dumps({"shareable": True, "groups": groups, "owner": owner(), "session": session_name(),
+                                "shares": shares, "connected": book.connected(), "visits": book.visits()}))
+
+    @web.authenticated
+    async def post(self):
+        kind, name = self._target(self.get_json_body())
+        groups = sharing_groups()
+        if not groups:
+            raise web.HTTPError(400, _NOT_SHAREABLE)
+        if kind == "user" and name == owner():
+            raise web.HTTPError(400, "This session is yours already.")
+        allowed = _within(kind, name, groups)
+        if allowed is not None:
+            raise web.HTTPError(403, allowed)
+        response = await hubapi.request("POST", _share_path(), {kind: name}, token=self._owners_token())
+        if response.code != 200:
+            message = hubapi.message_of(response)
+            if response.code == 400 and message.startswith("No such user"):
+                raise web.HTTPError(400, f"{name} has not signed in to the portal yet: the portal knows people "
+                                         "once they have signed in. Ask them to sign in once, then share again.")
+            if response.code == 400 and message.startswith("No such group"):
+                raise web.HTTPError(400, f"Nobody of {name} has signed in to the portal yet.")
+            raise web.HTTPError(403 if response.code == 403 else 502, f"The hub refused the share: {message}")
+        self.log.info("dsportal: %s shared this session with %s %s", owner(), kind, name)
+        self.finish(json.dumps({"message": f"Shared with {name}. They find it on their home page, under "
+                                           "Shared with you, until you take it back."}))
+
+    @web.authenticated
+    async def delete(self):
+        kind, name = self._target({k: self.get_query_argument(k) for k in ("user", "group")
+                                   if self.get_query_argument(k, None) is not None})
+        response = await hubapi.request("PATCH", _share_path(), {kind: name}, token=self._owners_token())
+        if response.code != 200:
+            raise web.HTTPError(502, f"The hub did not take the share back: {hubapi.message_of(response)}")
+        closed = guests().take_back(name if kind == "user" else None)
+        self.log.info("dsportal: %s took back %s %s's access (%d connections closed)", owner(), kind, name, closed)
+        self.finish(json.dumps({"message": f"{name} no longer has access to this session."}))
+
+    def _owners_token(self) -> str:
+        """The token her request came with (her browser's, for this session; or her API token): the
+        hub judges the share by her rights. The session's own token (in every kernel's environment,
+        where a guest's code could read it) grants nothing."""
+        token = self.identity_provider.hub_auth.get_token(self)
+        if not token:
+            raise web.HTTPError(403, "Sharing needs your own login to this session.")
+        return token
+
+    def _target(self, body) -> tuple[str, str]:
+        if not isinstance(body, dict) or len(body) != 1 or next(iter(body)) not in ("user", "group"):
+            raise web.HTTPError(400, 'Name one person or one group: {"user": "<name>"} or {"group": "<name>"}.')
+        kind, name = next(iter(body.items()))
+        if not isinstance(name, str) or not NAME.match(name):
+            shown = name[:40] + "..." if isinstance(name, str) and len(name) > 40 else name
+            raise web.HTTPError(400, f"{shown!r} is not a user or group name of this cluster.")
+        return kind, name
+
+
+_NOT_SHAREABLE = ("This session cannot be shared: your admin allows sharing only within some groups "
+                  "(portal.yaml sharing.groups), and you are in none of them.")
+
+
+def _within(kind: str, name: str, groups: list[str]) -> str | None:
+    """None where the admin's groups allow sharing with ``name``; else why not, in words (the hub checks too)."""
+    from ..rules import unix_groups
+
+    if kind == "group":
+        return None if name in groups else (f"You can share only within {', '.join(groups)}; "
+                                            f"{name} is not one of these groups.")
+    if unix_groups(name) & set(groups):
+        return None
+    return (f"You can share this session only with members of {', '.join(groups)} (your admin's rule); "
+            f"{name} is not one.")
+
+
+def routes() -> list[tuple]:
+    return [("dsportal/api/sharing", SharingHandler)]
+
+
+def check_gate(server_app) -> None:
+    """Fail closed: a server whose identity provider is not the guest gate (jupyter-config's
+    ServerApp.identity_provider_class, overridden by some upstream change) would let a guest of an
+    earlier share into the owner's pages. It stops rather than serve."""
+    provider = getattr(server_app, "identity_provider", None)
+    if isinstance(provider, JupyterHubIdentityProvider) and not isinstance(provider, GuestGate):
+        server_app.log.critical("dsportal: this session's identity provider is %s, not dsportal's guest gate "
+                                "(portal.session.sharing.GuestGate): it does not start", type(provider).__name__)
+        raise SystemExit(1)
