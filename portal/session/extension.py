@@ -58,7 +58,7 @@ def _load_jupyter_server_extension(server_app):
     routes += gauges.setup(server_app)
     routes += sharing.routes()
     web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
-    sharing.check_gate(server_app)
+    sharing.install_gate(server_app)
     portguard.install(web_app, base, server_app.log)
     server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))
 

@@ -6,9 +6,9 @@ The session's owner is JUPYTERHUB_USER; a guest is anyone else the hub lets in (
 as her, inside her job, until she takes the share back; that is what sharing means, and the Share
 panel says so. Everything else stays the owner's.
 
-:class:`GuestGate` is the session's identity provider (``ServerApp.identity_provider_class``,
-jupyter_server's hook; JupyterHub's own provider, subclassed), so it judges every request of every
-handler, websockets included, before the handler runs. The owner passes, and a JupyterHub admin as
+:class:`GuestGate` is the session's identity provider (JupyterHub's own, subclassed; put in place by
+:func:`install_gate`), so it judges every request of every handler, websockets included, before the
+handler runs. The owner passes, and a JupyterHub admin as
 JupyterHub lets one. A guest passes only where:
 
 - the session is shareable (the hub found its owner in a sharing group: sessionvars.SHARING); a
@@ -42,7 +42,8 @@ from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
 from tornado import web
 from tornado.websocket import WebSocketHandler
 
-from . import hubapi
+from ..rules import unix_groups
+from . import hubapi, upstream
 from .api import MessageAPIHandler
 from .tools import GUEST_RECHECK, sharing_groups
 
@@ -164,8 +165,6 @@ class GuestGate(JupyterHubIdentityProvider):
         groups = sharing_groups()
         if not groups:
             return NOT_SHARED.format(owner=owner())
-        from ..rules import unix_groups
-
         book = guests()
         if time.monotonic() - book.checked.get(name, -GUEST_RECHECK) >= GUEST_RECHECK:
             if not unix_groups(name) & set(groups):
@@ -316,10 +315,13 @@ def routes() -> list[tuple]:
     return [("dsportal/api/sharing", SharingHandler)]
 
 
-def check_gate(server_app) -> None:
-    """Fail closed: a server whose identity provider is not the guest gate (jupyter-config's
-    ServerApp.identity_provider_class, overridden by some upstream change) would let a guest of an
-    earlier share into the owner's pages. It stops rather than serve."""
+def install_gate(server_app) -> None:
+    """The server's identity provider becomes the guest gate. jupyterhub-singleuser sets
+    ``ServerApp.identity_provider_class`` itself, over the server's config, so the one it made (a
+    JupyterHubIdentityProvider) takes :class:`GuestGate`, its subclass, as its class (upstream.py:
+    patch guest-gate). Fail closed: a server whose provider is not the gate afterwards stops rather
+    than serve a guest of an earlier share the owner's pages."""
+    upstream.make_guest_gate(server_app, GuestGate)
     provider = getattr(server_app, "identity_provider", None)
     if isinstance(provider, JupyterHubIdentityProvider) and not isinstance(provider, GuestGate):
         server_app.log.critical("dsportal: this session's identity provider is %s, not dsportal's guest gate "

@@ -2,7 +2,7 @@
 jupyter-server-proxy, jupyter_client, ipykernel, TensorBoard), in one place, with what each rests on.
 
 Each function here replaces, wraps or overrides something upstream keeps private; the session's
-modules call them (singleuser.py, activity.py, portguard.py, tensorboards.py, kernelsockets.py) and
+modules call them (singleuser.py, activity.py, portguard.py, tensorboards.py, kernelsockets.py, sharing.py) and
 keep the portal's policy, messages and logs. Three patches stay where they are, listed here all
 the same: kernelpipe.py is loaded on its own into container kernels (no dsportal there), so it
 cannot import this module; kernelstart.py and magics.py (%tensorboard) are loaded by every host
@@ -49,6 +49,17 @@ def exclude_home_config_paths() -> None:
                  if not Path(path).resolve().is_relative_to(home))
     jupyter_core.paths.jupyter_config_path.__code__ = _kept_config_paths.__code__
     jupyter_core.paths.jupyter_config_path.__kwdefaults__ = {"paths": kept}
+
+
+# ------------------------------------------------------------------ the guest gate (sharing.py)
+def make_guest_gate(server_app, gate) -> None:
+    """The server's JupyterHubIdentityProvider takes ``gate`` (its subclass, which adds no state) as its
+    class: the same object, everywhere the server holds it, now judging guests. Idempotent."""
+    from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
+
+    provider = getattr(server_app, "identity_provider", None)
+    if type(provider) is JupyterHubIdentityProvider and issubclass(gate, JupyterHubIdentityProvider):
+        provider.__class__ = gate
 
 
 # ------------------------------------------------------------------ TLS with the hub: the hub's CA only
@@ -255,6 +266,15 @@ PATCHES = [
           lambda: _patched_code("jupyter_core.paths", "jupyter_config_path", _kept_config_paths.__code__),
           guards=True, hook="jupyterhub-singleuser's disable_user_config leaving the home out of "
           "jupyter_config_path too, as it does for jupyter_path"),
+    Patch("guest-gate", "portal/session/sharing.py",
+          "the server's jupyterhub.singleuser.extension.JupyterHubIdentityProvider (its __class__ set to "
+          "sharing.GuestGate, a subclass overriding get_user)", JUPYTERHUB, "6.1.1",
+          "a guest of a shared session is judged on every request, before any handler runs: shareable, in the "
+          "owner's sharing groups, still shared at the hub, never on the owner's own pages",
+          (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.load_config_file", "cec29a3f6ca481a7"),
+           Definition("jupyterhub.singleuser.extension", "JupyterHubIdentityProvider.get_user", "56c6e14099ce88f6")),
+          None, guards=True, hook="jupyterhub-singleuser leaving ServerApp.identity_provider_class to the "
+          "server's config where it names a subclass of JupyterHubIdentityProvider"),
     Patch("hub-tls-context", "portal/session/singleuser.py",
           "make_ssl_context in jupyterhub.services.auth, .singleuser.extension and .singleuser.mixins (replaced "
           "by hub_tls_context: the hub's CA bundle only)", JUPYTERHUB, "6.1.1",
