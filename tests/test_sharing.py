@@ -104,10 +104,11 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
                  "dsportal/api/walltime/saved"):
         answer = bob.api("GET", f"{prefix}/{path}")
         assert answer.status_code == 403, (path, answer.status_code, answer.text[:200])
-        assert "as a guest in this session" in answer.text, (path, answer.text[:300])
+        if not path.startswith("proxy/"):  # jupyter-server-proxy writes its errors without a body
+            assert "as a guest in this session" in answer.text, (path, answer.text[:300])
     assert bob.api("POST", SHARING, json={"user": "bob"}).status_code == 403
     assert bob.api("GET", "/hub/api/users/alice/tokens").status_code in (403, 404)
-    assert bob.api("GET", "/user/alice/api/contents").status_code != 200  # her default session
+    assert bob.api("GET", "/user/alice/api/contents", allow_redirects=False).status_code != 200  # her default session
     # carol, never invited, still gets nothing.
     assert carol.api("GET", f"{prefix}/api/contents").status_code == 403
     assert carol.api("GET", "/hub/api/users/carol/shared").json()["items"] == []

@@ -260,6 +260,7 @@ class SharingHandler(MessageAPIHandler):
             if response.code == 400 and message.startswith("No such group"):
                 raise web.HTTPError(400, f"Nobody of {name} has signed in to the portal yet.")
             raise web.HTTPError(403 if response.code == 403 else 502, f"The hub refused the share: {message}")
+        self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "no" about the guest, forgotten now
         self.log.info("dsportal: %s shared this session with %s %s", owner(), kind, name)
         self.finish(json.dumps({"message": f"Shared with {name}. They find it on their home page, under "
                                            "Shared with you, until you take it back."}))
@@ -271,6 +272,7 @@ class SharingHandler(MessageAPIHandler):
         response = await hubapi.request("PATCH", _share_path(), {kind: name}, token=self._owners_token())
         if response.code != 200:
             raise web.HTTPError(502, f"The hub did not take the share back: {hubapi.message_of(response)}")
+        self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "yes" about the guest, forgotten now
         closed = guests().take_back(name if kind == "user" else None)
         self.log.info("dsportal: %s took back %s %s's access (%d connections closed)", owner(), kind, name, closed)
         self.finish(json.dumps({"message": f"{name} no longer has access to this session."}))
