@@ -236,13 +236,24 @@ def test_in_two_browsers_alice_shares_train_with_bob_they_edit_live_and_she_take
         c.goto(f"{HUB}{prefix}/lab/tree/shared.ipynb")
         _authorize_if_asked(c)
         c.wait_for_load_state()
-        assert "403" in c.content() or "not allowed" in c.content(), c.content()[:500]
+        said = c.inner_text("body")
+        assert "No access to resources" in said or "is not allowed" in said, said[:500]  # the hub's 404, or the session's 403
+        assert c.locator(".jp-Notebook").count() == 0
         c.goto(f"{HUB}/hub/home")
         assert c.locator("#dsportal-shared-with-me").count() == 0
 
         # alice takes it back: bob's next keystroke reaches nobody, his next request is refused.
         panel.locator(".dsportal-Sharing-share[data-user=bob] .dsportal-Sharing-takeBack").click()
         panel.locator(".dsportal-Sharing-ok", has_text="bob no longer has access").wait_for(timeout=30_000)
+        # bob's JupyterLab loses the session at once, and the top bar says why.
+        b.locator(".dsportal-GuestBanner.dsportal-mod-takenBack",
+                  has_text="alice has taken back your access to this session").wait_for(timeout=30_000)
+        b.screenshot(path=str(SHOTS / "sharing-taken-back-dialog.png"))
+        b.keyboard.press("Escape")
+        b.wait_for_timeout(500)
+        while b.locator(".jp-Dialog").count():
+            b.locator(".jp-Dialog button").last.click()
+            b.wait_for_timeout(500)
         editor_b.click()
         b.keyboard.press("Control+End")
         b.keyboard.type("  # after she took it back")

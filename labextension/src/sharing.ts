@@ -1,7 +1,9 @@
 // Sharing this session with named colleagues (portal/session/sharing.py): the owner's Share panel (who has
 // access, who is connected, what guests did, "Take back"), and for a guest a line in the top bar saying
 // whose session this is. Only in a session the admin lets its owner share (portal.yaml sharing.groups).
-import { PageConfig } from '@jupyterlab/coreutils';
+import { showDialog, Dialog } from '@jupyterlab/apputils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { api, state } from './api';
@@ -41,15 +43,46 @@ function element<K extends keyof HTMLElementTagNameMap>(tag: K, props: { class?:
   return node;
 }
 
-/** The top bar's word to a guest: whose session this is, and what that means. */
+/** The top bar's word to a guest: whose session this is, and what that means; once the owner takes
+ * the share back, that she did (the session answers 403 from then on), instead of JupyterLab's own
+ * "kernel died" or "connection lost". */
 export class GuestBanner extends Widget {
   constructor(owner: string, me: string) {
     super();
     this.id = 'dsportal-guest-banner';
     this.addClass('dsportal-GuestBanner');
+    this._owner = owner;
     this.node.textContent = `${owner}'s session: you (${me}) are a guest. What you run, runs as ${owner}.`;
     this.node.title = `${owner} shared this session with you and can take it back at any time.`;
+    this._timer = window.setInterval(() => void this._check(), 5000);
   }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+    super.dispose();
+  }
+
+  private async _check(): Promise<void> {
+    const settings = ServerConnection.makeSettings();
+    let status: number;
+    try {
+      status = (await ServerConnection.makeRequest(URLExt.join(settings.baseUrl, 'api/me'), {}, settings)).status;
+    } catch {
+      return;  // the network: JupyterLab says so itself
+    }
+    if (status !== 403 || this.hasClass('dsportal-mod-takenBack')) {
+      return;
+    }
+    window.clearInterval(this._timer);
+    this.addClass('dsportal-mod-takenBack');
+    const words = `${this._owner} has taken back your access to this session. What you typed since then was not saved in it.`;
+    this.node.textContent = words;
+    state.takenBack = true;
+    void showDialog({ title: 'Access taken back', body: words, buttons: [Dialog.okButton({ label: 'OK' })] });
+  }
+
+  private _owner: string;
+  private _timer: number;
 }
 
 /** The owner's panel: share with a person, see who has access and who is connected, take it back. */

@@ -75,9 +75,11 @@ class Guests:
         self.sockets: dict[str, weakref.WeakSet] = {}
         self._logged: dict[tuple, float] = {}
 
-    def visit(self, guest: str, what: str) -> None:
+    def visit(self, guest: str, what: str | None) -> None:
         now = time.monotonic()
         self.seen[guest] = now
+        if what is None:
+            return
         key = (guest, what)
         if now - self._logged.get(key, -VISIT_REPEAT) < VISIT_REPEAT:
             return
@@ -158,7 +160,7 @@ class GuestGate(JupyterHubIdentityProvider):
         book = guests()
         if isinstance(handler, WebSocketHandler):
             book.opened(name, handler)
-        book.visit(name, _visit_words(handler))
+        book.visit(name, _visit_words(handler))  # None: nothing worth a line (JupyterLab's polling)
         return user
 
     async def _refusal(self, handler, name: str) -> str | None:
@@ -175,7 +177,8 @@ class GuestGate(JupyterHubIdentityProvider):
                 return NOT_SHARED.format(owner=owner())
             book.checked[name] = time.monotonic()
         if _owners_page(handler):
-            book.visit(name, f"was refused {handler.request.path}")
+            if not handler.request.path.endswith("/server-proxy/servers-info"):  # JupyterLab asks at each load
+                book.visit(name, f"was refused {handler.request.path}")
             return GUEST_REFUSED.format(owner=owner())
         return None
 
@@ -193,7 +196,7 @@ async def _still_shared(hub_auth, handler) -> bool:
     return bool(model) and bool(hub_auth.check_scopes(hub_auth.access_scopes, model))
 
 
-def _visit_words(handler) -> str:
+def _visit_words(handler) -> str | None:
     path, method = handler.request.path, handler.request.method
     base = handler.base_url
     where = path[len(base):] if path.startswith(base) else path
@@ -204,12 +207,12 @@ def _visit_words(handler) -> str:
             return "opened a document to edit live"
         if where.startswith("terminals/websocket/"):
             return "used a terminal (runs commands as the owner)"
-        return f"connected to {where}"
+        return None
     if where.startswith("api/contents/") and method in ("PUT", "PATCH", "POST", "DELETE"):
         return f"{'deleted' if method == 'DELETE' else 'changed'} {where.removeprefix('api/contents/')}"
     if where.startswith("lab"):
         return "opened JupyterLab"
-    return "used the session"
+    return None
 
 
 def _share_path() -> str:
