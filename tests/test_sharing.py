@@ -101,10 +101,10 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
     assert out[0] == "alice" and int(out[1]) == job, (out, job)
     # ... but not what stays hers, each refused in words.
     for path in ("dsportal/api/jobs", "dsportal/api/slice", "dsportal/api/sharing", "proxy/8888/",
-                 "dsportal/api/walltime/saved"):
+                 "dsportal/api/walltime/saved", "dsportal/api/tensorboards", "dsportal/tensorboard/tb-x/"):
         answer = bob.api("GET", f"{prefix}/{path}")
         assert answer.status_code == 403, (path, answer.status_code, answer.text[:200])
-        if not path.startswith("proxy/"):  # jupyter-server-proxy writes its errors without a body
+        if "proxy/" not in path and "tensorboard/" not in path:  # jupyter-server-proxy's errors have no body
             assert "as a guest in this session" in answer.text, (path, answer.text[:300])
     assert bob.api("POST", SHARING, json={"user": "bob"}).status_code == 403
     assert bob.api("GET", "/hub/api/users/alice/tokens").status_code in (403, 404)
@@ -126,6 +126,13 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
     assert bob.api("GET", f"{prefix}/api/kernels/{kernel}").status_code == 403
     assert alice.api("GET", SHARING).json()["shares"] == []
     assert bob.api("GET", "/hub/api/users/bob/shared").json()["items"] == []
+
+    # A group (ml-lab): bob is in through it; taken back, he is out again.
+    assert alice.api("POST", SHARING, json={"group": "ml-lab"}).status_code == 200
+    assert bob.api("GET", f"{prefix}/api/contents").status_code == 200
+    assert alice.api("DELETE", f"{SHARING}?group=ml-lab").status_code == 200
+    assert bob.api("GET", f"{prefix}/api/contents").status_code == 403
+    assert alice.api("POST", SHARING, json={"group": "intro-dl"}).status_code == 403  # not one of alice's groups
 
     # Shared again, then taken back through the hub's API (not the panel): out within the recheck.
     assert alice.api("POST", SHARING, json={"user": "bob"}).status_code == 200

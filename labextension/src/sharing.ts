@@ -102,9 +102,9 @@ export class SharingPanel extends Widget {
       'and can do what you can. Share only with someone you would hand your keyboard to.';
     const form = element('form', { class: 'dsportal-Sharing-form' });
     this._name.name = 'user';
-    this._name.placeholder = 'user name, e.g. bob';
+    this._name.placeholder = 'a user (bob), or a group (group:ml-lab)';
     this._name.className = 'jp-mod-styled';
-    this._name.maxLength = 32;
+    this._name.maxLength = 40;
     const submit = element('button', { class: 'jp-Button jp-mod-styled jp-mod-accept', text: 'Share' });
     submit.type = 'submit';
     form.append(this._name, submit);
@@ -166,8 +166,9 @@ export class SharingPanel extends Widget {
 
   private async _share(): Promise<void> {
     const name = this._name.value.trim();
+    const target = name.startsWith('group:') ? { group: name.slice('group:'.length) } : { user: name };
     try {
-      const answer = await api<{ message: string }>('POST', 'sharing', { user: name });
+      const answer = await api<{ message: string }>('POST', 'sharing', target);
       this._name.value = '';
       await this.refresh();
       this._say(answer.message, 'ok');

@@ -254,30 +254,54 @@ class SharingHandler(MessageAPIHandler):
         allowed = _within(kind, name, groups)
         if allowed is not None:
             raise web.HTTPError(403, allowed)
-        response = await hubapi.request("POST", _share_path(), {kind: name}, token=self._owners_token())
-        if response.code != 200:
-            message = hubapi.message_of(response)
-            if response.code == 400 and message.startswith("No such user"):
-                raise web.HTTPError(400, f"{name} has not signed in to the portal yet: the portal knows people "
-                                         "once they have signed in. Ask them to sign in once, then share again.")
-            if response.code == 400 and message.startswith("No such group"):
-                raise web.HTTPError(400, f"Nobody of {name} has signed in to the portal yet.")
-            raise web.HTTPError(403 if response.code == 403 else 502, f"The hub refused the share: {message}")
-        self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "no" about the guest, forgotten now
+        token = self._owners_token()
+        if kind == "user":
+            await self._share_with(name, token)
+            message = f"Shared with {name}. They find it on their home page, under Shared with you, until you take it back."
+        else:
+            # A group's members, each by name: JupyterHub 6.1 lets a group's members in with their browser's
+            # token only through shares of their own (scopes.get_scopes_for reads a token's owner's shares,
+            # not her groups'; proposed upstream).
+            shared, absent = [], []
+            for member in _members(name):
+                try:
+                    await self._share_with(member, token)
+                    shared.append(member)
+                except _NotSignedIn:
+                    absent.append(member)
+            if not shared:
+                raise web.HTTPError(400, f"Nobody of {name} but you has signed in to the portal yet.")
+            message = f"Shared with {', '.join(shared)} ({name})."
+            if absent:
+                message += f" Not yet with {', '.join(absent)}: share again once they have signed in."
+        self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "no" about a guest, forgotten now
         self.log.info("dsportal: %s shared this session with %s %s", owner(), kind, name)
-        self.finish(json.dumps({"message": f"Shared with {name}. They find it on their home page, under "
-                                           "Shared with you, until you take it back."}))
+        self.finish(json.dumps({"message": message}))
+
+    async def _share_with(self, user: str, token: str) -> None:
+        response = await hubapi.request("POST", _share_path(), {"user": user}, token=token)
+        if response.code == 200:
+            return
+        message = hubapi.message_of(response)
+        if response.code == 400 and message.startswith("No such user"):
+            raise _NotSignedIn(400, f"{user} has not signed in to the portal yet: the portal knows people once "
+                                    "they have signed in. Ask them to sign in once, then share again.")
+        raise web.HTTPError(403 if response.code == 403 else 502, f"The hub refused the share: {message}")
 
     @web.authenticated
     async def delete(self):
         kind, name = self._target({k: self.get_query_argument(k) for k in ("user", "group")
                                    if self.get_query_argument(k, None) is not None})
-        response = await hubapi.request("PATCH", _share_path(), {kind: name}, token=self._owners_token())
-        if response.code != 200:
-            raise web.HTTPError(502, f"The hub did not take the share back: {hubapi.message_of(response)}")
-        self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "yes" about the guest, forgotten now
-        closed = guests().take_back(name if kind == "user" else None)
-        self.log.info("dsportal: %s took back %s %s's access (%d connections closed)", owner(), kind, name, closed)
+        token = self._owners_token()
+        if kind == "group":  # a share with the group itself (made through the hub's API), then its members'
+            await hubapi.request("PATCH", _share_path(), {"group": name}, token=token)
+        for user in [name] if kind == "user" else _members(name):
+            response = await hubapi.request("PATCH", _share_path(), {"user": user}, token=token)
+            if response.code != 200:
+                raise web.HTTPError(502, f"The hub did not take {user}'s share back: {hubapi.message_of(response)}")
+            self.identity_provider.hub_auth.cache.clear()  # the hub's earlier "yes" about the guest, forgotten now
+            guests().take_back(user)
+        self.log.info("dsportal: %s took back %s %s's access", owner(), kind, name)
         self.finish(json.dumps({"message": f"{name} no longer has access to this session."}))
 
     def _owners_token(self) -> str:
@@ -297,6 +321,21 @@ class SharingHandler(MessageAPIHandler):
             shown = name[:40] + "..." if isinstance(name, str) and len(name) > 40 else name
             raise web.HTTPError(400, f"{shown!r} is not a user or group name of this cluster.")
         return kind, name
+
+
+class _NotSignedIn(web.HTTPError):
+    """The hub knows no such user: she has never signed in."""
+
+
+def _members(group: str) -> list[str]:
+    """A Unix group's members, but the session's owner."""
+    import grp
+
+    try:
+        members = grp.getgrnam(group).gr_mem
+    except KeyError:
+        return []
+    return sorted(set(members) - {owner()})
 
 
 _NOT_SHAREABLE = ("This session cannot be shared: your admin allows sharing only within some groups "
