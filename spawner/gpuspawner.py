@@ -237,10 +237,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             env[sessionvars.IDLE_LIMIT] = str(limit)
         if self.launch_policy_json:
             env[sessionvars.LAUNCH_POLICY] = self.launch_policy_json
-        if self.sharing_groups:
-            from portal.hub.sharing import groups_of  # the hub's; a spawner without sharing never loads it
-
-            if groups := groups_of(self.user, self.sharing_groups):
+        if self.sharing_groups:  # the sharing groups the hub put her in at her login (portal.hub.sharing)
+            wanted = set(self.sharing_groups)
+            if groups := sorted(g.name for g in getattr(self.user, "groups", ()) if g.name in wanted):
                 env[sessionvars.SHARING] = json.dumps({"groups": groups}, separators=(",", ":"))
         if self.templates.get("sources"):
             env[sessionvars.TEMPLATES] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()

@@ -32,12 +32,6 @@ def roles(groups: list[str]) -> list[dict]:
              "groups": [group]} for group in groups]
 
 
-def groups_of(user, sharing_groups) -> list[str]:
-    """The sharing groups the hub's user is in (set by the authenticator at her login)."""
-    wanted = set(sharing_groups)
-    return sorted(g.name for g in getattr(user, "groups", ()) if g.name in wanted)
-
-
 def configure(c, settings) -> None:
     groups = list(settings.sharing.groups)
     if not groups:
