@@ -178,7 +178,7 @@ def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> Sess
 
 
 # ------------------------------------------------------------------------------ a spawn request
-OPTIONS = ("profile", "gpus", "walltime", "mail")
+OPTIONS = ("profile", "gpus", "walltime", "mail", "shared")
 # A plain address: it lands on an #SBATCH line (--mail-user) and on the mail program's command line,
 # so it starts with a letter or digit (never an option like -oQ).
 PLAIN_MAIL_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
@@ -199,6 +199,7 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
     if "gpus" in options and options["gpus"] is None:
         raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
     wants_mail(options)
+    wants_sharing(options)
     name = options.get("profile") or default_profile
     by_name = {p.name: p for p in profiles}
     if name not in by_name:
@@ -215,6 +216,15 @@ def wants_mail(options: dict) -> bool:
     asked = options.get("mail", False)
     if not isinstance(asked, bool):
         raise RequestError(f"mail must be true or false (an e-mail when the session starts), not {described(asked)}")
+    return asked
+
+
+def wants_sharing(options: dict) -> bool:
+    """Whether the session is started shareable (option ``shared``: true/false): its owner may share it
+    with colleagues, and it loads live co-editing (portal.session.sharing)."""
+    asked = options.get("shared", False)
+    if not isinstance(asked, bool):
+        raise RequestError(f"shared must be true or false (a session you may share with colleagues), not {described(asked)}")
     return asked
 
 

@@ -8,7 +8,7 @@ from portal.settings import shown
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:
     """The chosen profile's own fields (each profile has its own 'gpus.NAME' and 'walltime.NAME'), and
-    the e-mail checkbox ('mail') shared by all profiles. Every field sent is measured first, those of
+    the e-mail and sharing checkboxes ('mail', 'shared') shared by all profiles. Every field sent is measured first, those of
     the other profiles too (RequestError names the field)."""
     for key, values in formdata.items():
         for value in values:
@@ -19,8 +19,9 @@ def options_from_form(formdata: dict[str, list[str]]) -> dict:
         values = formdata.get(f"{key}.{profile}")
         if values:
             options[key] = values[0].strip()
-    mail = formdata.get("mail")
-    if mail:
-        # A ticked checkbox sends "on"; anything else goes on as sent, for the rules to refuse in words.
-        options["mail"] = True if mail[0] == "on" else mail[0]
+    for box in ("mail", "shared"):
+        ticked = formdata.get(box)
+        if ticked:
+            # A ticked checkbox sends "on"; anything else goes on as sent, for the rules to refuse in words.
+            options[box] = True if ticked[0] == "on" else ticked[0]
     return options

@@ -237,9 +237,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             env[sessionvars.IDLE_LIMIT] = str(limit)
         if self.launch_policy_json:
             env[sessionvars.LAUNCH_POLICY] = self.launch_policy_json
-        if self.sharing_groups:  # the sharing groups the hub put her in at her login (portal.hub.sharing)
-            wanted = set(self.sharing_groups)
-            if groups := sorted(g.name for g in getattr(self.user, "groups", ()) if g.name in wanted):
+        if self.sharing_groups and (self.user_options or {}).get("shared") is True:  # started shareable
+            # the sharing groups she is a Unix member of now (portal.hub.sharing)
+            if groups := sorted(unix_groups(self.user.name) & set(self.sharing_groups)):
                 env[sessionvars.SHARING] = json.dumps({"groups": groups}, separators=(",", ":"))
         if self.templates.get("sources"):
             env[sessionvars.TEMPLATES] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()

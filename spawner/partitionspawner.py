@@ -34,6 +34,7 @@ from portal.rules import (
     slice_for,
     unix_groups,
     wants_mail,
+    wants_sharing,
 )
 from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
 from portal.templating import render
@@ -41,6 +42,10 @@ from portal.templating import render
 from . import certs, mailaddress, metrics
 from .form import options_from_form
 from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about
+
+# What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
+# them with each holder's rights: only the owner's carry them).
+SHARING_SCOPES = ("shares!server", "read:users:name", "read:groups:name")
 
 
 class PartitionSpawner(WrapSpawner):
@@ -50,6 +55,9 @@ class PartitionSpawner(WrapSpawner):
     ldap = Dict(help="The portal's LDAP settings (portal.settings.LdapSettings fields): where the user's e-mail "
                 "address (her entry's `mail`) is read for Slurm's mail when her session starts. Empty: no e-mail.").tag(
         config=True)
+
+    sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the browser tokens of a session whose "
+                          "owner is in one of them may manage its shares (portal.hub.sharing).").tag(config=True)
 
     child_profile = Unicode()
     session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")
@@ -63,6 +71,14 @@ class PartitionSpawner(WrapSpawner):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.created_at = time.monotonic()
+
+    @default("oauth_client_allowed_scopes")
+    def _sharing_scopes(self):
+        """The session's shares (and the names to share with), for the tokens of a session whose owner may
+        share; JupyterHub's default (access to it alone) for anyone else's."""
+        if self.sharing_groups and unix_groups(self.user.name) & set(self.sharing_groups):
+            return list(SHARING_SCOPES)
+        return []
 
     @default("boot_timeout")
     def _configured_start_timeout(self):
@@ -90,8 +106,13 @@ class PartitionSpawner(WrapSpawner):
 
     def validated_slice(self, options: dict) -> SessionSlice:
         try:
-            return parse_options(options or {}, self.profile_models(), unix_groups(self.user.name),
-                                 self.default_profile or self.profile_models()[0].name)
+            groups = unix_groups(self.user.name)
+            chosen = parse_options(options or {}, self.profile_models(), groups,
+                                   self.default_profile or self.profile_models()[0].name)
+            if wants_sharing(options or {}) and not groups & set(self.sharing_groups):
+                raise RequestError("you may not share sessions: your admin allows sharing only within "
+                                   f"{', '.join(self.sharing_groups) or 'no group'}; start it without sharing")
+            return chosen
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
 
@@ -179,8 +200,9 @@ class PartitionSpawner(WrapSpawner):
         last = self.last_choice()
         if last and any(r["profile"].name == last["profile"] for r in rows):
             default = last["profile"]
+        sharing = sorted(unix_groups(self.user.name) & set(self.sharing_groups))
         return render("spawn_form.html.j2", rows=rows, default=default, mail=await mail, last=last,
-                      building=self._images_being_built())
+                      building=self._images_being_built(), sharing=sharing)
 
     def _images_being_built(self) -> list[tuple[str, str]]:
         """(display name, "being built, about N min") of the catalog's images a builder is making now
@@ -209,7 +231,7 @@ class PartitionSpawner(WrapSpawner):
             return {}
         gpus = f"1/{chosen.profile.gpu_shares}" if chosen.shares else chosen.gpus
         return {"profile": chosen.profile.name, "gpus": gpus, "walltime": chosen.walltime,
-                "mail": options.get("mail") is True}
+                "mail": options.get("mail") is True, "shared": options.get("shared") is True}
 
     @default("options_form")
     def _options_form_default(self):

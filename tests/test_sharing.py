@@ -15,6 +15,7 @@ from conftest import CONFIG as REPO_CONFIG
 from hubclient import HubUser, receive
 from portal.hub import sharing as hub_sharing
 from portal.settings import SettingsError, load
+from spawner.partitionspawner import SHARING_SCOPES
 
 TRAIN = "train"
 SHARING = f"/user/alice/{TRAIN}/dsportal/api/sharing"
@@ -48,7 +49,7 @@ def test_the_hub_lets_members_share_within_their_groups_only(tmp_path):
                       "scopes": ["shares!user", "read:users:name!group=ml-lab", "read:groups:name!group=ml-lab"],
                       "groups": ["ml-lab"]}]
 
-    assert hub_sharing.OAUTH_SCOPES == ["shares!server", "read:users:name", "read:groups:name"]
+    assert SHARING_SCOPES == ("shares!server", "read:users:name", "read:groups:name")
     text = (REPO_CONFIG.read_text() + "\n").replace("sharing:\n  groups: [ml-lab, intro-dl]", "sharing:\n  groups: [Not A Group]")
     bad = tmp_path / "portal.yaml"
     bad.write_text(text)
@@ -58,7 +59,7 @@ def test_the_hub_lets_members_share_within_their_groups_only(tmp_path):
 
 @pytest.fixture
 def train(alice):
-    alice.spawn({"profile": "cpu"}, server=TRAIN)
+    alice.spawn({"profile": "cpu", "shared": True}, server=TRAIN)  # started shareable (the form's checkbox)
     yield alice
     alice.api("PATCH", f"/hub/api/shares/alice/{TRAIN}", json={"user": "bob"})
     alice.stop_server(server=TRAIN)
@@ -145,13 +146,27 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
     assert bob.api("GET", f"{prefix}/api/contents").status_code == 403
 
 
-def test_a_session_of_someone_outside_the_sharing_groups_is_not_shareable(admin):
-    """dave is in no sharing group: his session cannot be shared, and says so."""
+def test_only_a_session_started_shareable_by_a_member_of_the_groups_is_shareable(admin, alice):
+    """alice's sessions are shareable only when she asks at the start; dave is in no sharing group: he
+    cannot ask, and his sessions cannot be shared, and say so."""
+    # The form offers the box to members of a sharing group only.
+    assert 'name="shared"' in alice.web.get(f"{alice.base}/hub/spawn").text
+    assert 'name="shared"' not in admin.web.get(f"{admin.base}/hub/spawn").text
+    alice.spawn({"profile": "cpu"})  # not asked: no co-editing, no Share panel, no guests
+    assert alice.api("GET", "/user/alice/dsportal/api/sharing?brief=1").json() == {"shareable": False}
+    refused = alice.api("POST", "/user/alice/dsportal/api/sharing", json={"user": "bob"})
+    assert refused.status_code == 400 and "cannot be shared" in refused.json()["message"]
+    alice.stop_server()
+    for wrong in ("yes", 1, None):
+        answer = alice.start_server({"profile": "cpu", "shared": wrong}, server="wrong")
+        assert answer.status_code == 400 and "shared must be true or false" in answer.text, answer.text
     dave = admin
+    answer = dave.start_server({"profile": "cpu", "shared": True})
+    assert answer.status_code == 400 and "you may not share sessions" in answer.text, answer.text
     try:
         dave.spawn({"profile": "cpu"})
         answer = dave.api("GET", "/user/dave/dsportal/api/sharing").json()
-        assert answer["shareable"] is False and "you are in none of them" in answer["message"]
+        assert answer["shareable"] is False and "cannot be shared" in answer["message"]
         refused = dave.api("POST", "/user/dave/dsportal/api/sharing", json={"user": "bob"})
         assert refused.status_code == 400 and "cannot be shared" in refused.json()["message"]
     finally:

@@ -58,8 +58,7 @@ def test_what_a_profile_leaves_out_is_switched_off_by_jupyters_own_settings(tmp_
         {"ServerApp": {"terminals_enabled": True, "jpserver_extensions": off}}
     shared = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)), shareable=True)
     assert json.loads((shared / "jupyter_server_config.json").read_text()) == {
-        "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True)},
-        "HubOAuth": {"cache_max_age": 10}}
+        "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True)}}
     assert json.loads((shared / "labconfig" / "page_config.json").read_text()) == {"disabledExtensions": {}}
     assert session_tools.sharing_groups({"DSPORTAL_SHARING": '{"groups": ["ml-lab", "Bad Name", 3]}'}) == ["ml-lab"]
     assert session_tools.sharing_groups({"DSPORTAL_SHARING": "{nope"}) == session_tools.sharing_groups({}) == []

@@ -99,6 +99,8 @@ def shared_with(user) -> list[SharedRow]:
     users = getattr(user, "settings", {}).get("users")
     rows = {}
     for share in shares:
+        if share.user is None:  # a group's share: JupyterHub 6.1 lets its members in by their own shares only
+            continue
         spawner = share.spawner
         owner = spawner.user if spawner is not None else None
         if owner is None or owner.name == user.name or users is None:

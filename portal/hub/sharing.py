@@ -7,11 +7,12 @@ by roles so that the hub itself refuses a share outside what the admin allows.
   her own sessions) and the names of G's members and of G (``read:users:name!group=G``,
   ``read:groups:name!group=G``). JupyterHub's share handler asks for ``read:users:name!user=<guest>``
   (or the group's), so she can share with members of a group she is in, and with nobody else.
-- The tokens a session's OAuth client gives its visitors (``Spawner.oauth_client_allowed_scopes``) may
-  carry ``shares!server`` (that session's shares) and the names: the Share panel (portal.session.sharing)
-  grants and takes back that one session's shares with the owner's own browser token. JupyterHub
-  intersects each token's scopes with its holder's rights, so a guest's token never carries them, and
-  the session's own token (which its kernels can read) gets nothing new.
+- The tokens the OAuth client of a session whose owner may share gives its visitors
+  (``oauth_client_allowed_scopes``: PartitionSpawner) may carry ``shares!server`` (that session's
+  shares) and the names: the Share panel (portal.session.sharing) grants and takes back that one
+  session's shares with the owner's own browser token. JupyterHub intersects each token's scopes with
+  its holder's rights, so a guest's token never carries them, and the session's own token (which its
+  kernels can read) gets nothing new.
 
 The guest gets ``access:servers!server=<owner>/<session>``: the session's server lets her in, and
 dsportal's session code keeps its owner-only pages (jobs, TensorBoards, the share panel, proxies) hers.
@@ -20,8 +21,6 @@ dsportal's session code keeps its owner-only pages (jobs, TensorBoards, the shar
 from __future__ import annotations
 
 ROLE_PREFIX = "dsportal-share-in-"
-# What a session's visitors' tokens may carry besides access to it: its shares, and the names to share with.
-OAUTH_SCOPES = ["shares!server", "read:users:name", "read:groups:name"]
 
 
 def roles(groups: list[str]) -> list[dict]:
@@ -39,7 +38,7 @@ def configure(c, settings) -> None:
     c.Authenticator.manage_groups = True
     c.PortalAuthenticator.sharing_groups = groups
     c.JupyterHub.load_roles = roles(groups)
-    c.Spawner.oauth_client_allowed_scopes = list(OAUTH_SCOPES)
+    c.PartitionSpawner.sharing_groups = groups
     c.SlurmGPUSpawner.sharing_groups = groups
     # The home page's "Shared with you", read when a page shows it (home.html only), not at every page.
     c.JupyterHub.template_vars = {**c.JupyterHub.template_vars, "shared_with_me": lambda user: _Lazy(user)}

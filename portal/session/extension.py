@@ -34,6 +34,7 @@ from . import (
 
 
 def _load_jupyter_server_extension(server_app):
+    sharing.install_gate(server_app)  # first: whatever fails below, no guest passes unjudged
     web_app = server_app.web_app
     base = web_app.settings["base_url"]
     routes = [
@@ -58,7 +59,6 @@ def _load_jupyter_server_extension(server_app):
     routes += gauges.setup(server_app)
     routes += sharing.routes()
     web_app.add_handlers(".*$", [(url_path_join(base, pattern), *rest) for pattern, *rest in routes])
-    sharing.install_gate(server_app)
     portguard.install(web_app, base, server_app.log)
     server_app.log.info("dsportal: job launcher at %s", url_path_join(base, "dsportal/api"))
 

@@ -4,7 +4,8 @@ portal.hub.sharing).
 The session's owner is JUPYTERHUB_USER; a guest is anyone else the hub lets in (JupyterHub's sharing:
 ``access:servers!server=<owner>/<session>``). A guest reads and changes the owner's files and runs code
 as her, inside her job, until she takes the share back; that is what sharing means, and the Share
-panel says so. Everything else stays the owner's.
+panel says so. The share itself reaches this session only, and in it not the owner's own pages; code
+the guest runs as her can of course do what she can (the security model says so).
 
 :class:`GuestGate` is the session's identity provider (JupyterHub's own, subclassed; put in place by
 :func:`install_gate`), so it judges every request of every handler, websockets included, before the
@@ -30,6 +31,7 @@ A session is shareable only when the hub says so; only then does it load live co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -52,7 +54,8 @@ CONNECTED_FOR = 60  # seconds: a guest whose last request is this recent counts 
 VISITS_SHOWN = 50
 NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 GUEST_REFUSED = ("This is {owner}'s own page: as a guest in this session you can use its notebooks, "
-                 "files, kernels and terminal, not {owner}'s jobs, TensorBoards, VS Code, sharing or walltime.")
+                 "files, kernels and terminal, not its Jobs panel, TensorBoards, VS Code, sharing or walltime pages.")
+LOG_MOST = 1 << 20  # bytes: the visits log is rotated (one old copy, .1) past this
 NOT_SHARED = "This session of {owner}'s is not shared with you."
 
 
@@ -71,6 +74,8 @@ class Guests:
     def __init__(self, log_path: Path):
         self.log_path = log_path
         self.checked: dict[str, float] = {}  # guest -> when the hub last confirmed her access
+        self.generation: dict[str, int] = {}  # guest -> how often her access was taken back
+        self.tokens: dict[str, str] = {}  # guest -> the token of her latest websocket, for its rechecks
         self.seen: dict[str, float] = {}
         self.sockets: dict[str, weakref.WeakSet] = {}
         self._logged: dict[tuple, float] = {}
@@ -80,6 +85,8 @@ class Guests:
         self.seen[guest] = now
         if what is None:
             return
+        if len(self._logged) > 1000:  # what was logged long enough ago may be logged again
+            self._logged = {k: t for k, t in self._logged.items() if now - t < VISIT_REPEAT}
         key = (guest, what)
         if now - self._logged.get(key, -VISIT_REPEAT) < VISIT_REPEAT:
             return
@@ -87,14 +94,18 @@ class Guests:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self.log_path.exists() and self.log_path.stat().st_size > LOG_MOST:
+                self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
             with open(self.log_path, "a", encoding="utf-8") as log:
-                log.write(f"{stamp} {guest} {what}\n")
+                log.write(f"{stamp} {guest} {what[:200]}\n")
         except OSError:
             pass  # a full home: the visit is still judged, just not written down
 
     def visits(self) -> list[str]:
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-VISITS_SHOWN:]
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 32 * 1024))
+                return log.read().decode(errors="replace").splitlines()[-VISITS_SHOWN:]
         except OSError:
             return []
 
@@ -103,8 +114,9 @@ class Guests:
         return sorted(g for g in set(self.seen) | set(self.sockets)
                       if now - self.seen.get(g, -CONNECTED_FOR) < CONNECTED_FOR or len(self.sockets.get(g, ())) > 0)
 
-    def opened(self, guest: str, socket: WebSocketHandler) -> None:
+    def opened(self, guest: str, socket: WebSocketHandler, token: str) -> None:
         self.sockets.setdefault(guest, weakref.WeakSet()).add(socket)
+        self.tokens[guest] = token
 
     def take_back(self, guest: str | None) -> int:
         """The hub took ``guest``'s share back (None: a group's, so every guest): her next request asks
@@ -113,6 +125,8 @@ class Guests:
         for name in names:
             self.checked.pop(name, None)
             self.seen.pop(name, None)
+            self.tokens.pop(name, None)
+            self.generation[name] = self.generation.get(name, 0) + 1
         if guest is None:
             self.checked.clear()
         closed = 0
@@ -156,10 +170,13 @@ class GuestGate(JupyterHubIdentityProvider):
         if why:
             handler.log.warning("dsportal: %s refused %s %s: %s", name, handler.request.method, handler.request.path, why)
             handler._jupyterhub_user = None
+            # The error page asks who is logged in: nobody (as jupyter_server itself does before its own 403).
+            handler.current_user = handler._jupyter_current_user = None
             raise web.HTTPError(403, why)
         book = guests()
         if isinstance(handler, WebSocketHandler):
-            book.opened(name, handler)
+            book.opened(name, handler, self.hub_auth.get_token(handler) or "")
+            _recheck_sockets(self)
         book.visit(name, _visit_words(handler))  # None: nothing worth a line (JupyterLab's polling)
         return user
 
@@ -169,24 +186,59 @@ class GuestGate(JupyterHubIdentityProvider):
             return NOT_SHARED.format(owner=owner())
         book = guests()
         if time.monotonic() - book.checked.get(name, -GUEST_RECHECK) >= GUEST_RECHECK:
-            if not unix_groups(name) & set(groups):
-                return (f"{owner()} may share this session only with members of {', '.join(groups)}; "
-                        f"{name} is not one.")
-            if not await _still_shared(self.hub_auth, handler):
+            generation = book.generation.get(name, 0)
+            why = await _still_allowed(self.hub_auth, name, groups, self.hub_auth.get_token(handler))
+            if why:
                 book.take_back(name)
-                return NOT_SHARED.format(owner=owner())
-            book.checked[name] = time.monotonic()
+                return why
+            if book.generation.get(name, 0) == generation:  # not taken back while the hub answered
+                book.checked[name] = time.monotonic()
         if _owners_page(handler):
-            if not handler.request.path.endswith("/server-proxy/servers-info"):  # JupyterLab asks at each load
-                book.visit(name, f"was refused {handler.request.path}")
+            where = handler.request.path.removeprefix(handler.base_url)
+            if where != "server-proxy/servers-info":  # JupyterLab asks at each load
+                book.visit(name, f"was refused the owner's page {'/'.join(where.split('/')[:2])[:60]}")
             return GUEST_REFUSED.format(owner=owner())
         return None
 
 
-async def _still_shared(hub_auth, handler) -> bool:
+async def _still_allowed(hub_auth, name: str, groups: list[str], token: str | None) -> str | None:
+    """None while the guest may be in: a Unix member of one of the owner's sharing groups, and the hub
+    still says her token reaches this session; else why not."""
+    mine = await asyncio.get_running_loop().run_in_executor(None, unix_groups, name)  # NSS: maybe LDAP
+    if not mine & set(groups):
+        return f"{owner()} may share this session only with members of {', '.join(groups)}; {name} is not one."
+    if not await _still_shared(hub_auth, token):
+        return NOT_SHARED.format(owner=owner())
+    return None
+
+
+_RECHECKING: list = []
+
+
+def _recheck_sockets(gate) -> None:
+    """While guests have websockets open, their access is asked again every GUEST_RECHECK seconds: a share
+    taken back at the hub (or a guest who left the groups) closes them too, not only new requests."""
+    if _RECHECKING:
+        return
+    from tornado.ioloop import PeriodicCallback
+
+    async def recheck():
+        book, groups = guests(), sharing_groups()
+        for name in [n for n, s in book.sockets.items() if len(s)]:
+            generation = book.generation.get(name, 0)
+            why = await _still_allowed(gate.hub_auth, name, groups, book.tokens.get(name)) if groups else "not shareable"
+            if why and book.generation.get(name, 0) == generation:
+                gate.log.warning("dsportal: %s's open connections to this session closed: %s", name, why)
+                book.take_back(name)
+
+    callback = PeriodicCallback(recheck, GUEST_RECHECK * 1000)
+    callback.start()
+    _RECHECKING.append(callback)
+
+
+async def _still_shared(hub_auth, token: str | None) -> bool:
     """The hub's word, now, on the guest's token: does it still reach this session? (Not answering:
     not this time; the next request asks again.)"""
-    token = hub_auth.get_token(handler)
     if not token:
         return False
     try:
@@ -233,7 +285,7 @@ class SharingHandler(MessageAPIHandler):
             self.finish(json.dumps({"shareable": False, "groups": [], "shares": [], "connected": [], "visits": [],
                                     "message": _NOT_SHAREABLE}))
             return
-        response = await hubapi.request("GET", _share_path(), token=self._owners_token())
+        response = await hubapi.request("GET", _share_path() + "?limit=200", token=self._owners_token())
         if response.code != 200:
             raise web.HTTPError(502, f"The hub did not list this session's shares: {hubapi.message_of(response)}")
         items = json.loads(response.body or b"{}").get("items", [])
@@ -338,8 +390,8 @@ def _members(group: str) -> list[str]:
     return sorted(set(members) - {owner()})
 
 
-_NOT_SHAREABLE = ("This session cannot be shared: your admin allows sharing only within some groups "
-                  "(portal.yaml sharing.groups), and you are in none of them.")
+_NOT_SHAREABLE = ("This session cannot be shared: it was not started with \"Let me share this session with a "
+                  "colleague\" ticked (the form shows that box where your admin allows you to share).")
 
 
 def _within(kind: str, name: str, groups: list[str]) -> str | None:

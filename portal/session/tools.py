@@ -128,12 +128,7 @@ def write_config(folder: Path, tools: Tools, shareable: bool = False) -> Path:
     if not tools.offers("git"):
         server["jpserver_extensions"].update(dict.fromkeys(GIT_SERVER_EXTENSIONS, False))
     server["jpserver_extensions"].update(dict.fromkeys(COLLABORATION_SERVER_EXTENSIONS, shareable))
-    whole = {"ServerApp": server}
-    if shareable:
-        # JupyterHub's cache of who a request's token is: as long as a guest's access is taken as standing
-        # (portal.session.sharing.GuestGate asks the hub again about a guest this often as well).
-        whole["HubOAuth"] = {"cache_max_age": GUEST_RECHECK}
-    write_whole(config / "jupyter_server_config.json", json.dumps(whole, indent=1))
+    write_whole(config / "jupyter_server_config.json", json.dumps({"ServerApp": server}, indent=1))
     disabled = {} if tools.offers("git") else dict.fromkeys(GIT_LAB_EXTENSIONS, True)
     if not shareable:
         disabled.update(dict.fromkeys(COLLABORATION_LAB_EXTENSIONS, True))
