@@ -132,7 +132,7 @@ def refused(result: dict) -> bool:
 
 
 def test_a_page_of_alices_server_in_bobs_browser_cannot_use_bobs_login(alice, bob, admin):
-    alice.spawn({"profile": "cpu"})
+    alice.spawn({"profile": "cpu", "shared": True})  # a session she may share (bob is in her sharing group)
     bob.spawn({"profile": "cpu"})
     secret = f"bob-secret-{uuid.uuid4().hex[:8]}"
     bob.api("PUT", f"/user/bob/api/contents/{secret}.txt",
