@@ -244,6 +244,10 @@ def test_in_two_browsers_alice_shares_train_with_bob_they_edit_live_and_she_take
         b.keyboard.type("print(getpass.getuser(), os.environ['SLURM_JOB_ID'])  # bob too")
         a.wait_for_function("[...document.querySelectorAll('.jp-Cell .cm-content')].some(e => e.textContent.includes('bob too'))",
                             timeout=30_000)
+        # Each sees the other's cursor, with the other's name (jupyter-collaboration's awareness).
+        for page, other in ((a, "bob"), (b, "alice")):
+            page.locator(".jp-CollaboratorHeader", has_text=other).wait_for(state="attached", timeout=30_000)
+            page.locator(".jp-Notebook .jp-remote-cursor").first.wait_for(state="attached", timeout=30_000)
         # bob runs the cell: it runs in alice's job, as alice.
         b.keyboard.press("Control+Enter")
         b.locator(".jp-OutputArea-output", has_text=f"alice {job}").wait_for(timeout=90_000)
