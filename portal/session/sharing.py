@@ -118,23 +118,17 @@ class Guests:
         self.sockets.setdefault(guest, weakref.WeakSet()).add(socket)
         self.tokens[guest] = token
 
-    def take_back(self, guest: str | None) -> int:
-        """The hub took ``guest``'s share back (None: a group's, so every guest): her next request asks
-        the hub again, and her websockets are closed now. How many were closed."""
-        names = [guest] if guest else list(self.sockets)
-        for name in names:
-            self.checked.pop(name, None)
-            self.seen.pop(name, None)
-            self.tokens.pop(name, None)
-            self.generation[name] = self.generation.get(name, 0) + 1
-        if guest is None:
-            self.checked.clear()
-        closed = 0
-        for name in names:
-            for socket in list(self.sockets.pop(name, ())):
-                socket.close(4403, "Your access to this session was taken back by its owner.")
-                closed += 1
-        return closed
+    def take_back(self, guest: str) -> int:
+        """The hub took ``guest``'s share back: her next request asks the hub again, and her websockets
+        are closed now. How many were closed."""
+        self.checked.pop(guest, None)
+        self.seen.pop(guest, None)
+        self.tokens.pop(guest, None)
+        self.generation[guest] = self.generation.get(guest, 0) + 1
+        sockets = list(self.sockets.pop(guest, ()))
+        for socket in sockets:
+            socket.close(4403, "Your access to this session was taken back by its owner.")
+        return len(sockets)
 
 
 _GUESTS: Guests | None = None
@@ -396,8 +390,6 @@ _NOT_SHAREABLE = ("This session cannot be shared: it was not started with \"Let 
 
 def _within(kind: str, name: str, groups: list[str]) -> str | None:
     """None where the admin's groups allow sharing with ``name``; else why not, in words (the hub checks too)."""
-    from ..rules import unix_groups
-
     if kind == "group":
         return None if name in groups else (f"You can share only within {', '.join(groups)}; "
                                             f"{name} is not one of these groups.")
