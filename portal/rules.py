@@ -33,6 +33,7 @@ from .settings import (
     Profile,
     described,
     format_walltime,
+    json_kind,
     parse_memory_mb,
     parse_walltime,
     shown,
@@ -42,6 +43,22 @@ from .settings import (
 
 class RequestError(ValueError):
     """A request the rules do not allow; the message is meant for the user."""
+
+
+MOST_EXTENSION_MINUTES = 24 * 60  # one request for more walltime; the profile's max_walltime caps the total
+
+
+def extension_minutes(body) -> int:
+    """The minutes of a request for more walltime, ``{"minutes": N, ...}`` (portal.hub.extend and the
+    session's ExtendHandler judge it alike), or RequestError in words."""
+    minutes = body.get("minutes") if isinstance(body, dict) else None
+    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MOST_EXTENSION_MINUTES:
+        given = (json_kind(body) if not isinstance(body, dict) else json_kind(minutes) if "minutes" in body
+                 else "an object without 'minutes'")
+        if isinstance(minutes, int) and not isinstance(minutes, bool) and abs(minutes) < 10**9:
+            given = str(minutes)
+        raise RequestError(f"expected {{'minutes': <1-{MOST_EXTENSION_MINUTES}>}}, not {given}")
+    return minutes
 
 
 # ------------------------------------------------------------------------------ how long a field may be

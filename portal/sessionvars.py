@@ -15,6 +15,7 @@ TOOLS = "DSPORTAL_TOOLS"  # JSON: what the profile offers besides notebooks (por
 TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
 SHARING = "DSPORTAL_SHARING"  # JSON: the sharing groups of the session's owner (portal.session.sharing); absent: not shareable
 REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start; its port report waits as long
+SERVICE_URL = "DSPORTAL_SERVICE_URL"  # dsportal's JupyterHub service (more walltime: portal.hub.extend)
 
 # Set by the session's batch script (templates/session.sbatch.j2).
 KERNEL_CATALOG = "DSPORTAL_KERNEL_CATALOG"  # JSON: the profile's images and data mounts, for kernelspecs

@@ -185,6 +185,11 @@ class HubSettings(_Model):
     proxy_api_url: str = Field(
         "http://127.0.0.1:8001", description="configurable-http-proxy's REST API (local only)."
     )
+    service_port: int | None = Field(
+        None, ge=1, le=65535, description="Port of dsportal's JupyterHub service (more walltime for a running "
+        "session, portal/hub/extend.py), on hub_bind_url's host; the hub starts and stops it. Sessions reach it at "
+        "hub_connect_url's host (or hub_bind_url's), as they reach the hub. With internal_ssl the hub and its proxy "
+        "reach it at 127.0.0.1, the next port. Empty: the hub API's port + 1.")
     subdomain_host: str | None = Field(
         None, description="Each user's server on a web origin of its own (JupyterHub's subdomain_host): the "
         "hub's public scheme://host[:port], e.g. https://hub.example.org; alice's server is then "
@@ -275,6 +280,21 @@ class HubSettings(_Model):
         if self.db_password_file and not self.db_password_file.is_absolute():
             raise ValueError(f"db_password_file {str(self.db_password_file)!r} must be an absolute path")
         return self
+
+    @model_validator(mode="after")
+    def _service_port(self) -> HubSettings:
+        if self.service_port is None:
+            self.service_port = (urlparse(self.hub_bind_url).port or 8081) + 1
+        return self
+
+    def service_urls(self) -> tuple[str, str]:
+        """(where JupyterHub and its proxy reach dsportal's service, where sessions reach it): see
+        portal/hub/extend.py. With internal_ssl the hub's side is 127.0.0.1 at service_port + 1."""
+        host = urlparse(self.hub_bind_url).hostname or "127.0.0.1"
+        connect = urlparse(self.hub_connect_url or self.hub_bind_url).hostname or host
+        sessions = f"{'https' if self.internal_ssl else 'http'}://{connect}:{self.service_port}"
+        hub_side = f"http://127.0.0.1:{self.service_port + 1}" if self.internal_ssl else f"http://{host}:{self.service_port}"
+        return hub_side, sessions
 
     @field_validator("subdomain_host")
     @classmethod

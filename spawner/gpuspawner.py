@@ -60,6 +60,30 @@ class Extension:
     time_limit_s: int = 0
 
 
+async def extend_walltime(slurm: Slurm, job_id: int | None, profile: Profile, minutes: int) -> Extension:
+    """``minutes`` more for a running session job, up to its profile's max_walltime (portal.hub.extend:
+    the hub's service, a Slurm operator, asks on the session's owner's behalf)."""
+    job = await slurm.job(int(job_id), max_age=0) if job_id else None
+    if job is None or not job.running:
+        return Extension(False, "Your session is not running, so there is nothing to extend.")
+    most, whose = parse_walltime(profile.max_walltime) // 60, profile.display_name
+    try:
+        # The hub is a Slurm operator, whom Slurm lets past these: the portal keeps to them.
+        ceiling, limit = await slurm.time_ceiling(profile.partition, profile.qos)
+        if ceiling is not None and ceiling < most:
+            most, whose = ceiling, limit
+        if job.time_limit >= most:
+            return Extension(False, f"Your session already has the longest walltime {whose} allows, "
+                             f"{human_duration(most * 60)}; save your work before it ends.")
+        wanted = min(job.time_limit + minutes, most)
+        await slurm.set_time_limit(job.job_id, wanted)
+    except SlurmError as error:
+        return Extension(False, f"Slurm refused to extend your session: {error}")
+    capped = f", the longest {whose} allows" if wanted == most else ""
+    return Extension(True, f"Your session's walltime is now {human_duration(wanted * 60)}{capped} "
+                     f"({human_duration((wanted - job.time_limit) * 60)} more).", wanted * 60)
+
+
 class RequestRefused(SpawnFailed):
     """A request the profile does not allow: HTTP 400, nothing submitted."""
 
@@ -135,6 +159,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
     submitting = Any(None, help="asyncio.Event set once the start's sbatch has returned (or failed).")
     launch_policy_json = Unicode("", help="The session's launch policy (sessionvars.LAUNCH_POLICY), made at submit.")
+    service_url = Unicode("", help="dsportal's JupyterHub service as sessions reach it (portal.hub.extend).").tag(
+        config=True)
     mail_user = Unicode("", help="The user's address for Slurm's mail when the job starts (--mail-type=BEGIN), "
                         "checked by PartitionSpawner; '' for no mail.")
     last_end = Unicode("", help="Why the session ended without a stop through the portal; PartitionSpawner keeps it "
@@ -230,6 +256,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env[sessionvars.SAVE_AHEAD] = str(self.save_ahead)
         env[sessionvars.REPORT_WAIT] = str(int(self.start_timeout))
         env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
+        if self.service_url:
+            env[sessionvars.SERVICE_URL] = self.service_url
         env[sessionvars.TOOLS] = json.dumps({"offered": Profile.model_validate(self.profile).tools,
                                              "code_server": self.code_server, "r_repository": self.r_repository},
                                             separators=(",", ":"))
@@ -573,29 +601,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             status = await self.query_job_status(fresh_after=time.monotonic())
             if status not in (JobStatus.RUNNING, JobStatus.PENDING):
                 return status
-
-    async def extend(self, minutes: int) -> Extension:
-        """``minutes`` more for the running session, up to its profile's max_walltime."""
-        job = await self.slurm.job(int(self.job_id), max_age=0) if self.job_id else None
-        if job is None or not job.running:
-            return Extension(False, "Your session is not running, so there is nothing to extend.")
-        profile = self.slice.profile
-        most, whose = parse_walltime(profile.max_walltime) // 60, profile.display_name
-        try:
-            # The hub is a Slurm operator, whom Slurm lets past these: the portal keeps to them.
-            ceiling, limit = await self.slurm.time_ceiling(profile.partition, profile.qos)
-            if ceiling is not None and ceiling < most:
-                most, whose = ceiling, limit
-            if job.time_limit >= most:
-                return Extension(False, f"Your session already has the longest walltime {whose} allows, "
-                                 f"{human_duration(most * 60)}; save your work before it ends.")
-            wanted = min(job.time_limit + minutes, most)
-            await self.slurm.set_time_limit(job.job_id, wanted)
-        except SlurmError as error:
-            return Extension(False, f"Slurm refused to extend your session: {error}")
-        capped = f", the longest {whose} allows" if wanted == most else ""
-        return Extension(True, f"Your session's walltime is now {human_duration(wanted * 60)}{capped} "
-                         f"({human_duration((wanted - job.time_limit) * 60)} more).", wanted * 60)
 
     def idle_limit(self) -> int | None:
         """Seconds this session may stay unused (its profile's idle limit for its GPU count)."""

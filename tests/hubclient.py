@@ -105,6 +105,8 @@ class HubUser:
         parts = path.split("/", 3)
         if len(parts) > 2 and parts[1] == "user" and parts[2]:
             return self.server_origin(parts[2].split("?")[0]) + path
+        if len(parts) > 2 and parts[1] == "services" and parts[2]:
+            return self.service_origin(parts[2]) + path
         return (self.hub_origin if web else self.base) + path
 
     def server_origin(self, name: str) -> str:
@@ -116,6 +118,14 @@ class HubUser:
             return self.base
         scheme, domain, port = layout
         return f"{scheme}://{subdomain_hook_idna(name, domain, 'user')}{port}"
+
+    def service_origin(self, name: str) -> str:
+        """Where the hub's service NAME answers: its own origin where the hub gives users theirs (the
+        hub's pages are then at a host of their own: the login page said), else the hub's."""
+        hub, base = urlparse(self.hub_origin), urlparse(self.base)
+        if hub.hostname == base.hostname:
+            return self.base
+        return f"{hub.scheme}://{subdomain_hook_idna(name, hub.hostname, 'service')}{f':{hub.port}' if hub.port else ''}"
 
     def _learn_server_origins(self, model: dict) -> None:
         for server in model.get("servers", {}).values():

@@ -207,3 +207,6 @@ def test_kill_9_of_the_hub_on_the_server_database_keeps_every_session(alice, bob
         assert [job["job_id"] for job in active_jobs(user.name)] == jobs[user.name]
         assert user.api("GET", f"/user/{user.name}/api/status").status_code == 200
         assert "still here" in user.run_code("print('still here')")
+    # The killed hub's service (portal/hub/extend.py) went with it, and the new hub's took its port.
+    more = alice.api("POST", "/user/alice/dsportal/api/extend", json={"minutes": 30})
+    assert more.status_code == 200, more.text

@@ -19,6 +19,7 @@ from portal import hubdatabase, settings as settings_module
 from portal.rules import MAX_CODE, REQUEST_FIELDS
 from test_database_postgres import hub_database, postgres  # noqa: F401 (fixtures: a database of the test's own)
 from test_jobs import jobs_api
+from test_profiles import only_job, scontrol
 
 SIZES = {"64 KB": 64 * 1024, "1 MB": 1024 * 1024}
 # The spawn form's and the REST API's options, and a key that is neither (a partition is chosen by profile).
@@ -122,3 +123,23 @@ def test_an_oversized_job_field_is_refused_in_words_and_submits_nothing(alice):
     assert response.status_code == 400 and "more than 4,300 digits" in response.json()["message"], response.text
     assert jobs_api(alice, "GET", "/" + "7" * 5000).status_code == 404
     assert {job["job_id"] for job in active_jobs("alice")} == jobs_before, "a refused job request reached Slurm"
+
+
+def test_an_oversized_request_for_more_walltime_is_refused_in_words_and_changes_nothing(alice):
+    """Through her session's server (JupyterLab's way) and at dsportal's service (a script's way)."""
+    alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    job_id = only_job("alice")["job_id"]
+    for size in SIZES.values():
+        long = "7" * size
+        at_session = alice.api("POST", "/user/alice/dsportal/api/extend", json={"minutes": long})
+        assert at_session.status_code == 400, at_session.text[:300]
+        assert at_session.json()["message"] == "expected {'minutes': <1-1440>}, not text"
+        at_service = alice.api("POST", "/services/dsportal/extend", json={"minutes": long})
+        assert at_service.status_code == 413, at_service.text[:300]
+        assert at_service.json()["message"].startswith("A request for more walltime is at most 64 KiB")
+        named = alice.api("POST", "/services/dsportal/extend", json={"minutes": 5, "server": long[:60000]})
+        assert named.status_code == 400
+        assert named.json()["message"] == "'server' is a session's name of at most 255 characters, not 60000"
+    digits = alice.api("POST", "/services/dsportal/extend", data='{"minutes": ' + "7" * 5000 + "}")
+    assert digits.status_code == 400 and digits.json()["message"].startswith("expected a JSON body"), digits.text
+    assert scontrol(job_id)["TimeLimit"] == "01:00:00"

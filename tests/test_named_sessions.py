@@ -152,7 +152,7 @@ def test_extending_a_session_extends_that_session_only(alice):
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "01:30:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
     # From the REST API with her own token, naming the session.
-    done = alice.api("POST", "/hub/api/dsportal/extend", json={"minutes": 30, "server": TRAIN})
+    done = alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": TRAIN})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "02:00:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
     # After a hub restart too (the hub no longer knows which session a token belongs to): the session
@@ -164,10 +164,10 @@ def test_extending_a_session_extends_that_session_only(alice):
     done = alice.api("POST", f"/user/alice/{TRAIN}/dsportal/api/extend", json={"minutes": 30})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "02:30:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
-    missing = alice.api("POST", "/hub/api/dsportal/extend", json={"minutes": 30, "server": "nowhere"})
+    missing = alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": "nowhere"})
     assert missing.status_code == 400 and missing.json()["message"] == (
         "You have no running session named 'nowhere' to extend.")
-    assert alice.api("POST", "/hub/api/dsportal/extend", json={"minutes": 30, "server": 7}).status_code == 400
+    assert alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": 7}).status_code == 400
 
 
 def test_a_multi_node_job_belongs_to_the_session_that_launched_it(alice):

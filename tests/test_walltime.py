@@ -2,11 +2,15 @@
 session up to her profile's maximum (the hub, a Slurm operator, changes the job's time limit),
 and is told in words where the profile or Slurm says no. Real hub, real Slurm, a real browser."""
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from conftest import HUB, login
+from conftest import CONFIG, HUB, REPO, login
 from portal.cluster import demo
 from test_profiles import only_job, scontrol
 
@@ -40,7 +44,7 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
         assert answer.status_code == 400, (bad, answer.text)
         assert answer.json()["message"].startswith("expected {'minutes': <1-1440>}"), answer.text
     # bob, without a session, asks the hub for more time: he has nothing to extend, and alice's stays.
-    asked = bob.api("POST", "/hub/api/dsportal/extend", json={"minutes": 60})
+    asked = bob.api("POST", "/services/dsportal/extend", json={"minutes": 60})
     assert asked.status_code == 400 and asked.json()["message"] == "You have no running session to extend."
     assert scontrol(job_id)["TimeLimit"] == "12:00:00"
     # Nor through her session's server: neither her extension nor a forged "saved" line in her log.
@@ -49,6 +53,33 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
     assert forged.status_code == 403
     with open(f"/home/alice/.dsportal/logs/session-{job_id}.log") as log:
         assert "bob-was-here" not in log.read()
+
+
+HUB_CONFIG = """
+import json, sys
+from traitlets.config import Config
+from portal import settings
+from portal.hub import config
+c = Config()
+config.configure(c, settings.load(sys.argv[1]))
+print(json.dumps({"extra_handlers": "extra_handlers" in c.JupyterHub, "services": c.JupyterHub.services,
+                  "roles": c.JupyterHub.load_roles, "session_url": c.SlurmGPUSpawner.service_url}))
+"""
+
+
+def test_more_walltime_is_a_jupyterhub_service_not_a_deprecated_setting():
+    """JupyterHub 3.1 deprecated extra_handlers for services: the hub starts dsportal's, with a role
+    that reads sessions and their spawners' state, and tells sessions where it is."""
+    out = subprocess.run([sys.executable, "-c", HUB_CONFIG, str(CONFIG)], capture_output=True, text=True,
+                         timeout=120, cwd=str(REPO), check=True).stdout
+    hub = json.loads(out.splitlines()[-1])
+    assert hub["extra_handlers"] is False
+    (service,) = [s for s in hub["services"] if s["name"] == "dsportal"]
+    assert service["command"][-2:] == ["-m", "portal.hub.extend"] and service["url"] == "http://127.0.0.1:8083"
+    assert Path(service["environment"]["DSPORTAL_CONFIG"]).is_absolute()
+    assert {"name": "dsportal-service", "services": ["dsportal"],
+            "scopes": ["read:servers", "admin:server_state"]} in hub["roles"]
+    assert hub["session_url"] == "https://dsportal-login:8082/services/dsportal/"  # the hub's address, over TLS
 
 
 def test_extending_while_the_hub_is_down_says_so_and_works_once_it_is_back(alice):

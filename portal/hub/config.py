@@ -17,9 +17,8 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import loadshed, metrics, pacing, proxyservice, sessions, sharing, upstream, useroptions
+from . import extend, loadshed, metrics, pacing, proxyservice, sessions, sharing, upstream, useroptions
 from .auth import configure_ldap
-from .extend import ExtendHandler
 from .origins import configure_user_origins
 from .portreport import install_port_handler
 from .routeowner import check_sessions_by_their_certificate, proxy_command
@@ -137,7 +136,8 @@ def configure(c, settings=None) -> None:
         loadshed.install(loadshed.LoopLag(threshold=hub.shed_after_lag))
     # Logins, tokens and starts one per turn of the loop: a class's burst never stalls everything else.
     pacing.install(pacing.Pacer())
-    c.JupyterHub.extra_handlers = [(r"/api/dsportal/extend", ExtendHandler)]
+    # More walltime for a running session: dsportal's service, which the hub starts and stops (extend.py).
+    c.SlurmGPUSpawner.service_url = extend.configure(c, settings)
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
     c.PartitionSpawner.default_profile = settings.profile().name

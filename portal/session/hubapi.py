@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 from jupyterhub.services.auth import HubAuth
 from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 
+from .. import sessionvars
 from .upstream import hub_tls_context
 
 
@@ -17,16 +19,28 @@ async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
     return await request("POST", path, body, timeout)
 
 
+async def service_post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
+    """POST ``body`` to dsportal's JupyterHub service (portal.hub.extend) at ``path``, as the session,
+    over the same TLS as to the hub (the service shows the hub's certificate); 599 where it did not
+    answer, or where the hub gave this session no address of it."""
+    base = os.environ.get(sessionvars.SERVICE_URL, "")
+    if not base:
+        return HTTPResponse(HTTPRequest(path), 599, error=RuntimeError(
+            "this session was started by an older hub, which gave it no address of dsportal's service: "
+            "start a new session"))
+    return await request("POST", path, body, timeout, base=base)
+
+
 async def request(method: str, path: str, body: dict | None = None, timeout: float = 60,
-                  token: str | None = None) -> HTTPResponse:
-    """``method`` on the hub's API at ``path``, as the session (or with ``token``: as its holder); the
-    response, whatever its code (599: the hub did not answer)."""
+                  token: str | None = None, base: str | None = None) -> HTTPResponse:
+    """``method`` on the hub's API at ``path`` (or at ``base``), as the session (or with ``token``: as
+    its holder); the response, whatever its code (599: the hub did not answer)."""
     hub_auth = HubAuth()
     ssl = None
     if hub_auth.certfile and hub_auth.keyfile:
         ssl = hub_tls_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca or None)
     request = HTTPRequest(
-        url_path_join(hub_auth.api_url, path), method=method, ssl_options=ssl,
+        url_path_join(base or hub_auth.api_url, path), method=method, ssl_options=ssl,
         headers={"Authorization": f"token {token or hub_auth.api_token}", "Content-Type": "application/json"},
         body=None if body is None else json.dumps(body), request_timeout=timeout,
     )

@@ -39,6 +39,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
 from ..cluster.slurmclient import SlurmError, SlurmMissing, SlurmUnavailable, refusal_hint
+from ..rules import RequestError, extension_minutes
 from . import hubapi
 from .api import MessageAPIHandler
 from .onuse import module_on_use
@@ -233,11 +234,13 @@ class SliceHandler(_JobsAPI):
 class ExtendHandler(MessageAPIHandler):
     @web.authenticated
     async def post(self):
-        body = self.get_json_body()
-        minutes = body.get("minutes") if isinstance(body, dict) else None
+        try:
+            minutes = extension_minutes(self.get_json_body())
+        except RequestError as error:
+            raise web.HTTPError(400, str(error)) from None
         # Its own name: after a hub restart the hub no longer knows which session a token belongs to.
         server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
-        response = await hubapi.post("dsportal/extend", {"minutes": minutes, "server": server})
+        response = await hubapi.service_post("extend", {"minutes": minutes, "server": server})
         if response.code == 599:
             raise web.HTTPError(503, f"The hub is not answering right now, please retry: {hubapi.message_of(response)}")
         if response.code != 200:

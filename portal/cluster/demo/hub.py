@@ -33,6 +33,15 @@ def hub_running(settings) -> bool:
         return False
 
 
+def service_running(settings) -> bool:
+    """dsportal's JupyterHub service (portal/hub/extend.py), which the hub starts after its API."""
+    try:
+        with urllib.request.urlopen(f"{settings.hub.service_urls()[0]}/services/dsportal/", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def hub_pidfile() -> Path:
     return paths().run / "dsportal-hub.pid"
 
@@ -76,7 +85,7 @@ def ensure_hub(config_path: Path | None = None) -> None:
     def up():
         if process.poll() is not None:
             raise DemoError(f"the hub exited ({process.returncode}); see {log_path}")
-        return hub_running(settings)
+        return hub_running(settings) and service_running(settings)  # its API answers before its services start
 
     try:
         wait_for(up, "JupyterHub", timeout=60)
