@@ -13,11 +13,9 @@ Every message is meant for the user and reaches her as it is.
 
 from __future__ import annotations
 
-import grp
 import json
 import keyword
 import os
-import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +31,6 @@ from .settings import (
     Profile,
     described,
     format_walltime,
-    json_kind,
     parse_memory_mb,
     parse_walltime,
     shown,
@@ -44,21 +41,6 @@ from .settings import (
 class RequestError(ValueError):
     """A request the rules do not allow; the message is meant for the user."""
 
-
-MOST_EXTENSION_MINUTES = 24 * 60  # one request for more walltime; the profile's max_walltime caps the total
-
-
-def extension_minutes(body) -> int:
-    """The minutes of a request for more walltime, ``{"minutes": N, ...}`` (portal.hub.extend and the
-    session's ExtendHandler judge it alike), or RequestError in words."""
-    minutes = body.get("minutes") if isinstance(body, dict) else None
-    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MOST_EXTENSION_MINUTES:
-        given = (json_kind(body) if not isinstance(body, dict) else json_kind(minutes) if "minutes" in body
-                 else "an object without 'minutes'")
-        if isinstance(minutes, int) and not isinstance(minutes, bool) and abs(minutes) < 10**9:
-            given = str(minutes)
-        raise RequestError(f"expected {{'minutes': <1-{MOST_EXTENSION_MINUTES}>}}, not {given}")
-    return minutes
 
 
 # ------------------------------------------------------------------------------ how long a field may be
@@ -89,21 +71,6 @@ def check_length(name: str, value, most: int = MAX_FIELD) -> None:
 
 
 # ------------------------------------------------------------------------------ who may use what
-def unix_groups(username: str) -> set[str]:
-    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
-    try:
-        entry = pwd.getpwnam(username)
-    except KeyError:
-        return set()
-    names = set()
-    for gid in os.getgrouplist(username, entry.pw_gid):
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return names
-
-
 def may_use(profile: Profile, user_groups: set[str]) -> bool:
     return not profile.groups or bool(user_groups & set(profile.groups))
 

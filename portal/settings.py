@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import defaults
+from .userjson import json_kind
 
 
 def _default_config() -> Path:
@@ -109,19 +110,6 @@ def shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def json_kind(value) -> str:
-    """What a value sent as JSON is, in words: 'a list', 'an object', 'true/false', 'null', ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "text"
-    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
-
-
 def described(value) -> str:
     """A value someone sent, for 'must be ..., not <this>': 'deepspeed', or a list (['x'])."""
     return shown(value) if isinstance(value, str) else f"{json_kind(value)} ({shown(value)})"
@@ -188,8 +176,8 @@ class HubSettings(_Model):
     service_port: int | None = Field(
         None, ge=1, le=65535, description="Port of dsportal's JupyterHub service (more walltime for a running "
         "session, portal/hub/extend.py), on hub_bind_url's host; the hub starts and stops it. Sessions reach it at "
-        "hub_connect_url's host (or hub_bind_url's), as they reach the hub. With internal_ssl the hub and its proxy "
-        "reach it at 127.0.0.1, the next port. Empty: the hub API's port + 1.")
+        "hub_connect_url's host (or hub_bind_url's), as they reach the hub, over TLS with internal_ssl. Empty: "
+        "the hub API's port + 1.")
     subdomain_host: str | None = Field(
         None, description="Each user's server on a web origin of its own (JupyterHub's subdomain_host): the "
         "hub's public scheme://host[:port], e.g. https://hub.example.org; alice's server is then "
@@ -288,13 +276,10 @@ class HubSettings(_Model):
         return self
 
     def service_urls(self) -> tuple[str, str]:
-        """(where JupyterHub and its proxy reach dsportal's service, where sessions reach it): see
-        portal/hub/extend.py. With internal_ssl the hub's side is 127.0.0.1 at service_port + 1."""
-        host = urlparse(self.hub_bind_url).hostname or "127.0.0.1"
+        """(where dsportal's service listens, where sessions reach it), scheme://host:port (portal/hub/extend.py)."""
+        scheme, host = "https" if self.internal_ssl else "http", urlparse(self.hub_bind_url).hostname or "127.0.0.1"
         connect = urlparse(self.hub_connect_url or self.hub_bind_url).hostname or host
-        sessions = f"{'https' if self.internal_ssl else 'http'}://{connect}:{self.service_port}"
-        hub_side = f"http://127.0.0.1:{self.service_port + 1}" if self.internal_ssl else f"http://{host}:{self.service_port}"
-        return hub_side, sessions
+        return f"{scheme}://{host}:{self.service_port}", f"{scheme}://{connect}:{self.service_port}"
 
     @field_validator("subdomain_host")
     @classmethod

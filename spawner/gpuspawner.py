@@ -22,10 +22,11 @@ from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, 
 
 from portal import defaults, sessionvars
 from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
-from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for, unix_groups
+from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for
 from portal.settings import Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
 from portal.templating import render
+from portal.userjson import unix_groups
 
 from . import metrics
 
@@ -60,11 +61,11 @@ class Extension:
     time_limit_s: int = 0
 
 
-async def extend_walltime(slurm: Slurm, job_id: int | None, profile: Profile, minutes: int) -> Extension:
-    """``minutes`` more for a running session job, up to its profile's max_walltime (portal.hub.extend:
-    the hub's service, a Slurm operator, asks on the session's owner's behalf)."""
+async def extend_walltime(slurm: Slurm, job_id: int | None, profile: Profile, minutes: int, user: str) -> Extension:
+    """``minutes`` more for ``user``'s running session job, up to its profile's max_walltime
+    (portal.hub.extend: the hub's service, a Slurm operator, asks on the session's owner's behalf)."""
     job = await slurm.job(int(job_id), max_age=0) if job_id else None
-    if job is None or not job.running:
+    if job is None or not job.running or job.user != user:
         return Extension(False, "Your session is not running, so there is nothing to extend.")
     most, whose = parse_walltime(profile.max_walltime) // 60, profile.display_name
     try:

@@ -32,12 +32,12 @@ from portal.rules import (
     plain_mail_address,
     share_name,
     slice_for,
-    unix_groups,
     wants_mail,
     wants_sharing,
 )
 from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
 from portal.templating import render
+from portal.userjson import unix_groups
 
 from . import certs, mailaddress, metrics
 from .form import options_from_form

@@ -18,6 +18,7 @@ from test_accounting import sacct
 from test_jobs import jobs_api, stream
 from test_metrics import scrape
 from test_profiles import probe_job_id, scontrol
+from test_walltime import at_service
 
 TRAIN = "train"  # alice's named GPU session
 
@@ -151,8 +152,8 @@ def test_extending_a_session_extends_that_session_only(alice):
     done = alice.api("POST", f"/user/alice/{TRAIN}/dsportal/api/extend", json={"minutes": 30})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "01:30:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
-    # From the REST API with her own token, naming the session.
-    done = alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": TRAIN})
+    # At dsportal's service with her own token, naming the session (as her session's server asks).
+    done = at_service(alice.token, json={"minutes": 30, "server": TRAIN})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "02:00:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
     # After a hub restart too (the hub no longer knows which session a token belongs to): the session
@@ -164,10 +165,10 @@ def test_extending_a_session_extends_that_session_only(alice):
     done = alice.api("POST", f"/user/alice/{TRAIN}/dsportal/api/extend", json={"minutes": 30})
     assert done.status_code == 200, done.text
     assert scontrol(train_job)["TimeLimit"] == "02:30:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
-    missing = alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": "nowhere"})
+    missing = at_service(alice.token, json={"minutes": 30, "server": "nowhere"})
     assert missing.status_code == 400 and missing.json()["message"] == (
         "You have no running session named 'nowhere' to extend.")
-    assert alice.api("POST", "/services/dsportal/extend", json={"minutes": 30, "server": 7}).status_code == 400
+    assert at_service(alice.token, json={"minutes": 30, "server": 7}).status_code == 400
 
 
 def test_a_multi_node_job_belongs_to_the_session_that_launched_it(alice):

@@ -8,15 +8,29 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import requests
 from playwright.sync_api import sync_playwright
 
 from conftest import CONFIG, HUB, REPO, login
+from portal import settings as settings_module
 from portal.cluster import demo
 from test_profiles import only_job, scontrol
 
 
 def extend(user, minutes):
     return user.api("POST", f"/user/{user.name}/dsportal/api/extend", json={"minutes": minutes})
+
+
+def at_service(token: str, **kwargs) -> requests.Response:
+    """POST to dsportal's service (portal/hub/extend.py) where sessions reach it, as a session does: TLS
+    with the hub's certificate, a client certificate of the internal CAs', a token."""
+    hub = settings_module.load(CONFIG).hub
+    store = hub.data_dir / "internal-ssl"
+    return requests.post(f"{hub.service_urls()[1]}/services/dsportal/extend", timeout=60,
+                         headers={"Authorization": f"token {token}"}, verify=str(store / "hub-ca" / "hub-ca.crt"),
+                         cert=(str(store / "proxy-client" / "proxy-client.crt"), str(store / "proxy-client" / "proxy-client.key")),
+                         **kwargs)
 
 
 def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
@@ -44,8 +58,10 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
         assert answer.status_code == 400, (bad, answer.text)
         assert answer.json()["message"].startswith("expected {'minutes': <1-1440>}"), answer.text
     # bob, without a session, asks the hub for more time: he has nothing to extend, and alice's stays.
-    asked = bob.api("POST", "/services/dsportal/extend", json={"minutes": 60})
+    asked = at_service(bob.token, json={"minutes": 60})
     assert asked.status_code == 400 and asked.json()["message"] == "You have no running session to extend."
+    # Nor with her session's name: his token opens his sessions only.
+    assert at_service(bob.token, json={"minutes": 60, "server": ""}).json()["message"] == asked.json()["message"]
     assert scontrol(job_id)["TimeLimit"] == "12:00:00"
     # Nor through her session's server: neither her extension nor a forged "saved" line in her log.
     assert bob.api("POST", "/user/alice/dsportal/api/extend", json={"minutes": 60}).status_code == 403
@@ -69,17 +85,36 @@ print(json.dumps({"extra_handlers": "extra_handlers" in c.JupyterHub, "services"
 
 def test_more_walltime_is_a_jupyterhub_service_not_a_deprecated_setting():
     """JupyterHub 3.1 deprecated extra_handlers for services: the hub starts dsportal's, with a role
-    that reads sessions and their spawners' state, and tells sessions where it is."""
+    that reads sessions and their spawners' state, and tells sessions where it is. It has no route on
+    the public proxy."""
     out = subprocess.run([sys.executable, "-c", HUB_CONFIG, str(CONFIG)], capture_output=True, text=True,
                          timeout=120, cwd=str(REPO), check=True).stdout
     hub = json.loads(out.splitlines()[-1])
     assert hub["extra_handlers"] is False
     (service,) = [s for s in hub["services"] if s["name"] == "dsportal"]
-    assert service["command"][-2:] == ["-m", "portal.hub.extend"] and service["url"] == "http://127.0.0.1:8083"
+    assert service["command"][-2:] == ["-m", "portal.hub.extend"] and "url" not in service
     assert Path(service["environment"]["DSPORTAL_CONFIG"]).is_absolute()
+    assert service["environment"]["DSPORTAL_SERVICE_BIND"] == "https://dsportal-login:8082"
     assert {"name": "dsportal-service", "services": ["dsportal"],
             "scopes": ["read:servers", "admin:server_state"]} in hub["roles"]
     assert hub["session_url"] == "https://dsportal-login:8082/services/dsportal/"  # the hub's address, over TLS
+
+
+def test_the_service_answers_only_its_tls_and_a_token_that_may_open_the_session(alice, bob):
+    alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    job_id = only_job("alice")["job_id"]
+    hub = settings_module.load(CONFIG).hub
+    plain = hub.service_urls()[1].replace("https://", "http://")
+    with pytest.raises(requests.exceptions.ConnectionError):  # no TLS, no answer
+        requests.post(f"{plain}/services/dsportal/extend", json={"minutes": 5}, timeout=10)
+    assert at_service("nope", json={"minutes": 5}).json()["message"] == (
+        "The hub does not know this token (it may have expired).")
+    assert at_service(bob.token, json={"minutes": 5}).status_code == 400  # his own sessions: none
+    assert scontrol(job_id)["TimeLimit"] == "01:00:00"
+    # Not through the public proxy: a user's scripts ask their session, as JupyterLab does.
+    public = alice.api("POST", "/services/dsportal/extend", json={"minutes": 5})
+    assert public.status_code in (403, 404) and scontrol(job_id)["TimeLimit"] == "01:00:00", public.text[:200]
+    assert extend(alice, 5).status_code == 200 and scontrol(job_id)["TimeLimit"] == "01:05:00"
 
 
 def test_extending_while_the_hub_is_down_says_so_and_works_once_it_is_back(alice):

@@ -29,8 +29,9 @@ from typing import NamedTuple
 
 from .. import sessionvars
 from ..notebookcells import cell_label, failure_reason, full_traceback
-from ..rules import LaunchPolicy, may_use, unix_groups
+from ..rules import LaunchPolicy, may_use
 from ..templatesources import notebooks
+from ..userjson import unix_groups
 
 CHECK_ENV = sessionvars.TEMPLATE_CHECK
 RUN_MARK = sessionvars.TEMPLATE_RUN

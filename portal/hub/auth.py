@@ -23,8 +23,8 @@ from traitlets import Float, Integer, List, Unicode
 from spawner.certs import USERS_DOMAIN
 
 from .. import defaults
-from ..rules import unix_groups
 from ..settings import LdapSettings, LoginThrottleSettings, human_duration
+from ..userjson import unix_groups
 from . import metrics, upstream
 from .loginthrottle import LoginThrottle
 

@@ -1,21 +1,27 @@
-"""dsportal's JupyterHub service: more walltime for the caller's own running session.
+"""dsportal's JupyterHub service: more walltime for a session, asked for by that session.
 
-``POST /services/dsportal/extend`` with ``{"minutes": N, "server": NAME}`` (``server`` '' or left
-out: the default session). A user may not raise her job's time limit in Slurm (only operators may);
-this service, run by the hub as the hub's account (a Slurm operator), does it for her session, up to
-her profile's max_walltime, and Slurm still applies the partition's and QoS's limits.
+A user may not raise her job's time limit in Slurm (only operators may). This service, run by the
+hub as the hub's account (a Slurm operator), does it for her running session, up to her profile's
+max_walltime, and Slurm still applies the partition's and QoS's limits. JupyterLab asks its own
+server (``POST /user/NAME[/SESSION]/dsportal/api/extend``, portal.session.jobs_api), which asks
+here, ``POST /services/dsportal/extend`` ``{"minutes": N, "server": SESSION}``, with the session's
+own token.
 
-JupyterHub starts and stops it with the hub (a hub-managed service, ``JupyterHub.services``: the way
-JupyterHub asks extensions to add HTTP endpoints since 3.1). The session's JupyterLab asks through its
-server (portal.session.jobs_api) with the session's own token; a user may ask with a token of hers
-from anywhere the service is reached. Who asks is the hub's word (HubAuth): a token that may open
-the named session of its own user (``access:servers``), nobody else's. The session's job and profile
-are the hub's record of that session (its spawner's state, read with the service's own role).
+It is a JupyterHub service, as JupyterHub asks for endpoints of one's own since 3.1 (it deprecated
+``JupyterHub.extra_handlers``): the hub starts it and stops it (a hub-managed service), gives it a
+token with its role (``read:servers``, ``admin:server_state``: users' sessions and their spawners'
+state), and it stops by itself when the hub that started it is gone, even killed outright.
 
-The sessions reach it where they reach the hub (hub_bind_url's host, at ``hub.service_port``), with
-internal_ssl over TLS with the hub's own certificate, which they already trust; the proxy routes
-``/services/dsportal/`` to it for everyone else (:func:`configure`). It stops when the hub that
-started it is gone, even killed outright, so a restarted hub's service finds its port free.
+- **Who asks** is the hub's word, asked per request (uncached: a revoked token is out at once), over
+  TLS that trusts the hub's CA only: a token that may open that session of its own user
+  (``access:servers``), nobody else's. The job and the profile are the hub's record of that session.
+- **Where.** The sessions reach it where they reach the hub (hub_bind_url's host, at
+  ``hub.service_port``); with internal_ssl over TLS with the hub's own certificate, which they
+  already check, so a process of someone else's that took the port while the service was down gets
+  no token. It has no route on the proxy: a user's scripts ask their session's API, as JupyterLab
+  does (JupyterHub 6.1 would also check an https service at start with its server-side TLS context,
+  which cannot connect, and stop; see docs/explanation/architecture.md).
+- **Load.** A request is at most 64 KiB and 10 s in coming; one at a time per user, a few at once.
 """
 
 from __future__ import annotations
@@ -29,51 +35,46 @@ import signal
 import ssl
 import sys
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import quote, urlparse
 
 from jupyterhub.services.auth import HubAuth
-from jupyterhub.utils import make_ssl_context, url_path_join
+from jupyterhub.utils import url_path_join
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from tornado.httpserver import HTTPServer
 from traitlets.config import Config
 
 from spawner.gpuspawner import SlurmGPUSpawner, extend_walltime
 
 from .. import settings as settings_module
-from ..rules import RequestError, extension_minutes
-from ..settings import json_kind, shown
+from ..settings import shown
+from ..userjson import extension_minutes, json_kind
 
 NAME = "dsportal"  # the service's name: /services/dsportal/
+PREFIX = f"/services/{NAME}/"
 ROLE = "dsportal-service"
 # What it reads of the hub: a user's sessions with their spawners' state (the Slurm job, the profile).
 SCOPES = ["read:servers", "admin:server_state"]
-MOST_BODY = 64 * 1024  # bytes of a request ({"minutes": N, "server": NAME} is far less); past it 413 in words
+MOST_BODY = 64 * 1024  # bytes of a request ({"minutes": N, "server": NAME} is far less)
+AT_ONCE = 4  # requests being worked on at once (each asks the hub twice and Slurm up to four times)
+BIND = "DSPORTAL_SERVICE_BIND"  # scheme://host:port it listens at
+HUB_PID = "DSPORTAL_HUB_PID"  # the hub that started it: gone, the service stops
 log = logging.getLogger("dsportal.extend")
-TLS_BIND = "DSPORTAL_SERVICE_TLS_BIND"  # host:port of the sessions' TLS listener (internal_ssl)
 
 
 def configure(c, settings) -> str:
-    """JupyterHub.services and its role; the URL the sessions ask (sessionvars.SERVICE_URL).
-
-    Without internal_ssl the service listens at hub_bind_url's host, ``service_port``, and JupyterHub
-    and its proxy reach it there. With internal_ssl the sessions reach it there over TLS with the
-    hub's certificate, and JupyterHub and its proxy at 127.0.0.1, ``service_port`` + 1, over http:
-    JupyterHub 6.1 checks a managed service's https address at start with its server-side TLS context,
-    which cannot connect, and stops (proposed upstream: docs/explanation/architecture.md)."""
+    """JupyterHub.services and its role; the URL the sessions ask (sessionvars.SERVICE_URL)."""
     hub = settings.hub
-    host, port = urlparse(hub.hub_bind_url).hostname or "127.0.0.1", hub.service_port
-    environment = {"DSPORTAL_CONFIG": str(Path(settings.source).resolve())}
-    url, sessions = hub.service_urls()
-    if hub.internal_ssl:
-        environment[TLS_BIND] = f"{host}:{port}"
+    bind, sessions = hub.service_urls()
     c.JupyterHub.services = [*c.JupyterHub.get("services", []), {
-        "name": NAME, "url": url, "display": False, "environment": environment,
-        "command": [sys.executable, "-m", "portal.hub.extend"],
+        "name": NAME, "display": False, "command": [sys.executable, "-m", "portal.hub.extend"],
+        "environment": {settings_module.CONFIG_ENV: str(Path(settings.source).resolve()), BIND: bind,
+                        HUB_PID: str(os.getpid())},
     }]
     c.JupyterHub.load_roles = [*c.JupyterHub.get("load_roles", []),
                                {"name": ROLE, "services": [NAME], "scopes": SCOPES}]
-    return f"{sessions}/services/{NAME}/"
+    return f"{sessions}{PREFIX}"
 
 
 def may_open(model: dict, server: str) -> bool:
@@ -94,85 +95,109 @@ def job_and_profile(server_model: dict) -> tuple[int | None, str]:
         return None, str(state.get("profile") or "")
 
 
-def make_app(settings):
-    """The service's tornado application (its handler resolves the hub's word per request)."""
-    hub_auth = HubAuth()
-    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{NAME}/")
+class Hub:
+    """The service's calls to the hub's API, over TLS trusting the hub's internal CA only (as a
+    session's, portal.session.upstream.hub_tls_context: JupyterHub's own contexts add the system's
+    CAs, and the service sends a token that reads every session's state)."""
+
+    def __init__(self):
+        self.auth = HubAuth()  # the hub's address and the service's token and certificate, from JupyterHub
+        self.ssl = None
+        if self.auth.certfile and self.auth.keyfile and self.auth.client_ca:
+            self.ssl = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.auth.client_ca)
+            self.ssl.load_cert_chain(self.auth.certfile, self.auth.keyfile)
+
+    async def get(self, path: str, token: str) -> HTTPResponse:
+        """GET the hub's API at ``path`` with ``token``; 599 where the hub did not answer."""
+        request = HTTPRequest(url_path_join(self.auth.api_url, path), headers={"Authorization": f"token {token}"},
+                              ssl_options=self.ssl, request_timeout=30)
+        try:
+            return await AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception as error:  # noqa: BLE001 - refused, reset, timed out, TLS: the hub did not answer
+            return HTTPResponse(request, 599, error=error)
+
+
+def _refuse(code: int, message: str) -> NoReturn:
+    raise web.HTTPError(code, message)
+
+
+class ExtendHandler(web.RequestHandler):
+    def initialize(self, hub: Hub, slurm, settings, busy: asyncio.Semaphore, users: dict):
+        self.hub, self.slurm, self.portal, self.busy, self.users = hub, slurm, settings, busy, users
+
+    def check_xsrf_cookie(self):  # tokens only: no cookie is read
+        pass
+
+    def write_error(self, status_code, **kwargs):
+        error = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(error, "log_message", None) if isinstance(error, web.HTTPError) else None
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message or self._reason}))
+
+    async def post(self):
+        kind, _, token = self.request.headers.get("Authorization", "").partition(" ")
+        if kind.lower() not in ("token", "bearer") or not token.strip():
+            _refuse(403, "Send your session's API token (Authorization: token ...).")
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except (ValueError, RecursionError):
+            _refuse(400, "expected a JSON body such as {'minutes': 60}")
+        try:
+            minutes = extension_minutes(body)
+        except ValueError as error:
+            _refuse(400, str(error))
+        server = body.get("server", "")
+        if not isinstance(server, str):
+            _refuse(400, f"'server' is a session's name, not {json_kind(server)}")
+        if len(server) > 255:
+            _refuse(400, f"'server' is a session's name of at most 255 characters, not {len(server)}")
+        async with self.busy:
+            who = await self.hub.get("user", token.strip())  # the hub's word, uncached: a revoked token is out
+        if who.code == 599 or who.code >= 500:
+            _refuse(503, "The hub is not answering right now, please retry.")
+        model = json.loads(who.body) if who.code == 200 else None
+        if not model or model.get("kind", "user") != "user":
+            _refuse(403, "The hub does not know this token (it may have expired).")
+        named = f" named {shown(server)}" if server else ""
+        if not may_open(model, server):
+            _refuse(403, f"This token may not act on your session{named}.")
+        user = model["name"]
+        lock = self.users.setdefault(user, asyncio.Lock())
+        if lock.locked():  # two clicks do not both add their minutes, nor hold every turn
+            _refuse(429, "Your session is being extended already; look at its walltime in a moment.")
+        async with lock, self.busy:
+            answer = await self._extend(user, server, named, minutes)
+        self.set_header("Content-Type", "application/json")
+        self.finish(answer)
+
+    async def _extend(self, user: str, server: str, named: str, minutes: int) -> str:
+        answer = await self.hub.get(f"users/{quote(user, safe='')}", self.hub.auth.api_token)
+        if answer.code == 599 or answer.code >= 500:
+            _refuse(503, "The hub is not answering right now, please retry.")
+        sessions = (json.loads(answer.body).get("servers") or {}) if answer.code == 200 else {}
+        session = sessions.get(server) or {}
+        job_id, profile_name = job_and_profile(session)
+        if not session.get("ready") or job_id is None or not profile_name:
+            _refuse(400, f"You have no running session{named} to extend.")
+        try:
+            profile = self.portal.profile(profile_name)
+        except KeyError:
+            _refuse(400, f"Your session's profile {shown(profile_name)} is no longer offered; it keeps its walltime.")
+        result = await extend_walltime(self.slurm, job_id, profile, minutes, user=user)
+        if not result.done:
+            log.info("Extending the session of %s refused: %s", user, result.message)
+            _refuse(400, result.message)
+        log.info("Session of %s extended: %s", user, result.message)
+        return json.dumps({"message": result.message, "time_limit_s": result.time_limit_s})
+
+
+def make_app(settings) -> web.Application:
     slurm = SlurmGPUSpawner.shared_client(_spawner_config(settings))
-
-    class ExtendHandler(web.RequestHandler):
-        def check_xsrf_cookie(self):  # tokens only: no cookie is read
-            pass
-
-        def write_error(self, status_code, **kwargs):
-            error = kwargs.get("exc_info", (None, None))[1]
-            message = getattr(error, "log_message", None) or self._reason
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"status": status_code, "message": message}))
-
-        async def post(self):
-            kind, _, token = self.request.headers.get("Authorization", "").partition(" ")
-            if kind.lower() not in ("token", "bearer") or not token.strip():
-                raise web.HTTPError(403, "Send your session's or your own API token (Authorization: token ...).")
-            if len(self.request.body) > MOST_BODY:
-                raise web.HTTPError(413, f"A request for more walltime is at most {MOST_BODY // 1024} KiB: "
-                                    "{'minutes': N, 'server': NAME}.")
-            try:
-                body = json.loads(self.request.body or b"{}")
-            except ValueError:
-                raise web.HTTPError(400, "expected a JSON body such as {'minutes': 60}") from None
-            try:
-                minutes = extension_minutes(body)
-            except RequestError as error:
-                raise web.HTTPError(400, str(error)) from None
-            server = body.get("server", "")
-            if not isinstance(server, str):
-                raise web.HTTPError(400, f"'server' is a session's name, not {json_kind(server)}")
-            if len(server) > 255:
-                raise web.HTTPError(400, f"'server' is a session's name of at most 255 characters, not {len(server)}")
-            try:
-                model = await hub_auth.user_for_token(token.strip(), use_cache=False, sync=False)  # revoked: out at once
-            except web.HTTPError:
-                raise web.HTTPError(503, "The hub is not answering right now, please retry.") from None
-            named = f" named {shown(server)}" if server else ""
-            if not model or model.get("kind", "user") != "user":
-                raise web.HTTPError(403, "The hub does not know this token (it may have expired).")
-            if not may_open(model, server):
-                raise web.HTTPError(403, f"This token may not act on your session{named}.")
-            user = model["name"]
-            answer = await AsyncHTTPClient().fetch(HTTPRequest(
-                url_path_join(hub_auth.api_url, "users", quote(user, safe="")), request_timeout=30,
-                headers={"Authorization": f"token {hub_auth.api_token}"},
-                ssl_options=make_ssl_context(hub_auth.keyfile, hub_auth.certfile, cafile=hub_auth.client_ca)
-                if hub_auth.certfile and hub_auth.keyfile else None), raise_error=False)
-            if answer.code != 200:
-                raise web.HTTPError(503, "The hub is not answering right now, please retry.")
-            session = (json.loads(answer.body).get("servers") or {}).get(server)
-            job_id, profile_name = job_and_profile(session or {})
-            if not session or not session.get("ready") or job_id is None:
-                raise web.HTTPError(400, f"You have no running session{named} to extend.")
-            try:
-                profile = settings.profile(profile_name)
-            except KeyError:
-                raise web.HTTPError(400, f"Your session's profile {shown(profile_name)} is no longer offered; "
-                                    "it keeps its walltime.") from None
-            result = await extend_walltime(slurm, job_id, profile, minutes)
-            if not result.done:
-                log.info("Extending the session of %s refused: %s", user, result.message)
-                raise web.HTTPError(400, result.message)
-            log.info("Session of %s extended: %s", user, result.message)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"message": result.message, "time_limit_s": result.time_limit_s}))
-
-    class AboutHandler(web.RequestHandler):
-        def get(self):  # JupyterHub's checks that its services answer
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"service": NAME, "post": url_path_join(prefix, "extend")}))
-
-    return web.Application([(prefix, AboutHandler), (url_path_join(prefix, "extend"), ExtendHandler)])
+    shared = {"hub": Hub(), "slurm": slurm, "settings": settings, "busy": asyncio.Semaphore(AT_ONCE), "users": {}}
+    return web.Application([(url_path_join(PREFIX, "extend"), ExtendHandler, shared)])
 
 
-def _spawner_config(settings):
+def _spawner_config(settings) -> Config:
     """The hub's Slurm client settings (portal.hub.config's SlurmGPUSpawner section)."""
     c = Config()
     c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
@@ -183,16 +208,15 @@ def _spawner_config(settings):
     return c
 
 
-def _server_ssl(settings):
-    """The hub's own internal certificate (the sessions trust its CA and check its name); its
-    clients need one of the internal CAs', as at the hub's API. None without internal_ssl."""
-    hub = settings.hub
-    if not hub.internal_ssl:
-        return None
-    store = os.path.join(hub.data_dir, "internal-ssl")
-    return make_ssl_context(os.path.join(store, "hub-internal", "hub-internal.key"),
-                            os.path.join(store, "hub-internal", "hub-internal.crt"),
-                            cafile=os.path.join(store, "hub-ca_trust.crt"), purpose=ssl.Purpose.CLIENT_AUTH)
+def _server_ssl(settings) -> ssl.SSLContext:
+    """The hub's own internal certificate (the sessions trust its CA and check its name). Clients show
+    a certificate of one of the internal CAs, as at the hub's API (a session's does); the token is
+    what names the user."""
+    store = Path(settings.hub.data_dir) / "internal-ssl"
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(store / "hub-ca_trust.crt"))
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_cert_chain(str(store / "hub-internal" / "hub-internal.crt"), str(store / "hub-internal" / "hub-internal.key"))
+    return context
 
 
 async def _listen(server: HTTPServer, port: int, host: str) -> None:
@@ -207,34 +231,35 @@ async def _listen(server: HTTPServer, port: int, host: str) -> None:
             await asyncio.sleep(0.5)
 
 
+def _hub_gone(hub_pid: int) -> bool:
+    return os.getppid() != hub_pid
+
+
 async def serve() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s dsportal-service] %(message)s")
+    hub_pid = int(os.environ.get(HUB_PID) or os.getppid())
+    if _hub_gone(hub_pid):
+        log.warning("the hub that started this service is gone: stopping")
+        return
     settings = settings_module.load()
-    app = make_app(settings)
-    hub = os.getppid()  # JupyterHub, which started this service and stops it as it stops
-    servers = [HTTPServer(app, max_body_size=256 * MOST_BODY)]  # up to 16 MiB: 413 in words
-    url = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])  # JupyterHub's and its proxy's way in
-    await _listen(servers[-1], url.port, url.hostname)
-    log.info("more walltime for sessions at %s", url.geturl())
-    if tls := os.environ.get(TLS_BIND):  # the sessions' way in, across the node network
-        host, _, port = tls.rpartition(":")
-        servers.append(HTTPServer(app, ssl_options=_server_ssl(settings), max_body_size=256 * MOST_BODY))
-        await _listen(servers[-1], int(port), host)
-        log.info("... and at https://%s (the hub's certificate)", tls)
+    url = urlparse(os.environ.get(BIND) or settings.hub.service_urls()[0])
+    server = HTTPServer(make_app(settings), ssl_options=_server_ssl(settings) if url.scheme == "https" else None,
+                        max_body_size=MOST_BODY, body_timeout=10, idle_connection_timeout=30)
+    await _listen(server, url.port, url.hostname)
+    log.info("more walltime for sessions at %s%s", url.geturl(), PREFIX)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopped.set)
     while not stopped.is_set():  # a hub killed outright stops nothing: its service goes with it
-        if os.getppid() != hub:
+        if _hub_gone(hub_pid):
             log.warning("the hub that started this service is gone: stopping")
             break
         try:
             await asyncio.wait_for(stopped.wait(), 1)
         except TimeoutError:
             pass
-    for server in servers:
-        server.stop()
+    server.stop()
 
 
 if __name__ == "__main__":

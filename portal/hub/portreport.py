@@ -8,7 +8,7 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.utils import utcnow
 from tornado import web
 
-from ..settings import json_kind
+from ..userjson import json_kind
 from . import metrics, upstream
 
 

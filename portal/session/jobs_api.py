@@ -39,7 +39,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
 from ..cluster.slurmclient import SlurmError, SlurmMissing, SlurmUnavailable, refusal_hint
-from ..rules import RequestError, extension_minutes
+from ..userjson import extension_minutes
 from . import hubapi
 from .api import MessageAPIHandler
 from .onuse import module_on_use
@@ -236,7 +236,7 @@ class ExtendHandler(MessageAPIHandler):
     async def post(self):
         try:
             minutes = extension_minutes(self.get_json_body())
-        except RequestError as error:
+        except ValueError as error:
             raise web.HTTPError(400, str(error)) from None
         # Its own name: after a hub restart the hub no longer knows which session a token belongs to.
         server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")

@@ -44,7 +44,7 @@ from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
 from tornado import web
 from tornado.websocket import WebSocketHandler
 
-from ..rules import unix_groups
+from ..userjson import unix_groups
 from . import hubapi, upstream
 from .api import MessageAPIHandler
 from .tools import GUEST_RECHECK, sharing_groups

@@ -34,10 +34,11 @@ def hub_running(settings) -> bool:
 
 
 def service_running(settings) -> bool:
-    """dsportal's JupyterHub service (portal/hub/extend.py), which the hub starts after its API."""
+    """dsportal's JupyterHub service (portal/hub/extend.py), which the hub starts after its API, listens."""
+    url = urlparse(settings.hub.service_urls()[0])
     try:
-        with urllib.request.urlopen(f"{settings.hub.service_urls()[0]}/services/dsportal/", timeout=2) as response:
-            return response.status == 200
+        socket.create_connection((url.hostname, url.port), timeout=2).close()
+        return True
     except OSError:
         return False
 
