@@ -24,7 +24,7 @@ LAYERS = {
 
 
 def layer(module: str) -> str:
-    if module in ("portal.defaults", "portal.sessionvars", "portal.wholefile"):
+    if module in ("portal.defaults", "portal.sessionvars", "portal.wholefile", "portal.userjson"):
         return "base"
     if module in ("portal.settings", "portal.cluster.slurmparse", "portal.cluster.slurmclient",
                   "portal.cluster.images"):
