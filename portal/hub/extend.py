@@ -31,6 +31,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import sys
@@ -136,7 +137,8 @@ class ExtendHandler(web.RequestHandler):
 
     async def post(self):
         kind, _, token = self.request.headers.get("Authorization", "").partition(" ")
-        if kind.lower() not in ("token", "bearer") or not token.strip():
+        token = token.strip()
+        if kind.lower() not in ("token", "bearer") or not re.fullmatch(r"[!-~]{1,1024}", token):
             _refuse(403, "Send your session's API token (Authorization: token ...).")
         try:
             body = json.loads(self.request.body or b"{}")
@@ -152,7 +154,7 @@ class ExtendHandler(web.RequestHandler):
         if len(server) > 255:
             _refuse(400, f"'server' is a session's name of at most 255 characters, not {len(server)}")
         async with self.busy:
-            who = await self.hub.get("user", token.strip())  # the hub's word, uncached: a revoked token is out
+            who = await self.hub.get("user", token)  # the hub's word, uncached: a revoked token is out
         if who.code == 599 or who.code >= 500:
             _refuse(503, "The hub is not answering right now, please retry.")
         model = json.loads(who.body) if who.code == 200 else None
