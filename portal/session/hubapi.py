@@ -22,13 +22,13 @@ async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
 async def service_post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
     """POST ``body`` to dsportal's JupyterHub service (portal.hub.extend) at ``path``, as the session,
     over the same TLS as to the hub (the service shows the hub's certificate); 599 where it did not
-    answer, or where the hub gave this session no address of it."""
-    base = os.environ.get(sessionvars.SERVICE_URL, "")
-    if not base:
-        return HTTPResponse(HTTPRequest(path), 599, error=RuntimeError(
-            "this session was started by an older hub, which gave it no address of dsportal's service: "
-            "start a new session"))
-    return await request("POST", path, body, timeout, base=base)
+    answer. The caller checks :func:`has_service` first."""
+    return await request("POST", path, body, timeout, base=os.environ.get(sessionvars.SERVICE_URL, ""))
+
+
+def has_service() -> bool:
+    """Whether the hub told this session where dsportal's service is (a hub older than it did not)."""
+    return bool(os.environ.get(sessionvars.SERVICE_URL))
 
 
 async def request(method: str, path: str, body: dict | None = None, timeout: float = 60,

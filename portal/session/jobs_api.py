@@ -240,6 +240,9 @@ class ExtendHandler(MessageAPIHandler):
             raise web.HTTPError(400, str(error)) from None
         # Its own name: after a hub restart the hub no longer knows which session a token belongs to.
         server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        if not hubapi.has_service():
+            raise web.HTTPError(409, "This session was started by an older version of the portal, which cannot extend "
+                                "it; save your work and start a new session for a longer walltime.")
         response = await hubapi.service_post("extend", {"minutes": minutes, "server": server})
         if response.code == 599:
             raise web.HTTPError(503, f"The hub is not answering right now, please retry: {hubapi.message_of(response)}")
