@@ -44,11 +44,11 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from tornado.httpserver import HTTPServer
-from traitlets.config import Config
 
-from spawner.gpuspawner import SlurmGPUSpawner, extend_walltime
+from spawner.gpuspawner import extend_walltime
 
 from .. import settings as settings_module
+from ..cluster.slurmclient import shared_client
 from ..settings import shown
 from ..userjson import extension_minutes, json_kind
 
@@ -194,20 +194,10 @@ class ExtendHandler(web.RequestHandler):
 
 
 def make_app(settings) -> web.Application:
-    slurm = SlurmGPUSpawner.shared_client(_spawner_config(settings))
+    slurm = shared_client(settings.slurm.conf, str(settings.slurm.bin_dir), settings.slurm.submit_as,
+                          settings.slurm.squeue_interval, str(settings.slurm.mediator))  # as the hub's (config.py)
     shared = {"hub": Hub(), "slurm": slurm, "settings": settings, "busy": asyncio.Semaphore(AT_ONCE), "users": {}}
     return web.Application([(url_path_join(PREFIX, "extend"), ExtendHandler, shared)])
-
-
-def _spawner_config(settings) -> Config:
-    """The hub's Slurm client settings (portal.hub.config's SlurmGPUSpawner section)."""
-    c = Config()
-    c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
-    c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
-    c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
-    c.SlurmGPUSpawner.mediator = str(settings.slurm.mediator)
-    c.SlurmGPUSpawner.squeue_interval = settings.slurm.squeue_interval
-    return c
 
 
 def _server_ssl(settings) -> ssl.SSLContext:
