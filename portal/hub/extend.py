@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import json
 import logging
 import os
@@ -211,15 +212,21 @@ def _server_ssl(settings) -> ssl.SSLContext:
     return context
 
 
-async def _listen(server: HTTPServer, port: int, host: str) -> None:
-    """Bind, waiting up to 10 s for the port: the service of a hub killed a moment ago may still hold it."""
-    for attempt in range(20):
+async def _listen(server: HTTPServer, port: int, host: str, hub_pid: int) -> bool:
+    """Bind, waiting as long as the port is taken: by the service of a hub killed a moment ago, or by
+    someone else's process (who gets no token: the sessions check the hub's certificate). Said every 10 s.
+    False where the hub is gone meanwhile."""
+    for attempt in itertools.count():
+        if _hub_gone(hub_pid):
+            return False
         try:
             server.listen(port, host)
-            return
+            return True
         except OSError as error:
-            if error.errno != errno.EADDRINUSE or attempt == 19:
+            if error.errno != errno.EADDRINUSE:
                 raise
+            if attempt % 20 == 0:
+                log.warning("%s:%s is taken; sessions cannot extend their walltime until it is free", host, port)
             await asyncio.sleep(0.5)
 
 
@@ -237,7 +244,9 @@ async def serve() -> None:
     url = urlparse(os.environ.get(BIND) or settings.hub.service_urls()[0])
     server = HTTPServer(make_app(settings), ssl_options=_server_ssl(settings) if url.scheme == "https" else None,
                         max_body_size=MOST_BODY, body_timeout=10, idle_connection_timeout=30)
-    await _listen(server, url.port, url.hostname)
+    if not await _listen(server, url.port, url.hostname, hub_pid):
+        log.warning("the hub that started this service is gone: stopping")
+        return
     log.info("more walltime for sessions at %s%s", url.geturl(), PREFIX)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
