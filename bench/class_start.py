@@ -60,18 +60,23 @@ def machine_busy() -> tuple[float, int]:
     return busy / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
 
 
-def class_jobs_cpu(students: list[str]) -> float:
-    """CPU seconds the students' running session jobs used so far (servers and their kernels: bench/cpu.py)."""
-    from cpu import job_cpu_seconds
+def class_jobs_cpu(students: list[str]) -> dict[str, float]:
+    """CPU seconds the students' running session jobs used so far, in all and in parts (bench/cpu.py
+    job_cpu_parts): ``running`` (servers, kernels still running), ``reaped`` (kernels shut down after
+    the first cell), ``system`` (kernel-mode time of both)."""
+    from cpu import job_cpu_parts
 
     out = subprocess.run(["squeue", "-h", "-t", "R", "-u", ",".join(students), "-o", "%A"],
                          capture_output=True, text=True).stdout
-    total = 0.0
+    total = {"all": 0.0, "running": 0.0, "reaped": 0.0, "system": 0.0}
     for job_id in out.split():
         try:
-            total += job_cpu_seconds(int(job_id))
+            parts = job_cpu_parts(int(job_id))
         except (RuntimeError, ValueError):
-            pass
+            continue
+        for name, seconds in parts.items():
+            total[name] += seconds
+        total["all"] += parts["running"] + parts["reaped"]
     return total
 
 
@@ -248,7 +253,9 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "job_queries_per_min_starting": job_queries_in(delta) * 60 / (ended - start),
         "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
         "window": (start_wall, ended_wall), **used,
-        "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start, "class_jobs_cpu": jobs_cpu,
+        "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start, "class_jobs_cpu": jobs_cpu["all"],
+        "class_jobs_running_cpu": jobs_cpu["running"], "class_jobs_reaped_cpu": jobs_cpu["reaped"],
+        "class_jobs_system_cpu": jobs_cpu["system"],
         "clients_cpu": clients_cpu,
         "all_gone": time.monotonic() - stopping,
     }
@@ -271,7 +278,10 @@ def describe(result: dict) -> str:
     machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "
                f"{result['machine_seconds']:.0f} CPU-s "
                f"({100 * result['machine_busy'] / (result['machine_cpus'] * result['machine_seconds']):.0f} %), "
-               f"the class's jobs {result['class_jobs_cpu']:.0f} CPU-s ({result['class_jobs_cpu'] / result['students']:.2f} per student)"
+               f"the class's jobs {result['class_jobs_cpu']:.0f} CPU-s ({result['class_jobs_cpu'] / result['students']:.2f} per student"
+               + (f": servers {result['class_jobs_running_cpu']:.0f}, kernels shut down {result['class_jobs_reaped_cpu']:.0f}, "
+                  f"of all system time {result['class_jobs_system_cpu']:.0f}" if "class_jobs_running_cpu" in result else "")
+               + ")"
                + (f", proxy {result['proxy_cpu']:.0f} CPU-s" if "proxy_cpu" in result else "")
                + (f", the students' clients {result['clients_cpu']:.0f} CPU-s" if "clients_cpu" in result else "")
                if "machine_busy" in result else "")

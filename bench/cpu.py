@@ -25,15 +25,36 @@ def _process_cpu(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS  # fields 14-17 of proc(5)
 
 
-def job_cpu_seconds(job_id: int) -> float:
-    """CPU seconds of the job's steps so far, on whichever node runs it."""
+def _job_pids(job_id: int) -> set[int]:
     pids = set()
     for procs in FREEZER.glob(f"slurm_*/uid_*/job_{job_id}/step_*/cgroup.procs"):
         if procs.parent.name != "step_extern":
             pids |= {int(line) for line in procs.read_text().split()}
     if not pids:
         raise RuntimeError(f"no processes of job {job_id} found under {FREEZER} (cgroup v1 freezer, proctrack/cgroup)")
-    return sum(_process_cpu(pid) for pid in pids)
+    return pids
+
+
+def job_cpu_seconds(job_id: int) -> float:
+    """CPU seconds of the job's steps so far, on whichever node runs it."""
+    return sum(_process_cpu(pid) for pid in _job_pids(job_id))
+
+
+def job_cpu_parts(job_id: int) -> dict[str, float]:
+    """The job's CPU seconds so far in parts: ``running`` (its processes' own utime + stime: the
+    server, and kernels still running), ``reaped`` (what they waited for: kernels shut down, short
+    helpers), and ``system`` (the kernel-mode share of both, utime left out)."""
+    parts = {"running": 0.0, "reaped": 0.0, "system": 0.0}
+    for pid in _job_pids(job_id):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        utime, stime, cutime, cstime = (int(fields[i]) / TICKS for i in (11, 12, 13, 14))
+        parts["running"] += utime + stime
+        parts["reaped"] += cutime + cstime
+        parts["system"] += stime + cstime
+    return parts
 
 
 def kernel_cpu_seconds(user) -> float:
