@@ -3,10 +3,16 @@ session up to her profile's maximum (the hub, a Slurm operator, changes the job'
 and is told in words where the profile or Slurm says no. Real hub, real Slurm, a real browser."""
 
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -15,6 +21,8 @@ from playwright.sync_api import sync_playwright
 from conftest import CONFIG, HUB, REPO, login
 from portal import settings as settings_module
 from portal.cluster import demo
+from portal.cluster.demo.base import paths
+from portal.hub.extend import MOST_CONNECTIONS
 from test_profiles import only_job, scontrol
 
 
@@ -132,6 +140,142 @@ def test_extending_while_the_hub_is_down_says_so_and_works_once_it_is_back(alice
     done = extend(alice, 30)
     assert done.status_code == 200, done.text
     assert scontrol(job_id)["TimeLimit"] == "01:30:00"
+
+
+# bob's listener on the service's address: TLS with a certificate of his own for the hub's name, every
+# connection's first request (or why there was none) appended to a file; bounded to 300 s.
+NEIGHBOUR = r"""
+import socket, ssl, sys, time
+host, port, cert, key, out = sys.argv[1:6]
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+deadline = time.monotonic() + 30
+while True:
+    try:
+        listener.bind((host, int(port)))
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.2)
+listener.listen(16)
+listener.settimeout(1)
+print("listening", flush=True)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+end = time.monotonic() + 300
+with open(out, "ab", buffering=0) as log:
+    while time.monotonic() < end:
+        try:
+            connection, _ = listener.accept()
+        except socket.timeout:
+            continue
+        connection.settimeout(5)
+        try:
+            with context.wrap_socket(connection, server_side=True) as tls:
+                log.write(b"handshake done\n" + tls.recv(65536) + b"\n")
+        except OSError as error:
+            log.write(f"no request: {error}\n".encode())
+"""
+
+
+def test_a_neighbour_on_the_services_port_gets_no_token_and_the_service_takes_it_back(alice):
+    """bob, with a shell on the login node, takes the service's address while the hub is down, with a
+    certificate of his own for the hub's name. alice's extension fails in words, and nothing of a token
+    reaches him: the demo's firewall refuses her session's connection to his listener, and a client
+    the firewall lets through (root's, with her token) refuses his certificate. A hub started while he
+    holds the port has its service wait for it; sessions extend again once he lets go."""
+    alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    job_id = only_job("alice")["job_id"]
+    assert alice.api("GET", "/user/alice/api/status").status_code == 200  # her token, checked and kept
+    bind = urlparse(settings_module.load(CONFIG).hub.service_urls()[0])
+    folder = Path(tempfile.mkdtemp(prefix="dsportal-test-"))  # pytest's tmp_path is root's alone
+    shutil.chown(folder, "bob")
+    heard, hub_log = folder / "heard", paths().log / "hub.log"
+    bob = None
+    try:
+        subprocess.run(["runuser", "-u", "bob", "--", "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", f"/CN={bind.hostname}",
+                        "-addext", f"subjectAltName=DNS:{bind.hostname}", "-keyout", str(folder / "key"),
+                        "-out", str(folder / "cert")], check=True, capture_output=True)
+        demo.stop_hub()
+        bob = subprocess.Popen(["runuser", "-u", "bob", "--", sys.executable, "-c", NEIGHBOUR, bind.hostname,
+                                str(bind.port), str(folder / "cert"), str(folder / "key"), str(heard)],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert bob.stdout.readline().strip() == "listening"  # the service went with its hub within a second
+        answer = extend(alice, 30)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["message"].startswith("The hub is not answering right now, please retry"), answer.text
+        assert scontrol(job_id)["TimeLimit"] == "01:00:00"
+        with pytest.raises(requests.exceptions.SSLError):
+            at_service(alice.token, json={"minutes": 30})
+        logged = hub_log.stat().st_size
+        demo.ensure_hub()  # its service finds the port taken, and waits
+        for _ in range(60):
+            with open(hub_log, "rb") as log:
+                log.seek(logged)
+                if b"is taken; sessions cannot extend their walltime until it is free" in log.read():
+                    break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the hub's service did not say it waits for its port")
+        assert extend(alice, 30).status_code == 503
+    finally:
+        if bob:
+            os.killpg(bob.pid, signal.SIGKILL)
+            bob.wait()
+        said = heard.read_bytes() if heard.exists() else b""
+        shutil.rmtree(folder, ignore_errors=True)
+        demo.ensure_hub()
+    assert b"no request" in said, said  # root's client reached him, and left at his certificate
+    assert b"handshake done" not in said and b"token" not in said.lower(), said
+    for _ in range(60):  # the firewall refuses her at that port for 10 s after bob's listener did
+        answer = extend(alice, 30)
+        if answer.status_code != 503:
+            break
+        time.sleep(0.5)
+    assert answer.status_code == 200, answer.text
+    assert scontrol(job_id)["TimeLimit"] == "01:30:00"
+
+
+def test_a_flood_of_connections_holds_the_service_to_its_cap_and_it_serves_after(portal):
+    """Any local account reaches the service's port. Whoever opens connections to it by the hundred
+    holds at most MOST_CONNECTIONS of them: each new one past that closes the oldest, and the service
+    never runs out of file descriptors. Once they end, it serves again."""
+    url = urlparse(settings_module.load(CONFIG).hub.service_urls()[1])
+    flood = []
+    try:
+        for _ in range(MOST_CONNECTIONS + 40):
+            flood.append(socket.create_connection((url.hostname, url.port), timeout=5))
+        for connection in flood:
+            connection.setblocking(False)
+        closed = set()
+        for _ in range(16):  # within the service's 10 s for a connection without a request
+            for number, connection in enumerate(flood):
+                try:
+                    if connection.recv(1) == b"":
+                        closed.add(number)
+                except BlockingIOError:  # kept open, waiting for its TLS handshake
+                    pass
+                except ConnectionResetError:
+                    closed.add(number)
+            if len(closed) >= 40:
+                break
+            time.sleep(0.5)
+        assert 40 <= len(closed) < len(flood), len(closed)
+        assert min(closed) < 40, sorted(closed)  # the oldest went first
+    finally:
+        for connection in flood:
+            connection.close()
+    for _ in range(40):
+        try:
+            answer = at_service("nope", json={"minutes": 5})
+            break
+        except requests.ConnectionError:
+            time.sleep(0.5)
+    else:
+        raise AssertionError("the service did not answer after the flood")
+    assert answer.status_code == 403, answer.text
 
 
 def test_the_partitions_own_limit_holds_though_the_hub_is_a_slurm_operator(second_hub):

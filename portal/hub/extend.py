@@ -22,6 +22,11 @@ state), and it stops by itself when the hub that started it is gone, even killed
   does (JupyterHub 6.1 would also check an https service at start with its server-side TLS context,
   which cannot connect, and stop; see docs/explanation/architecture.md).
 - **Load.** A request is at most 64 KiB and 10 s in coming; one at a time per user, a few at once.
+  At most MOST_CONNECTIONS connections are open at once, each for at most 10 s without a request;
+  past that the oldest is closed as a new one comes. So whoever opens connections by the thousand
+  never runs the service out of file descriptors (where tornado would retry its failing accept on
+  every turn of the loop), nor shuts the sessions out: a session's request, sent as it connects,
+  is long done before MOST_CONNECTIONS others have come after it.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ ROLE = "dsportal-service"
 SCOPES = ["read:servers", "admin:server_state"]
 MOST_BODY = 64 * 1024  # bytes of a request ({"minutes": N, "server": NAME} is far less)
 AT_ONCE = 4  # requests being worked on at once (each asks the hub twice and Slurm up to four times)
+MOST_CONNECTIONS = 256  # open at once (sessions ask rarely, AT_ONCE at a time); far below its file descriptors
+IDLE = 10  # seconds a connection may stay open without a whole request (its TLS handshake included)
 BIND = "DSPORTAL_SERVICE_BIND"  # scheme://host:port it listens at
 HUB_PID = "DSPORTAL_HUB_PID"  # the hub that started it: gone, the service stops
 log = logging.getLogger("dsportal.extend")
@@ -212,6 +219,28 @@ def _server_ssl(settings) -> ssl.SSLContext:
     return context
 
 
+class BoundedServer(HTTPServer):
+    """tornado's HTTP server with at most ``most`` connections open: a new one past that closes the
+    oldest (said in the log at most once a minute). Connections that ended are let go on each new one."""
+
+    def initialize(self, *args, most: int = MOST_CONNECTIONS, **kwargs) -> None:
+        super().initialize(*args, **kwargs)
+        self.most, self.streams, self.said_full = most, {}, -60.0  # streams: open ones, oldest first
+
+    def handle_stream(self, stream, address) -> None:
+        self.streams = {open_: None for open_ in self.streams if not open_.closed()}
+        if len(self.streams) >= self.most:
+            oldest = next(iter(self.streams))
+            del self.streams[oldest]
+            oldest.close()
+            now = asyncio.get_running_loop().time()
+            if now - self.said_full >= 60:
+                self.said_full = now
+                log.warning("%d connections open, the most it keeps: each new one closes the oldest", self.most)
+        self.streams[stream] = None
+        super().handle_stream(stream, address)
+
+
 async def _listen(server: HTTPServer, port: int, host: str, hub_pid: int) -> bool:
     """Bind, waiting as long as the port is taken: by the service of a hub killed a moment ago, or by
     someone else's process (who gets no token: the sessions check the hub's certificate). Said every 10 s.
@@ -242,8 +271,8 @@ async def serve() -> None:
         return
     settings = settings_module.load()
     url = urlparse(os.environ.get(BIND) or settings.hub.service_urls()[0])
-    server = HTTPServer(make_app(settings), ssl_options=_server_ssl(settings) if url.scheme == "https" else None,
-                        max_body_size=MOST_BODY, body_timeout=10, idle_connection_timeout=30)
+    server = BoundedServer(make_app(settings), ssl_options=_server_ssl(settings) if url.scheme == "https" else None,
+                           max_body_size=MOST_BODY, body_timeout=10, idle_connection_timeout=IDLE)
     if not await _listen(server, url.port, url.hostname, hub_pid):
         log.warning("the hub that started this service is gone: stopping")
         return
