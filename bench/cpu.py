@@ -16,13 +16,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
-def _process_cpu(pid: int) -> float:
-    """utime + stime + cutime + cstime of a process, in seconds (0 if it is gone)."""
+def _process_times(pid: int) -> tuple[float, float, float, float]:
+    """(utime, stime, cutime, cstime) of a process, in seconds (zeros if it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS  # fields 14-17 of proc(5)
+        return 0.0, 0.0, 0.0, 0.0
+    return tuple(int(fields[i]) / TICKS for i in (11, 12, 13, 14))  # fields 14-17 of proc(5)
+
+
+def _process_cpu(pid: int) -> float:
+    """utime + stime + cutime + cstime of a process, in seconds (0 if it is gone)."""
+    return sum(_process_times(pid))
 
 
 def _job_pids(job_id: int) -> set[int]:
@@ -46,11 +51,7 @@ def job_cpu_parts(job_id: int) -> dict[str, float]:
     helpers), and ``system`` (the kernel-mode share of both, utime left out)."""
     parts = {"running": 0.0, "reaped": 0.0, "system": 0.0}
     for pid in _job_pids(job_id):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        utime, stime, cutime, cstime = (int(fields[i]) / TICKS for i in (11, 12, 13, 14))
+        utime, stime, cutime, cstime = _process_times(pid)
         parts["running"] += utime + stime
         parts["reaped"] += cutime + cstime
         parts["system"] += stime + cstime
