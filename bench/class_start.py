@@ -61,14 +61,14 @@ def machine_busy() -> tuple[float, int]:
 
 
 def class_jobs_cpu(students: list[str]) -> dict[str, float]:
-    """CPU seconds the students' running session jobs used so far, in all and in parts (bench/cpu.py
-    job_cpu_parts): ``running`` (servers, kernels still running), ``reaped`` (kernels shut down after
-    the first cell), ``system`` (kernel-mode time of both)."""
+    """CPU seconds the students' running session jobs used so far, in parts (bench/cpu.py job_cpu_parts):
+    ``running`` (servers, kernels still running) and ``reaped`` (kernels shut down after the first cell),
+    which add up to all of it, and ``system`` (kernel-mode time of both)."""
     from cpu import job_cpu_parts
 
     out = subprocess.run(["squeue", "-h", "-t", "R", "-u", ",".join(students), "-o", "%A"],
                          capture_output=True, text=True).stdout
-    total = {"all": 0.0, "running": 0.0, "reaped": 0.0, "system": 0.0}
+    total = {"running": 0.0, "reaped": 0.0, "system": 0.0}
     for job_id in out.split():
         try:
             parts = job_cpu_parts(int(job_id))
@@ -76,7 +76,6 @@ def class_jobs_cpu(students: list[str]) -> dict[str, float]:
             continue
         for name, seconds in parts.items():
             total[name] += seconds
-        total["all"] += parts["running"] + parts["reaped"]
     return total
 
 
@@ -253,7 +252,8 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "job_queries_per_min_starting": job_queries_in(delta) * 60 / (ended - start),
         "job_queries_per_min_running": running_queries * 60 / steady if running_queries is not None else None,
         "window": (start_wall, ended_wall), **used,
-        "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start, "class_jobs_cpu": jobs_cpu["all"],
+        "machine_busy": busy, "machine_cpus": cpus, "machine_seconds": ended - start,
+        "class_jobs_cpu": jobs_cpu["running"] + jobs_cpu["reaped"],
         "class_jobs_running_cpu": jobs_cpu["running"], "class_jobs_reaped_cpu": jobs_cpu["reaped"],
         "class_jobs_system_cpu": jobs_cpu["system"],
         "clients_cpu": clients_cpu,

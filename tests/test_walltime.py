@@ -357,3 +357,18 @@ def test_at_the_walltimes_end_documents_are_saved_kernels_stop_and_the_next_page
     assert "As it ended, JupyterLab saved: walltime-end.ipynb." in home, home
     log = open(f"/home/alice/.dsportal/logs/session-{job_id}.log").read()
     assert "dsportal: kernels shut down before the walltime's end" in log, log[-2000:]
+
+
+def test_without_the_services_address_a_session_asks_nobody_in_its_place(monkeypatch):
+    """A session started by an older hub has no address of dsportal's service: its extension is refused
+    in words (409, jobs_api) and the request is never sent, to the hub's API or anywhere else."""
+    import asyncio
+
+    from portal import sessionvars
+    from portal.session import hubapi
+
+    monkeypatch.delenv(sessionvars.SERVICE_URL, raising=False)
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "https://127.0.0.1:9/hub/api")  # where a fall-back would go
+    assert not hubapi.has_service()
+    answer = asyncio.run(hubapi.service_post("extend", {"minutes": 5}))
+    assert answer.code == 599 and "no address of dsportal's service" in str(answer.error)

@@ -22,8 +22,12 @@ async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
 async def service_post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:
     """POST ``body`` to dsportal's JupyterHub service (portal.hub.extend) at ``path``, as the session,
     over the same TLS as to the hub (the service shows the hub's certificate); 599 where it did not
-    answer. The caller checks :func:`has_service` first."""
-    return await request("POST", path, body, timeout, base=os.environ.get(sessionvars.SERVICE_URL, ""))
+    answer, or where the hub gave this session no address of it (the caller checks :func:`has_service`
+    first, to say so in words): never the hub's own API in its place."""
+    base = os.environ.get(sessionvars.SERVICE_URL, "")
+    if not base:
+        return HTTPResponse(HTTPRequest(path), 599, error=RuntimeError("no address of dsportal's service"))
+    return await request("POST", path, body, timeout, base=base)
 
 
 def has_service() -> bool:
