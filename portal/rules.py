@@ -619,16 +619,22 @@ def _image(name: str | None, policy: LaunchPolicy, profile: Profile, image_statu
 
 
 def _script_file(script: str, base_dir: str | os.PathLike, kind: str = "script") -> str:
+    """The file a job request names, relative to ``base_dir``, as an absolute path. Any file the user can
+    read may run (it runs as her): her own, and outside her home the packaged examples and her courses'
+    templates. A refusal names the path as resolved, and says so when it is outside her home."""
     path = Path(os.path.expanduser(script))
     path = path if path.is_absolute() else Path(base_dir) / path
+    shown_path = Path(os.path.normpath(path))  # "..", "." and "//" gone; links are not followed for the words
+    home = Path(os.path.expanduser("~"))
+    where = "" if shown_path.is_relative_to(home) else f" (outside your home {home})"
     try:
         is_file = path.is_file()
     except OSError as error:  # a folder she may not enter (another user's home): EACCES, not "no such file"
-        raise RequestError(f"{kind} {path} cannot be read: {error.strerror}") from None
+        raise RequestError(f"{kind} {shown_path}{where} cannot be read: {error.strerror}") from None
     if not is_file:
-        raise RequestError(f"no such {kind}: {path}")
+        raise RequestError(f"no such {kind}: {shown_path}{where}")
     if not os.access(path, os.R_OK):
-        raise RequestError(f"{kind} {path} is not readable")
+        raise RequestError(f"{kind} {shown_path}{where} is not readable")
     return str(path.resolve())
 
 

@@ -228,6 +228,20 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     put_notebook(alice, "nbjobs/train.ipynb", TRAIN)
     put_notebook(alice, "nbjobs/failing.ipynb", FAILING)
 
+    # A text file named .ipynb is refused in words before anything reaches Slurm (it would fail in its job).
+    alice.api("PUT", "/user/alice/api/contents/nbjobs/garbage.ipynb",
+              json={"type": "file", "format": "text", "content": "these are my notes, not a notebook\n"})
+    before = jobs_api(alice, "GET").json()["jobs"]
+    response = jobs_api(alice, "POST", json={"notebook": "nbjobs/garbage.ipynb", "profile": "cpu"})
+    assert response.status_code == 400, response.text
+    assert response.json()["message"] == ("/home/alice/nbjobs/garbage.ipynb is not a Jupyter notebook: its content "
+                                          "is not JSON (a file renamed to .ipynb?). Nothing was submitted."), response.text
+    assert jobs_api(alice, "GET").json()["jobs"] == before
+    # A path out of her home is said as it resolves, and as outside her home.
+    response = jobs_api(alice, "POST", json={"notebook": "../../../etc/x.ipynb", "profile": "cpu"})
+    assert response.status_code == 400, response.text
+    assert response.json()["message"] == "no such notebook: /etc/x.ipynb (outside your home /home/alice)", response.text
+
     # One run, its parameters overridden; its log says which cell runs while the job runs.
     response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu",
                                              "parameters": {"lr": 0.25, "label": "one"}})
@@ -324,6 +338,46 @@ def test_the_notebook_a_job_runs_is_judged_and_read_through_one_open_file(tmp_pa
     big.write_bytes(b" " * (MAX_NOTEBOOK_BYTES + 1))
     with pytest.raises(RequestError, match="is over 50 MB: clear its outputs first"):
         _read_notebook(str(big))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("content,expected", [
+    (b"these are my notes\n", "its content is not JSON (a file renamed to .ipynb?)"),
+    (b"\xff\xfe\x00garbage", "it is not text (a notebook is JSON in UTF-8)"),
+    (b'["a", "list"]', "its JSON is not a notebook's"),
+    (b'{"cells": []}', "its JSON is not a notebook's"),
+    (b"", "its content is not JSON"),
+])
+def test_a_file_named_ipynb_that_is_no_notebook_is_refused_in_words_before_submitting(tmp_path, content, expected):
+    from portal.rules import RequestError
+    from portal.session.jobs import _read_notebook
+
+    fake = tmp_path / "garbage.ipynb"
+    fake.write_bytes(content)
+    with pytest.raises(RequestError) as refused:
+        _read_notebook(str(fake))
+    assert str(refused.value).startswith(f"{fake} is not a Jupyter notebook: {expected}"), str(refused.value)
+    assert str(refused.value).endswith("Nothing was submitted."), str(refused.value)
+
+
+@pytest.mark.quick
+def test_a_notebooks_path_is_said_as_it_resolves_and_outside_her_home_plainly(tmp_path, monkeypatch):
+    from portal.rules import RequestError
+    from portal.session import jobs
+
+    home = tmp_path / "home" / "alice"
+    (home / "work").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(RequestError) as refused:
+        jobs.plan({"notebook": "../../../etc/x.ipynb"}, _policy(), home / "work")
+    assert str(refused.value) == f"no such notebook: {tmp_path}/etc/x.ipynb (outside your home {home})"
+    with pytest.raises(RequestError) as refused:
+        jobs.plan({"notebook": "./work/../missing.ipynb"}, _policy(), home)
+    assert str(refused.value) == f"no such notebook: {home}/missing.ipynb"  # in her home: no more words
+    packaged = tmp_path / "examples" / "train.ipynb"  # one she may read outside her home runs
+    packaged.parent.mkdir()
+    nbformat.write(notebook(TRAIN), str(packaged))
+    assert jobs.plan({"notebook": str(packaged)}, _policy(), home).notebook == str(packaged)
 
 
 @pytest.mark.quick

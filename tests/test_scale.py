@@ -78,6 +78,21 @@ def test_sacct_records_are_read_whole_whatever_a_name_or_comment_holds():
     assert sacct_records("", fields, sep) == []
 
 
+@pytest.mark.quick
+def test_a_start_past_the_spawn_limit_speaks_of_sessions_starting_not_of_logins():
+    from tornado import web
+
+    from portal.hub.pacing import spawn_limit_words
+
+    refused = web.HTTPError(429, "Too many users trying to log in right now. Try again in 2 minutes.")
+    said = spawn_limit_words(100, refused)
+    assert said.startswith("100 sessions are starting on the portal right now") and "log in" not in said, said
+    assert said.endswith("nothing was submitted to the cluster: please try again in 2 minutes."), said
+    refused = web.HTTPError(429, "something else")
+    refused.headers = {"Retry-After": 42}
+    assert spawn_limit_words(1, refused).endswith("please try again in 42 seconds."), spawn_limit_words(1, refused)
+
+
 def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_lost(second_hub):
     base = second_hub(one_start_at_a_time)
     alice, bob = login(base, "alice"), login(base, "bob")
@@ -89,16 +104,18 @@ def test_a_start_past_the_spawn_limit_is_told_in_words_to_retry_and_nothing_is_l
         refused = bob.start_server({"profile": "cpu"})
         assert refused.status_code == 429, refused.text
         assert refused.headers.get("Retry-After") in ("1", "2"), refused.headers
-        # The REST API answers in JupyterHub's words, with when to retry.
+        # The REST API answers in the portal's words (a start, not a login), with JupyterHub's time to retry.
         said = refused.json()["message"]
-        assert said.startswith("Too many users trying to log in right now. Try again in"), said
+        assert said == ("1 session is starting on the portal right now (sessions waiting in the cluster's queue "
+                        "count too), the most it starts at once. Yours was not started and nothing was submitted "
+                        "to the cluster: please try again in 10 seconds."), said
 
         page = bob.web.post(f"{base}/hub/spawn", data={"_xsrf": bob.web.cookies.get("_xsrf"), "profile": "cpu",
                                                        "gpus.cpu": "0", "walltime.cpu": "02:00:00"},
                             allow_redirects=False)
         assert page.status_code == 429, page.status_code
         text = html.unescape(page.text)
-        # The form in the portal's (templates/hub/spawn.html), with JupyterHub's time to retry.
+        # The form in the same words, and the form again to press Start once more.
         assert ("1 session is starting on the portal right now" in text and "the most it starts at once" in text
                 and "nothing was submitted to the cluster: please try again in 10 seconds." in text), text[-2000:]
         assert page.headers.get("Retry-After") in ("1", "2"), page.headers

@@ -145,8 +145,51 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
         time.sleep(1)
     assert bob.api("GET", f"{prefix}/api/contents").status_code == 403
 
+    # Shared again through the hub's API (as the docs offer it beside the panel), after a take-back there
+    # and after one in the panel: bob is in within the session's recheck either way, not after the 5
+    # minutes the session's cache of the hub's "no" would keep him out.
+    for taken_back_in in ("the hub's API", "the Share panel"):
+        if taken_back_in == "the Share panel":
+            assert alice.api("DELETE", f"{SHARING}?user=bob").status_code == 200
+            assert bob.api("GET", f"{prefix}/api/contents").status_code == 403
+        shared = alice.api("POST", f"/hub/api/shares/alice/{TRAIN}", json={"user": "bob"})
+        assert shared.status_code == 200, shared.text
+        assert [s["user"] for s in alice.api("GET", SHARING).json()["shares"]] == ["bob"]
+        started, deadline = time.monotonic(), time.monotonic() + 30
+        while bob.api("GET", f"{prefix}/api/contents").status_code != 200:
+            assert time.monotonic() < deadline, f"bob still refused 30 s after a share at the hub ({taken_back_in})"
+            time.sleep(0.5)
+        print(f"re-shared at the hub after a take-back in {taken_back_in}: bob in after "
+              f"{time.monotonic() - started:.1f} s")
 
-def test_only_a_session_started_shareable_by_a_member_of_the_groups_is_shareable(admin, alice):
+
+@pytest.mark.quick
+def test_a_session_not_started_shareable_is_not_listed_as_shared_with_anyone():
+    """A share of a session that would refuse its guest (made before it was started again without the box
+    ticked) is not on the guest's home page."""
+    from types import SimpleNamespace
+
+    from portal.hub.sessions import shared_with
+
+    class Owner:  # JupyterHub's users: keys of its UserDict
+        name = "alice"
+
+    owner = Owner()
+    users = {owner: SimpleNamespace(server_url=lambda name: f"/user/alice/{name}/")}
+
+    def share(name: str, options):
+        return SimpleNamespace(user=SimpleNamespace(name="bob"), spawner=SimpleNamespace(
+            user=owner, name=name, server=object(), user_options=options))
+
+    bob = SimpleNamespace(name="bob", settings={"users": users}, orm_user=SimpleNamespace(all_shared_with_me=[
+        share("train", {"profile": "cpu", "shared": True}), share("", {"profile": "cpu"}), share("old", None)]))
+    assert [(r.owner, r.name) for r in shared_with(bob)] == [("alice", "train")]
+    assert hub_sharing.not_shareable("alice", "") == (
+        "alice's default session was not started shareable, so nobody could open it through a share: start it "
+        "with \"Let me share this session with a colleague\" ticked, then share it.")
+
+
+def test_only_a_session_started_shareable_by_a_member_of_the_groups_is_shareable(admin, alice, bob):
     """alice's sessions are shareable only when she asks at the start; dave is in no sharing group: he
     cannot ask, and his sessions cannot be shared, and say so."""
     # The form offers the box to members of a sharing group only.
@@ -156,6 +199,15 @@ def test_only_a_session_started_shareable_by_a_member_of_the_groups_is_shareable
     assert alice.api("GET", "/user/alice/dsportal/api/sharing?brief=1").json() == {"shareable": False}
     refused = alice.api("POST", "/user/alice/dsportal/api/sharing", json={"user": "bob"})
     assert refused.status_code == 400 and "cannot be shared" in refused.json()["message"]
+    # The hub's own share API refuses it too, in words (a share or a share code), and bob is shown nothing.
+    for api in ("shares", "share-codes"):
+        refused = alice.api("POST", f"/hub/api/{api}/alice/", json={"user": "bob"} if api == "shares" else {})
+        assert refused.status_code == 400, (api, refused.text)
+        assert refused.json()["message"] == hub_sharing.not_shareable("alice", ""), refused.text
+    assert bob.api("GET", "/hub/api/users/bob/shared").json()["items"] == []
+    assert "dsportal-shared-with-me" not in bob.web.get(f"{bob.base}/hub/home").text
+    # ... and bob, who may not share her sessions, learns nothing of which are shareable.
+    assert bob.api("POST", "/hub/api/shares/alice/", json={"user": "bob"}).status_code in (403, 404)
     alice.stop_server()
     for wrong in ("yes", 1, None):
         answer = alice.start_server({"profile": "cpu", "shared": wrong}, server="wrong")

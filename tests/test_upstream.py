@@ -50,9 +50,12 @@ def _applied_in_a_fresh_python(script: str, **env) -> list[str]:
 HUB_APPLIES = """
 import json
 from traitlets.config import Config
-from portal.hub import origins, pacing, portreport, routeowner, upstream, useroptions
+from types import SimpleNamespace
+from portal.hub import origins, pacing, portreport, routeowner, sharing, upstream, useroptions
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
+c = Config(); c.JupyterHub.template_vars = {}
+sharing.configure(c, SimpleNamespace(sharing=SimpleNamespace(groups=["ml-lab"])))
 useroptions.judge_before_storing()
 portreport.install_port_handler()
 pacing.install(pacing.Pacer())

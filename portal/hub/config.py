@@ -121,9 +121,9 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
     c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended,
-                                   "sessions": sessions.rows, "spawn_limit": hub.concurrent_spawn_limit,
+                                   "sessions": sessions.rows,
                                    "shared_with_me": ()}  # portal.yaml sharing: sharing.configure
-    # The stock pages, plus session_ended, the sessions' rows and a refused start's words (spawn.html).
+    # The stock pages, plus session_ended and the sessions' rows.
     c.JupyterHub.template_paths = [str(templating.folder() / "hub")]
 
     configure_ldap(c, settings)
@@ -144,8 +144,8 @@ def configure(c, settings=None) -> None:
     c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
     c.PartitionSpawner.ldap = settings.ldap.model_dump(mode="json")  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
-    # Starts beyond the limit: HTTP 429 with Retry-After, nothing submitted; the form says so in the
-    # portal's words (templates/hub/spawn.html), the REST API in JupyterHub's.
+    # Starts beyond the limit: HTTP 429 with Retry-After, nothing submitted; the form and the REST API say
+    # so in the portal's words (pacing.spawn_limit_words).
     c.JupyterHub.concurrent_spawn_limit = hub.concurrent_spawn_limit
     # Not a configurable trait of JupyterHub 6.1: its handlers read it from the tornado settings.
     c.JupyterHub.tornado_settings = {"spawn_throttle_retry_range": tuple(hub.spawn_retry_seconds)}

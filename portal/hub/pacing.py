@@ -30,6 +30,7 @@ paced-new-work).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 
 from jupyterhub.apihandlers.users import UserServerAPIHandler, UserTokenListAPIHandler
@@ -157,10 +158,35 @@ def certificate_of(handler) -> tuple[str, str]:
     return ("proxy", "") if names == [PROXY_CERTIFICATE] else ("", "")
 
 
+_RETRY_IN = re.compile(r"Try again in ([0-9]+ (?:seconds|minutes))\.")
+
+
+def spawn_limit_words(limit: int, refused: web.HTTPError) -> str:
+    """A start refused past hub.concurrent_spawn_limit, in the portal's words: what is happening, that
+    nothing was submitted, and JupyterHub's own time to retry (its Retry-After, rounded for people)."""
+    found = _RETRY_IN.search(refused.log_message or "")
+    retry = found.group(1) if found else f"{(getattr(refused, 'headers', None) or {}).get('Retry-After', 60)} seconds"
+    starting = f"{limit} sessions are" if limit != 1 else "1 session is"
+    return (f"{starting} starting on the portal right now (sessions waiting in the cluster's queue count too), the "
+            f"most it starts at once. Yours was not started and nothing was submitted to the cluster: please try "
+            f"again in {retry}.")
+
+
 def paced(handler: type, pacer: Pacer) -> type:
-    """``handler``'s subclass whose POSTs wait for ``pacer``'s turn before anything else."""
+    """``handler``'s subclass whose POSTs wait for ``pacer``'s turn before anything else, and whose start
+    refused past the spawn limit says so in the portal's words (JupyterHub's speak of logging in)."""
 
     class Paced(handler):
+        async def spawn_single_user(self, *args, **kwargs):
+            try:
+                return await super().spawn_single_user(*args, **kwargs)
+            except web.HTTPError as refused:
+                if refused.status_code == 429 and self.concurrent_spawn_limit and \
+                        not hasattr(refused, "jupyterhub_message"):
+                    # what JupyterHub's API answer and spawn form show (its format_exception, write_error)
+                    refused.jupyterhub_message = spawn_limit_words(self.concurrent_spawn_limit, refused)
+                raise
+
         async def prepare(self):
             if self.request.method in PACED_METHODS:
                 try:

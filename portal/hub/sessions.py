@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..settings import human_duration
+from .sharing import shareable
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ def shared_with(user) -> list[SharedRow]:
         spawner = share.spawner
         owner = spawner.user if spawner is not None else None
         if owner is None or owner.name == user.name or users is None:
+            continue
+        if not shareable(spawner):  # shared before it was started without the box ticked: it would refuse him
             continue
         wrapper = users[owner]
         active = bool(spawner.server)

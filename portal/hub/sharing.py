@@ -23,6 +23,57 @@ from __future__ import annotations
 ROLE_PREFIX = "dsportal-share-in-"
 
 
+def shareable(spawner) -> bool:
+    """Whether a session (JupyterHub's orm.Spawner) was started shareable: the form's "Let me share this
+    session with a colleague" ticked (its user_options' ``shared``), as the session itself judges."""
+    return (getattr(spawner, "user_options", None) or {}).get("shared") is True
+
+
+def not_shareable(owner: str, server_name: str) -> str:
+    what = f"{owner}'s session {server_name}" if server_name else f"{owner}'s default session"
+    return (f"{what} was not started shareable, so nobody could open it through a share: start it with \"Let me "
+            "share this session with a colleague\" ticked, then share it.")
+
+
+def refusing_unshareable(handler: type) -> type:
+    """JupyterHub's share handler (a share, or a share code), whose POST refuses a session not started
+    shareable in words, after JupyterHub's own scope check (nobody learns of another's sessions)."""
+    from jupyterhub.scopes import needs_scope
+    from tornado import web
+
+    class Refusing(handler):
+        @needs_scope("shares")
+        async def post(self, user_name, server_name=None):
+            if server_name is not None:
+                spawner = self._lookup_spawner(user_name, server_name, raise_404=False)
+                if spawner is not None and not shareable(spawner):
+                    raise web.HTTPError(400, not_shareable(user_name, server_name))
+            return await super().post(user_name, server_name)
+
+    # Its name and module stay upstream's: the hub's logs and its metrics' handler labels do not change.
+    Refusing.__name__, Refusing.__qualname__, Refusing.__module__ = handler.__name__, handler.__qualname__, handler.__module__
+    Refusing.dsportal_refuses_unshareable = True
+    return Refusing
+
+
+def refuse_unshareable_on(hub) -> None:
+    """The hub's share routes (JupyterHub's REST API: /api/shares/<user>/<server>, /api/share-codes/...)
+    served by :func:`refusing_unshareable` subclasses, in place (PATCHES: unshareable-share-refused)."""
+    from jupyterhub.apihandlers.shares import ServerShareAPIHandler, ServerShareCodeAPIHandler
+
+    from ..patchcheck import stands_aside
+
+    if stands_aside("unshareable-share-refused"):  # the session still refuses such a guest (GuestGate)
+        return
+    for rule in hub.tornado_application.wildcard_router.rules:
+        target = rule.target
+        if target in (ServerShareAPIHandler, ServerShareCodeAPIHandler):
+            rule.target = refusing_unshareable(target)
+
+
+refuse_unshareable_on.refuses_unshareable = True  # PATCHES: unshareable-share-refused is applied
+
+
 def roles(groups: list[str]) -> list[dict]:
     """``JupyterHub.load_roles``: a role per sharing group, held by that group."""
     return [{"name": f"{ROLE_PREFIX}{group}",
@@ -38,6 +89,9 @@ def configure(c, settings) -> None:
     c.Authenticator.manage_groups = True
     c.PortalAuthenticator.sharing_groups = groups
     c.JupyterHub.load_roles = roles(groups)
+    from .upstream import after_init_tornado_application
+
+    after_init_tornado_application(refuse_unshareable_on)  # a share of a session not started shareable: refused
     c.PartitionSpawner.sharing_groups = groups
     c.SlurmGPUSpawner.sharing_groups = groups
     # The home page's "Shared with you", read when a page shows it (home.html only), not at every page.

@@ -220,13 +220,30 @@ PATCHES = [
           "shedding and the garbage collector's freeze at start use)"),
     Patch("paced-new-work", "portal/hub/pacing.py",
           "the targets of JupyterHub's routes (its tornado application's wildcard_router) of the login, token and "
-          "server handlers replaced by subclasses whose prepare awaits a turn",
-          JUPYTERHUB, "6.1.1", "a class's burst of logins, tokens and starts never stalls the hub's loop for the rest",
+          "server handlers replaced by subclasses whose prepare awaits a turn (and whose spawn_single_user gives "
+          "a start refused past concurrent_spawn_limit a jupyterhub_message in the portal's words)",
+          JUPYTERHUB, "6.1.1", "a class's burst of logins, tokens and starts never stalls the hub's loop for the "
+          "rest; a start past the spawn limit is not told that too many users log in",
           (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
-           Definition("jupyterhub.handlers.base", "BaseHandler.prepare", "76f2c75d18a69a15")),
+           Definition("jupyterhub.handlers.base", "BaseHandler.prepare", "76f2c75d18a69a15"),
+           Definition("jupyterhub.handlers.base", "BaseHandler.spawn_single_user", "89ad7a1d6d9f3a0a")),
           lambda: any(getattr(extend, "paces_new_work", False) for extend in _AFTER_INIT),
           hook="a JupyterHub hook to admit requests (an awaitable run before a handler's prepare), or "
           "JupyterHub pacing new work itself"),
+    Patch("unshareable-share-refused", "portal/hub/sharing.py",
+          "the targets of JupyterHub's share routes (ServerShareAPIHandler, ServerShareCodeAPIHandler in its "
+          "tornado application's wildcard_router) replaced by subclasses whose POST first refuses a session not "
+          "started shareable", JUPYTERHUB, "6.1.1",
+          "a share made at the hub's API of a session not started shareable was granted and listed under the "
+          "guest's Shared with you, though the session refuses him; now refused in words (standing aside: the "
+          "session still refuses him, and his home page does not list it)",
+          (Definition("jupyterhub.app", "JupyterHub.init_tornado_application", "93cddf630c1648bd"),
+           Definition("jupyterhub.apihandlers.shares", "ServerShareAPIHandler.post", "1f08a53790031b83"),
+           Definition("jupyterhub.apihandlers.shares", "ServerShareCodeAPIHandler.post", "63b6c7c8ddbef7a8"),
+           Definition("jupyterhub.apihandlers.shares", "_ShareAPIHandler._lookup_spawner", "2270c794c6e76ea1"),
+           Mentions("jupyterhub.apihandlers.shares", "default_handlers", "e5fc20cf4ce0013d")),
+          lambda: any(getattr(extend, "refuses_unshareable", False) for extend in _AFTER_INIT),
+          hook="a Spawner (or Authenticator) hook asked before a share of its server is granted"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "

@@ -173,7 +173,33 @@ def _read_notebook(path: str) -> bytes:
         data = file.read(MAX_NOTEBOOK_BYTES + 1)
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise too_big
+    why = not_a_notebook(data)
+    if why:
+        raise RequestError(f"{path} is not a Jupyter notebook: {why}. Nothing was submitted.")
     return data
+
+
+def not_a_notebook(data: bytes) -> str | None:
+    """Why ``data`` is not a notebook the job's runner can execute (nbformat's reader, as nbclient reads
+    it in the job), in words; None when it is one."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it is not text (a notebook is JSON in UTF-8)"
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError):
+        return "its content is not JSON (a file renamed to .ipynb?)"
+    if not isinstance(found, dict) or "nbformat" not in found:  # nbformat's reader would take it as version 1
+        return "its JSON is not a notebook's (it names no nbformat version)"
+    import nbformat  # here: a session's start does not load it
+
+    try:
+        nbformat.reads(text, as_version=4)
+    except Exception as error:  # noqa: BLE001 - JSON, but not of a notebook: nbformat's own reason
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        return f"its JSON is not a notebook's ({reason})"
+    return None
 
 
 def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None, shown_as: str | None = None,

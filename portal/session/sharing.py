@@ -32,6 +32,7 @@ A session is shareable only when the hub says so; only then does it load live co
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -155,6 +156,10 @@ class GuestGate(JupyterHubIdentityProvider):
 
     async def get_user(self, handler):
         user = await super().get_user(handler)
+        if user is None and await self._hub_may_have_changed_its_mind(handler):
+            for asked in ("_jupyterhub_user", "redirect"):  # what the refusal left on the handler
+                handler.__dict__.pop(asked, None)
+            user = await super().get_user(handler)
         if user is None:
             return None
         name = user.username
@@ -173,6 +178,27 @@ class GuestGate(JupyterHubIdentityProvider):
             _recheck_sockets(self)
         book.visit(name, _visit_words(handler))  # None: nothing worth a line (JupyterLab's polling)
         return user
+
+    async def _hub_may_have_changed_its_mind(self, handler) -> bool:
+        """A token the hub's cached answer keeps out (JupyterHub's HubAuth keeps an answer 5 minutes) is
+        asked again, at most every GUEST_RECHECK seconds: a share made again at the hub's own API, not
+        through this session's Share panel (which forgets the cache itself), lets its guest in within that
+        time. True when the hub now lets the token in; its cached answers are then forgotten."""
+        token = self.hub_auth.get_token(handler)
+        if not token or not sharing_groups():
+            return False
+        now, asked = time.monotonic(), _REASKED
+        key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+        if now - asked.get(key, -GUEST_RECHECK) < GUEST_RECHECK:
+            return False
+        if len(asked) >= REASKED_MOST:  # bounded: those asked long enough ago may be asked again anyway
+            for old in [k for k, t in asked.items() if now - t >= GUEST_RECHECK] or list(asked)[:REASKED_MOST // 2]:
+                del asked[old]
+        asked[key] = now
+        if not await _still_shared(self.hub_auth, token):
+            return False
+        self.hub_auth.cache.clear()
+        return True
 
     async def _refusal(self, handler, name: str) -> str | None:
         groups = sharing_groups()
@@ -207,6 +233,8 @@ async def _still_allowed(hub_auth, name: str, groups: list[str], token: str | No
 
 
 _RECHECKING: list = []
+_REASKED: dict[str, float] = {}  # sha256 of a token the hub refused -> when it was last asked again
+REASKED_MOST = 1000
 
 
 def _recheck_sockets(gate) -> None:
