@@ -1,8 +1,11 @@
 # The two commands: `make demo` (whole portal on an embedded cluster) and `make test`; `make lint` before a commit.
 PY := /opt/dsportal/env/bin/python
 export PATH := /opt/dsportal/env/bin:$(PATH)
-# The checkout's config is the one admins edit (the installed package carries a copy).
+# This Makefile is the demo's: its targets (demo, test, check, bench ...) run dsportal's production commands
+# (`dsportal check`, `dsportal hub`, `dsportal images ...`) against the demo's own settings, which those commands
+# refuse elsewhere (docs/reference/cli.md). A site's hub reads /etc/dsportal/portal.yaml, never this.
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
+export DSPORTAL_DEMO := 1
 
 .PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench
 

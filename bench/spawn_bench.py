@@ -75,6 +75,8 @@ from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: lo
 from portal.cluster.demo.base import directory  # noqa: E402
 
 CONFIG = REPO / "config" / "portal.yaml"
+# The hubs it starts (`dsportal --config ... hub`) read the demo's settings on purpose (settings.refuse_demo).
+os.environ.setdefault("DSPORTAL_DEMO", "1")
 PASSWORDS = {u["name"]: u["password"] for u in directory()["users"]}  # course students included
 ENV = Path(sys.executable).parent
 SLICE = {"profile": "gpu", "gpus": 1}

@@ -1,5 +1,8 @@
 """The `dsportal` command: demo up|down|status, hub [move-database], check, images, templates list|check, firewall,
-usage, docs portal-yaml."""
+usage, docs portal-yaml.
+
+Every command but `demo` reads --config, else $DSPORTAL_CONFIG, else /etc/dsportal/portal.yaml, and refuses the
+demo's settings unless DSPORTAL_DEMO=1 (portal/settings.py: config_path, refuse_demo)."""
 
 from __future__ import annotations
 
@@ -24,8 +27,16 @@ def _hub_config_file() -> str:
     return str(resources.files("dsportal_config") / "jupyterhub_config.py")
 
 
+def production_settings(args):
+    """portal.yaml for a production command (the hub, check, images, templates, usage): --config, else
+    $DSPORTAL_CONFIG, else /etc/dsportal/portal.yaml; never the demo's unless DSPORTAL_DEMO=1."""
+    settings = settings_module.load(args.config)
+    settings_module.refuse_demo(settings)
+    return settings
+
+
 def cmd_hub(args) -> int:
-    settings = settings_module.load(args.config)  # fail here, naming the key, not deep in JupyterHub
+    settings = production_settings(args)  # fail here, naming the key, not deep in JupyterHub
     if args.action == "proxy":
         from .hub import proxyservice  # the hub's modules (JupyterHub, certificates) for this command only
 
@@ -104,7 +115,7 @@ def move_database(settings, target_url: str | None, password_file: Path | None) 
 
 
 def cmd_check(args) -> int:
-    ok, report = run_checks(args.config)
+    ok, report = run_checks(args.config, production=True)
     print("dsportal check")
     print(report)
     print("all checks passed" if ok else "some checks FAILED")
@@ -112,10 +123,11 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    config = settings_module.config_path(args.config, demo=True)  # the demo's own file by default
     try:
         if args.action == "up":
-            demo.up(args.config, images_later=args.images_later)
-            print(demo.banner(settings_module.load(args.config)))
+            demo.up(config, images_later=args.images_later)
+            print(demo.banner(settings_module.load(config)))
         elif args.action == "down":
             demo.down()
         else:
@@ -128,12 +140,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_images(args) -> int:
-    return images.main(settings_module.load(args.config), args.action, args.name, args.wheels_in, args.ready,
+    return images.main(production_settings(args), args.action, args.name, args.wheels_in, args.ready,
                        args.parent)
 
 
 def cmd_templates(args) -> int:
-    settings = settings_module.load(args.config)
+    settings = production_settings(args)
     if args.action == "check":
         return templatecheck.check(settings, user=args.user, sources=args.source, timeout=args.timeout)
     print(f"Template sources (shown read-only as ~/{settings.templates.folder}/ in every session; "
@@ -171,7 +183,7 @@ def cmd_firewall(args) -> int:
 
 
 def cmd_usage(args) -> int:
-    settings = settings_module.load(args.config)
+    settings = production_settings(args)
     try:
         since = usage.since_time(args.since) if args.days is None else usage.since_time(f"{args.days}d")
         by = tuple(part.strip() for part in args.by.split(",") if part.strip())
@@ -196,8 +208,10 @@ def cmd_docs(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dsportal", description=__doc__)
-    parser.add_argument("--config", help="portal.yaml (default: $DSPORTAL_CONFIG or config/portal.yaml)")
+    parser = argparse.ArgumentParser(prog="dsportal", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help=f"portal.yaml (default: ${settings_module.CONFIG_ENV}, else "
+                        f"{settings_module.PRODUCTION_CONFIG}; `demo` commands: the demo's own file)")
     sub = parser.add_subparsers(dest="command", required=True)
     demo_parser = sub.add_parser("demo", help="the embedded one-machine cluster")
     demo_parser.add_argument("action", choices=["up", "down", "status"])

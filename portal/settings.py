@@ -22,16 +22,38 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import defaults
 from .userjson import json_kind
 
+CONFIG_ENV = "DSPORTAL_CONFIG"
+# The file of every production command (the hub, check, images, templates, usage) given neither --config nor
+# $DSPORTAL_CONFIG. Only `dsportal demo ...` falls back to the demo's own file (demo_config).
+PRODUCTION_CONFIG = Path("/etc/dsportal/portal.yaml")
+# "1": this machine runs the demo, and a production command may read the demo's settings (its file, its
+# state folder). The Makefile exports it (make demo, make test, make check), as do the demo's hub and
+# scripts/build-extras.sh; nothing else sets it.
+DEMO_ENV = "DSPORTAL_DEMO"
+# Where the demo keeps its state (portal/cluster/demo/base.py: $DSPORTAL_DEMO_DIR, this by default).
+DEMO_STATE = Path("/var/lib/dsportal-demo")
 
-def _default_config() -> Path:
-    """The repo's config/portal.yaml when run from a checkout, else the packaged copy."""
+
+def demo_config() -> Path:
+    """The demo's portal.yaml: the repo's config/portal.yaml when run from a checkout, else the packaged copy."""
     checkout = Path(__file__).resolve().parent.parent / "config" / "portal.yaml"
     if checkout.exists():
         return checkout
+    return packaged_demo_config()
+
+
+def packaged_demo_config() -> Path:
     return Path(str(resources.files("dsportal_config") / "portal.yaml"))
 
 
-CONFIG_ENV = "DSPORTAL_CONFIG"
+def config_path(path: str | os.PathLike | None = None, *, demo: bool = False) -> Path:
+    """The portal.yaml a command reads: ``path`` (--config), else $DSPORTAL_CONFIG, else
+    /etc/dsportal/portal.yaml, or the demo's own file for the demo's commands (``demo``)."""
+    if path:
+        return Path(path)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    return demo_config() if demo else PRODUCTION_CONFIG
 
 # ASCII digits only ([0-9], not \d): "٢" (Arabic-Indic two) is a \d and int() takes it as 2.
 _WALLTIME = re.compile(r"(?:([0-9]+)-)?([0-9]{1,2}):([0-9]{2}):([0-9]{2})")
@@ -734,28 +756,130 @@ class Settings(_Model):
         return {"SLURM_CONF": str(self.slurm.conf)} if self.slurm.conf else {}
 
 
-def _describe(error: ValidationError) -> str:
-    lines = []
+def _node_at(root, loc):
+    """The YAML node (yaml.compose) at a pydantic error location, or the deepest one of it that exists
+    (a missing key: its mapping; a whole-model error: the model's node)."""
+    node = root
+    for part in loc:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    # A section or list goes on below its key (its own nodes carry the lines of what is
+                    # in it); anything else is reported at its key's line.
+                    child = value if isinstance(value, yaml.CollectionNode) and value.value else key
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            child = node.value[part]
+        if child is None:
+            break
+        node = child
+    return node
+
+
+def _line(node) -> int | None:
+    mark = getattr(node, "start_mark", None)
+    return mark.line + 1 if mark is not None else None
+
+
+def _describe(error: ValidationError, text: str) -> str:
+    """One line per bad key: its line in the file, the key, what is wrong."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        root = None
+    found = []
     for item in error.errors():
         key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {key}: {item['msg']}")
-    return "\n".join(lines)
+        line = _line(_node_at(root, item["loc"])) if root is not None else None
+        found.append((line or 0, f"  {f'line {line}: ' if line else ''}{key}: {item['msg']}"))
+    return "\n".join(text for _, text in sorted(found, key=lambda pair: pair[0]))
 
 
 def load(path: str | os.PathLike | None = None) -> Settings:
-    """Read portal.yaml (argument, $DSPORTAL_CONFIG, or the repo's config/portal.yaml)."""
-    source = Path(path or os.environ.get(CONFIG_ENV) or _default_config())
+    """Read portal.yaml (argument, $DSPORTAL_CONFIG, or /etc/dsportal/portal.yaml: config_path)."""
+    source = config_path(path)
     try:
-        raw = yaml.safe_load(source.read_text()) or {}
+        text = source.read_text()
     except FileNotFoundError:
-        raise SettingsError(f"{source}: file not found") from None
-    except (OSError, yaml.YAMLError) as error:
-        raise SettingsError(f"{source}: cannot read: {error}") from None
+        raise SettingsError(f"{source}: file not found; give --config or set {CONFIG_ENV}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingsError(f"{source}: cannot read: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark, context = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        what = getattr(error, "problem", None) or str(error)
+        if context is not None and getattr(error, "context", None):
+            what += f" ({error.context} at line {context.line + 1})"
+        raise SettingsError(f"{source}: {where}not valid YAML: {what}") from None
     if not isinstance(raw, dict):
-        raise SettingsError(f"{source}: expected a mapping of sections at the top level")
+        raise SettingsError(f"{source}: line 1: expected a mapping of sections at the top level")
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as error:
-        raise SettingsError(f"{source} is invalid:\n{_describe(error)}") from None
+        raise SettingsError(f"{source} is invalid:\n{_describe(error, text)}") from None
     settings.source = source
     return settings
+
+
+def _under(value: str, folder: Path) -> bool:
+    """Whether a setting's text names ``folder`` or a path in it (also inside a longer value: --bind=...)."""
+    return re.search(rf"(?:^|[\s=:,'\"]){re.escape(str(folder))}(?:$|[/\s:,'\"])", value) is not None
+
+
+def demo_references(source: Path) -> list[str]:
+    """What makes ``source`` the demo's settings rather than a site's: it is the demo's own file (in the
+    checkout or packaged), or lies in the demo's state folder, or a value names a path in that folder.
+    One line each, naming the line and the key; empty for a site's own file."""
+    folders = [DEMO_STATE]
+    if os.environ.get("DSPORTAL_DEMO_DIR"):
+        folders.append(Path(os.environ["DSPORTAL_DEMO_DIR"]))
+    found = []
+    resolved = Path(os.path.realpath(source))
+    demo_files = {Path(os.path.realpath(demo_config())), Path(os.path.realpath(packaged_demo_config()))}
+    if resolved in demo_files:
+        found.append("it is the demo's own portal.yaml")
+    elif any(_under(str(resolved), folder) for folder in folders):
+        found.append("it lies in the demo's state folder")
+    try:
+        root = yaml.compose(Path(source).read_text(), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return found
+
+    seen = set()  # an alias repeats a node (once is enough), and may even point into itself
+
+    def walk(node, keys):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                yield from walk(value, [*keys, str(getattr(key, "value", "?"))])
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                yield from walk(item, [*keys, str(index)])
+        elif isinstance(node, yaml.ScalarNode):
+            yield node, keys
+
+    for node, keys in walk(root, []):
+        for folder in folders:
+            if isinstance(node.value, str) and _under(node.value, folder):
+                found.append(f"line {_line(node)}: {'.'.join(keys)}: {node.value} (in the demo's state folder)")
+                break
+    return found
+
+
+def refuse_demo(settings: Settings) -> None:
+    """A production command (the hub, check, images, templates, usage, install-mediator ...) refuses the demo's
+    settings, naming the file and each key, unless this machine is the demo (DSPORTAL_DEMO=1)."""
+    if os.environ.get(DEMO_ENV) == "1":
+        return
+    found = demo_references(settings.source)
+    if found:
+        raise SettingsError(
+            f"{settings.source} holds the demo's settings, not this site's:\n"
+            + "\n".join(f"  {line}" for line in found)
+            + f"\nGive your own portal.yaml (--config FILE, or {CONFIG_ENV}; default {PRODUCTION_CONFIG}) "
+            f"with your own paths; on the demo itself set {DEMO_ENV}=1 (make demo, make test and make check do)")

@@ -26,10 +26,13 @@ _INTRO = """\
 
 {summary}
 
-`dsportal` reads the file named by `--config`, else by `$DSPORTAL_CONFIG`, else the checkout's
-`config/portal.yaml` (the demo's), else the copy installed with the package. The hub refuses to start on an invalid file
-and `dsportal check` fails on it, naming each bad key (`profiles.0.cpus_per_gpu: Input should be
-greater than 0`); an unknown key is an error too, so a typo never falls back to a default.
+The hub and every admin command read the file named by `--config`, else by `$DSPORTAL_CONFIG`, else
+`/etc/dsportal/portal.yaml`; only `dsportal demo ...` falls back to the demo's own file (the checkout's
+`config/portal.yaml`, or the copy installed with the package), and the other commands refuse the demo's
+settings, naming each key that names the demo's state folder, unless `DSPORTAL_DEMO=1` says this machine is the
+demo ([the CLI](cli.md)). The hub refuses to start on an invalid file and `dsportal check` fails on it, naming
+each bad key and its line (`line 70: profiles.0.cpus_per_gpu: Input should be greater than 0`); an unknown key
+is an error too, so a typo never falls back to a default.
 Durations written `HH:MM:SS` also take `D-HH:MM:SS`; memory sizes are `48G`, `4096M` or megabytes.
 
 Sections: {sections}

@@ -8,6 +8,10 @@
 set -euo pipefail
 [ "${1:-}" = --in-background ] || cd "$(dirname "$0")/.."
 ENV=${DSPORTAL_PREFIX:-/opt/dsportal}/env
+# The demo's images, from the demo's settings (dsportal's production commands refuse those elsewhere:
+# DSPORTAL_DEMO says this is the demo; docs/reference/cli.md). make exports both already.
+export DSPORTAL_DEMO=1
+export DSPORTAL_CONFIG=${DSPORTAL_CONFIG:-${2:-$PWD}/config/portal.yaml}   # $2: the checkout, in the background
 STATE=${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
 WHEELS=${DSPORTAL_WHEELS:-/var/cache/dsportal/wheels}
 LOCK=$STATE/run/extras.lock LOG=$STATE/log/extras.log

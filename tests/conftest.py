@@ -20,6 +20,10 @@ CONFIG = REPO / "config" / "portal.yaml"
 DSPORTAL = str(Path(sys.executable).parent / "dsportal")
 PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/demo/users.yaml").read_text())["users"]}
 HUB = "http://127.0.0.1:8000"
+# The suite runs dsportal's production commands (`dsportal check`, `dsportal hub` ...) against the demo's own
+# settings, which they refuse elsewhere (portal/settings.py: refuse_demo): this says it is the demo, for every
+# command the tests run, also when pytest is run without make (which exports it too).
+os.environ.setdefault("DSPORTAL_DEMO", "1")
 
 
 def pytest_collection_modifyitems(items):

@@ -410,9 +410,13 @@ def check_hub_account(settings) -> Result:
     return Result("hub account", ok, detail)
 
 
-def run_checks(config_path=None) -> tuple[bool, str]:
+def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
+    """Every check, one line each. ``production`` (`dsportal check`): the demo's settings are refused unless
+    DSPORTAL_DEMO=1 (settings.refuse_demo)."""
     try:
         settings = settings_module.load(config_path)
+        if production:
+            settings_module.refuse_demo(settings)
     except settings_module.SettingsError as error:
         return False, f"  [FAIL] configuration: {error}"
     results = [Result("configuration", True, f"{settings.source} is valid ({len(settings.profiles)} profiles)")]

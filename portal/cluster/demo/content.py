@@ -15,7 +15,7 @@ from .base import demo_file, say
 def ensure_images(config_path: Path | None = None, build: bool = True) -> None:
     """The demo's container image(s) and the shared dataset folder bound into kernels (``build``:
     the images not built yet too, else they are left to scripts/build-extras.sh)."""
-    settings = settings_module.load(config_path)
+    settings = settings_module.load(settings_module.config_path(config_path, demo=True))
     for mount in settings.data_mounts:
         folder = Path(mount.source)
         if not folder.exists():
@@ -33,7 +33,7 @@ def ensure_images(config_path: Path | None = None, build: bool = True) -> None:
 def ensure_courses(config_path: Path | None = None) -> None:
     """Course folders of the demo's instructors (template sources with an owner): created once,
     seeded from config/demo/courses/<name>/, then the instructor's own to edit."""
-    settings = settings_module.load(config_path)
+    settings = settings_module.load(settings_module.config_path(config_path, demo=True))
     for source in settings.templates.sources:
         folder = Path(source.path)
         if not source.owner or folder.exists():

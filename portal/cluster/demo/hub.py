@@ -59,7 +59,7 @@ def code_fingerprint() -> str:
 
 
 def ensure_hub(config_path: Path | None = None) -> None:
-    settings = settings_module.load(config_path)
+    settings = settings_module.load(settings_module.config_path(config_path, demo=True))
     fingerprint = f"{code_fingerprint()}-{hashlib.sha256(settings.source.read_bytes()).hexdigest()[:8]}"
     stamp = paths().run / "dsportal-hub.code"
     if alive(hub_pidfile()) and hub_running(settings):
@@ -71,7 +71,8 @@ def ensure_hub(config_path: Path | None = None) -> None:
     log_path = paths().log / "hub.log"
     hubaccount.install_mediator(settings)  # root's copy of the installed code's mediator
     command = [str(Path(sys.executable).parent / "dsportal"), "hub"]
-    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source)}
+    # The demo's hub (and its proxy) read the demo's settings on purpose: DSPORTAL_DEMO says so (settings.refuse_demo).
+    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source), settings_module.DEMO_ENV: "1"}
     private_data_dir(Path(settings.hub.data_dir))
     if settings.hub.account:
         command, env = as_hub_account(settings, command, env)
@@ -149,7 +150,7 @@ def stop_proxy() -> None:
 
 def _settings_or_none():
     try:
-        return settings_module.load()
+        return settings_module.load(settings_module.config_path(demo=True))
     except settings_module.SettingsError:
         return None
 

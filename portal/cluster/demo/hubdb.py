@@ -21,7 +21,7 @@ def mariadb_socket() -> Path:
 def ensure_hub_database(config_path: Path | None = None, socket: Path | None = None) -> None:
     """Idempotent: the database and account of hub.db_url (when it is the demo's MariaDB), its
     password in hub.db_password_file; then the hub's SQLite database moved in if it is still empty."""
-    settings = settings_module.load(config_path)
+    settings = settings_module.load(settings_module.config_path(config_path, demo=True))
     hub = settings.hub
     url = urlparse(hub.db_url or "")
     if not url.scheme.startswith(("mysql", "mariadb")) or url.port != MARIADB_PORT:
