@@ -234,13 +234,15 @@ def test_a_notebook_runs_as_a_job_its_grid_as_an_array_and_bob_sees_none_of_it(a
     before = jobs_api(alice, "GET").json()["jobs"]
     response = jobs_api(alice, "POST", json={"notebook": "nbjobs/garbage.ipynb", "profile": "cpu"})
     assert response.status_code == 400, response.text
-    assert response.json()["message"] == ("/home/alice/nbjobs/garbage.ipynb is not a Jupyter notebook: its content "
-                                          "is not JSON (a file renamed to .ipynb?). Nothing was submitted."), response.text
+    assert response.json()["message"] == ("Your job request was refused: /home/alice/nbjobs/garbage.ipynb is not a "
+                                          "Jupyter notebook: its content is not JSON (a file renamed to .ipynb?). "
+                                          "Nothing was submitted."), response.text
     assert jobs_api(alice, "GET").json()["jobs"] == before
     # A path out of her home is said as it resolves, and as outside her home.
     response = jobs_api(alice, "POST", json={"notebook": "../../../etc/x.ipynb", "profile": "cpu"})
     assert response.status_code == 400, response.text
-    assert response.json()["message"] == "no such notebook: /etc/x.ipynb (outside your home /home/alice)", response.text
+    assert response.json()["message"] == ("Your job request was refused: no such notebook: /etc/x.ipynb (outside your "
+                                          "home /home/alice)"), response.text
 
     # One run, its parameters overridden; its log says which cell runs while the job runs.
     response = jobs_api(alice, "POST", json={"notebook": "nbjobs/train.ipynb", "profile": "cpu",

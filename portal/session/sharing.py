@@ -157,7 +157,9 @@ class GuestGate(JupyterHubIdentityProvider):
     async def get_user(self, handler):
         user = await super().get_user(handler)
         if user is None and await self._hub_may_have_changed_its_mind(handler):
-            for asked in ("_jupyterhub_user", "redirect"):  # what the refusal left on the handler
+            # What the refusal left on the handler (PATCHES: guest-gate): HubAuth's answer for this request,
+            # the provider's, and the redirect it made raise 403.
+            for asked in ("_cached_hub_user", "_jupyterhub_user", "redirect"):
                 handler.__dict__.pop(asked, None)
             user = await super().get_user(handler)
         if user is None:

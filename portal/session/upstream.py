@@ -268,11 +268,15 @@ PATCHES = [
           "jupyter_config_path too, as it does for jupyter_path"),
     Patch("guest-gate", "portal/session/sharing.py",
           "the server's jupyterhub.singleuser.extension.JupyterHubIdentityProvider (its __class__ set to "
-          "sharing.GuestGate, a subclass overriding get_user)", JUPYTERHUB, "6.1.1",
+          "sharing.GuestGate, a subclass overriding get_user; a token refused on HubAuth's cached answer is asked "
+          "again, and get_user run once more after forgetting what the refusal left on the handler: "
+          "_cached_hub_user, _jupyterhub_user, redirect)", JUPYTERHUB, "6.1.1",
           "a guest of a shared session is judged on every request, before any handler runs: shareable, in the "
-          "owner's sharing groups, still shared at the hub, never on the owner's own pages",
+          "owner's sharing groups, still shared at the hub, never on the owner's own pages; a share made again at "
+          "the hub's API lets him in within the recheck, not after HubAuth's 5-minute cache",
           (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.load_config_file", "cec29a3f6ca481a7"),
-           Definition("jupyterhub.singleuser.extension", "JupyterHubIdentityProvider.get_user", "56c6e14099ce88f6")),
+           Definition("jupyterhub.singleuser.extension", "JupyterHubIdentityProvider.get_user", "56c6e14099ce88f6"),
+           Definition("jupyterhub.services.auth", "HubAuth._get_user", "1897c40681f02451")),
           None, guards=True, hook="jupyterhub-singleuser leaving ServerApp.identity_provider_class to the "
           "server's config where it names a subclass of JupyterHubIdentityProvider"),
     Patch("hub-tls-context", "portal/session/singleuser.py",
