@@ -7,7 +7,7 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 export DSPORTAL_DEMO := 1
 
-.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench
+.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench dist
 
 # The environment, from requirements.lock (every package's version and hashes).
 deps:
@@ -58,6 +58,22 @@ test: deps
 quick:
 	@[ -x $(PY) ] || { echo "make quick runs in $(PY), which make deps (as root) installs" >&2; exit 1; }
 	$(PY) -m pytest -p no:cacheprovider -m quick $(PYTEST_ARGS)
+
+# A release: the sdist, then the wheel built from it (so the sdist is known to hold everything), into dist/
+# (DIST=folder: there instead); the version is pyproject.toml's. With the environment's `build` where it has one,
+# else setuptools' own sdist and pip's wheel; the environment's setuptools either way (no isolated build
+# environment: nothing fetched). tests/test_release.py installs the wheel into a fresh environment.
+DIST ?= dist
+dist:
+	@[ -x $(PY) ] || { echo "make dist builds with $(PY), which make deps (as root) installs" >&2; exit 1; }
+	mkdir -p $(DIST) && rm -f $(DIST)/dsportal-*.whl $(DIST)/dsportal-*.tar.gz
+	if (cd / && $(PY) -c 'import build.__main__') 2>/dev/null; then \
+	  $(PY) -m build --no-isolation --outdir $(DIST) .; \
+	else \
+	  $(PY) -c 'import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])' $(DIST) >/dev/null && \
+	  $(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir $(DIST) $(DIST)/*.tar.gz; \
+	fi
+	@ls -l $(DIST)
 
 # Spawn latency, stop, concurrent spawns and dead-job detection: dsportal against stock
 # batchspawner on the demo cluster, in the same run (bench/spawn_bench.py); the last line sums up.

@@ -1,5 +1,5 @@
-"""The `dsportal` command: demo up|down|status, hub [move-database], check, images, templates list|check, firewall,
-usage, docs portal-yaml.
+"""The `dsportal` command: demo up|down|status, hub [move-database|install-units|...], check, images, templates
+list|check, firewall, usage, docs portal-yaml.
 
 Every command but `demo` reads --config, else $DSPORTAL_CONFIG, else /etc/dsportal/portal.yaml, and refuses the
 demo's settings unless DSPORTAL_DEMO=1 (portal/settings.py: config_path, refuse_demo)."""
@@ -36,6 +36,8 @@ def production_settings(args):
 
 
 def cmd_hub(args) -> int:
+    if args.action == "install-units":  # the shipped files only: no portal.yaml needed
+        return install_units(args.dest, args.force, hubaccount.LOGIN_UNITS, "hub install-units")
     settings = production_settings(args)  # fail here, naming the key, not deep in JupyterHub
     if args.action == "proxy":
         from .hub import proxyservice  # the hub's modules (JupyterHub, certificates) for this command only
@@ -114,6 +116,22 @@ def move_database(settings, target_url: str | None, password_file: Path | None) 
     return 0
 
 
+def install_units(dest: Path | None, force: bool, units: tuple[str, ...], command: str) -> int:
+    """systemd units from the installed package into /etc/systemd/system (``dest``): the login node's (the
+    hub's and the proxy's) or every node's (the node firewall's); a unit there that differs (the site's edits)
+    is kept unless ``force``. Exit 1 where one was kept."""
+    try:
+        done, kept = hubaccount.install_units(units, dest or hubaccount.SYSTEMD_UNITS, force)
+    except OSError as error:
+        print(f"dsportal {command}: {error}", file=sys.stderr)
+        return 1
+    for line in done:
+        print(line)
+    for line in kept:
+        print(f"dsportal {command}: {line}", file=sys.stderr)
+    return 1 if kept else 0
+
+
 def cmd_check(args) -> int:
     ok, report = run_checks(args.config, production=True)
     print("dsportal check")
@@ -162,6 +180,8 @@ def cmd_templates(args) -> int:
 
 
 def cmd_firewall(args) -> int:
+    if args.action == "install-unit":  # every node: its unit from the installed package, no portal.yaml needed
+        return install_units(args.dest, args.force, hubaccount.FIREWALL_UNITS, "firewall install-unit")
     try:
         if args.action == "up":
             firewall.up((firewall.uid_of(u) for u in args.users), args.cluster)
@@ -207,9 +227,31 @@ def cmd_docs(args) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """--version: the installed package's version (pyproject.toml's, its one source), looked up only when asked:
+    every command, the Slurm Prolog's `dsportal firewall add-user` among them, starts without it."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"dsportal {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("dsportal")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsportal", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument("--config", help=f"portal.yaml (default: ${settings_module.CONFIG_ENV}, else "
                         f"{settings_module.PRODUCTION_CONFIG}; `demo` commands: the demo's own file)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -221,16 +263,20 @@ def main(argv=None) -> int:
     demo_parser.set_defaults(func=cmd_demo)
     hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
                                 "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule; "
+                                "install-units: the login node's systemd units (hub, proxy) from the package; "
                                 "move-database: move the stopped hub's SQLite database to a database server; proxy: become the "
                                 "configurable-http-proxy of hub.external_proxy; generate-certs: the internal-ssl "
                                 "certificates (the proxy's among them) without starting the hub")
     hub_parser.add_argument("action", nargs="?", default="run",
-                            choices=["run", "install-mediator", "sudoers", "move-database", "proxy", "generate-certs"])
+                            choices=["run", "install-mediator", "sudoers", "install-units", "move-database", "proxy",
+                                     "generate-certs"])
     hub_parser.add_argument("--install", action="store_true", help="sudoers: write /etc/sudoers.d/dsportal (visudo-checked)")
     hub_parser.add_argument("--to", metavar="URL", help="move-database: the server database, an SQLAlchemy URL "
                             "without a password, e.g. mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub")
     hub_parser.add_argument("--password-file", type=Path, help="move-database: the file holding its password, "
                             "mode 0600 (default: hub.db_password_file)")
+    hub_parser.add_argument("--dest", type=Path, help=f"install-units: this folder instead of {hubaccount.SYSTEMD_UNITS}")
+    hub_parser.add_argument("--force", action="store_true", help="install-units: replace units there that differ")
     hub_parser.set_defaults(func=cmd_hub)
     sub.add_parser("check", help="verify Slurm, LDAP and the user environment").set_defaults(func=cmd_check)
     images_parser = sub.add_parser("images", help="the container image catalog")
@@ -249,13 +295,17 @@ def main(argv=None) -> int:
     templates_parser.add_argument("--source", action="append", help="only this source (repeatable)")
     templates_parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     templates_parser.set_defaults(func=cmd_templates)
-    firewall_parser = sub.add_parser("firewall", help="node firewall: users' TCP services only for themselves")
-    firewall_parser.add_argument("action", choices=["up", "add-user", "down", "status"])
+    firewall_parser = sub.add_parser("firewall", help="node firewall: users' TCP services only for themselves; "
+                                     "install-unit: its systemd unit (dsportal-firewall.service) from the package")
+    firewall_parser.add_argument("action", choices=["up", "add-user", "down", "status", "install-unit"])
     firewall_parser.add_argument("users", nargs="*", help="account names or uids (up: all portal users of the "
                                  "node; add-user: e.g. $SLURM_JOB_UID from the Slurm Prolog)")
     firewall_parser.add_argument("--cluster", action="append", default=[], metavar="ADDRESS[/BITS]",
                                  help="up: an IPv4 address or network of the cluster's hosts (login and compute "
                                  "nodes, each running this firewall); repeatable")
+    firewall_parser.add_argument("--dest", type=Path, help="install-unit: this folder instead of "
+                                 f"{hubaccount.SYSTEMD_UNITS}")
+    firewall_parser.add_argument("--force", action="store_true", help="install-unit: replace a unit there that differs")
     firewall_parser.set_defaults(func=cmd_firewall)
     usage_parser = sub.add_parser("usage", help="sessions, GPU-hours and CPU-hours per user, Slurm account (course) "
                                   "and profile, from Slurm accounting (sacct)")

@@ -438,8 +438,7 @@ portal_config() {  # 5. portal.yaml
   install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
 }
 
-portal_firewall() {  # 6. the node firewall (cn1 has no checkout: the unit file comes from login's)
-  cp "$TRIAL/login/usr/local/src/dsportal/config/systemd/dsportal-firewall.service" "$TRIAL/cn1/root/"
+portal_firewall() {  # 6. the node firewall (its unit from the installed package: cn1 has no checkout)
   # `up` forgets the users the Prolog added: not again on a node whose firewall runs (it may have jobs)
   script_in cn1 <<EOF
 systemctl is-active -q dsportal-firewall && exit 0
@@ -451,15 +450,14 @@ cat > /etc/slurm/prolog.sh <<'PROLOG'
 PROLOG
 chmod 755 /etc/slurm/prolog.sh
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
-install -m 0644 /root/dsportal-firewall.service /etc/systemd/system/
+/opt/dsportal/env/bin/dsportal firewall install-unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   script_in login <<EOF
 systemctl is-active -q dsportal-firewall && exit 0
-cd /usr/local/src/dsportal
 /opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
-install -m 0644 config/systemd/dsportal-firewall.service /etc/systemd/system/
+/opt/dsportal/env/bin/dsportal firewall install-unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   say "firewall: login $(in_node login systemctl is-active dsportal-firewall), cn1 $(in_node cn1 systemctl is-active dsportal-firewall)"
@@ -511,11 +509,11 @@ mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE
 EOF
 }
 
-portal_units() {  # 10. the units: the proxy unit's site values edited as its header says
+portal_units() {  # 10. the units from the installed package; the proxy unit's site values edited as its header says
+  # (--force: a second run of this step takes the shipped units again, then makes the same edit)
   script_in login <<'EOF'
-cd /usr/local/src/dsportal
-sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' config/systemd/dsportal-proxy.service
-install -m 0644 config/systemd/dsportal-proxy.service config/systemd/dsportal-hub.service /etc/systemd/system/
+/opt/dsportal/env/bin/dsportal hub install-units --force
+sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' /etc/systemd/system/dsportal-proxy.service
 systemd-analyze verify /etc/systemd/system/dsportal-proxy.service /etc/systemd/system/dsportal-hub.service
 systemctl daemon-reload
 systemctl enable -q --now dsportal-proxy dsportal-hub

@@ -120,7 +120,10 @@ def test_a_sites_own_file_is_read_as_it_is(tmp_path):
     path, _ = site_config(tmp_path)
     result = dsportal(tmp_path, "hub", "sudoers", DSPORTAL_CONFIG=str(path))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == hubaccount.sudo_rule("dsportal-hub", Path("/usr/local/libexec/dsportal/mediator"))
+    assert result.stdout == hubaccount.sudo_rule("dsportal-hub", Path("/usr/local/libexec/dsportal/mediator")) == (
+        "# dsportal: the hub's account dsportal-hub may run the mediator as a user, and nothing else.\n"
+        "Defaults:dsportal-hub !requiretty, !lecture, env_reset\n"
+        "dsportal-hub ALL = (ALL, !root) NOPASSWD: /usr/local/libexec/dsportal/mediator\n")
 
 
 @pytest.mark.parametrize("old, new, key, message", [

@@ -1,6 +1,7 @@
 """The hub's own account and what it may do as users: the mediator, installed root-owned with its
 settings, and the one sudo rule an unprivileged hub needs (`dsportal hub install-mediator`,
-`dsportal hub sudoers`). `dsportal check` reads them back (:func:`check_sudo_rules`)."""
+`dsportal hub sudoers`). `dsportal check` reads them back (:func:`check_sudo_rules`). Also the systemd
+units the package ships (`dsportal hub install-units`, `dsportal firewall install-unit`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 MEDIATOR_SOURCE = Path(__file__).with_name("mediator.py")
@@ -18,6 +20,19 @@ SUDOERS = Path("/etc/sudoers.d/dsportal")
 # The mediator runs as portal users only (Debian's uids for people): not root, not system accounts
 # (below 1000: munge, mysql, the hub's own), not package accounts (60000 up: slurm, whose jobs Slurm trusts).
 MIN_UID, MAX_UID = 1000, 59999
+# What the package ships besides its code (config/ of the repo, the package dsportal_config once installed).
+SUDO_RULE = "sudoers/dsportal.sudoers"
+SYSTEMD_UNITS = Path("/etc/systemd/system")
+LOGIN_UNITS = ("dsportal-proxy.service", "dsportal-hub.service")  # the firewall's is every node's: FIREWALL_UNITS
+FIREWALL_UNITS = ("dsportal-firewall.service",)
+
+
+def shipped(name: str) -> Path:
+    """A file of the repo's config/ when run from a checkout, else of the installed package (dsportal_config)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists() and (checkout / "config" / name).exists():
+        return checkout / "config" / name
+    return Path(str(resources.files("dsportal_config") / name))
 
 
 class AccountError(RuntimeError):
@@ -47,11 +62,12 @@ def install_mediator(settings, min_uid: int = MIN_UID, max_uid: int = MAX_UID) -
 
 
 def sudo_rule(account: str, mediator: Path) -> str:
-    """The hub's one sudo rule: the mediator, as any user but root (the mediator itself refuses system
-    accounts), without a password or a terminal; nothing else."""
-    return (f"# dsportal: the hub's account {account} may run the mediator as a user, and nothing else.\n"
-            f"Defaults:{account} !requiretty, !lecture, env_reset\n"
-            f"{account} ALL = (ALL, !root) NOPASSWD: {mediator}\n")
+    """The hub's one sudo rule (the shipped config/sudoers/dsportal.sudoers, its account and mediator filled
+    in): the mediator, as any user but root (the mediator itself refuses system accounts), without a password
+    or a terminal; nothing else."""
+    lines = shipped(SUDO_RULE).read_text().splitlines(keepends=True)
+    rule = "".join(line for line in lines if not line.startswith("## "))  # the file's own notes stay behind
+    return rule.replace("@ACCOUNT@", account).replace("@MEDIATOR@", str(mediator))
 
 
 def install_sudo_rule(account: str, mediator: Path) -> Path:
@@ -67,6 +83,31 @@ def install_sudo_rule(account: str, mediator: Path) -> Path:
         os.unlink(handle.name)
     _root_file(SUDOERS, rule, 0o440)
     return SUDOERS
+
+
+def install_units(names: tuple[str, ...], folder: Path, force: bool = False) -> tuple[list[str], list[str]]:
+    """The shipped systemd units ``names`` into ``folder`` (0644; root's where root runs this). A unit there
+    that differs from the shipped one, the site's edits most likely, is kept unless ``force``. Returns what
+    was done and what was kept, a line each."""
+    done, kept = [], []
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        text, target = shipped(f"systemd/{name}").read_text(), folder / name
+        if target.exists() and target.read_text() == text:
+            done.append(f"unchanged {target}")
+            continue
+        if target.exists() and not force:
+            kept.append(f"kept {target}: it differs from the shipped {shipped(f'systemd/{name}')} (your site's "
+                        "values?); compare them with diff -u, carry your values over, or give --force to replace it")
+            continue
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as handle:
+            handle.write(text)
+        if os.geteuid() == 0:
+            os.chown(handle.name, 0, 0)
+        os.chmod(handle.name, 0o644)
+        os.replace(handle.name, target)
+        done.append(f"installed {target}")
+    return done, kept
 
 
 def ensure_system_account(account: str, home: Path) -> pwd.struct_passwd:
