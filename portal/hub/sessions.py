@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from ..settings import human_duration
-from .sharing import shareable
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,12 @@ class SharedRow:
     label: str  # "alice's session train"
     active: bool
     url: str
+
+
+def shareable(spawner) -> bool:
+    """Whether a session (JupyterHub's orm.Spawner) was started shareable: the form's "Let me share this
+    session with a colleague" ticked (its user_options' ``shared``), as the session itself judges."""
+    return (getattr(spawner, "user_options", None) or {}).get("shared") is True
 
 
 def shared_with(user) -> list[SharedRow]:

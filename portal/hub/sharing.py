@@ -20,13 +20,9 @@ dsportal's session code keeps its owner-only pages (jobs, TensorBoards, the shar
 
 from __future__ import annotations
 
+from .sessions import shareable, shared_with
+
 ROLE_PREFIX = "dsportal-share-in-"
-
-
-def shareable(spawner) -> bool:
-    """Whether a session (JupyterHub's orm.Spawner) was started shareable: the form's "Let me share this
-    session with a colleague" ticked (its user_options' ``shared``), as the session itself judges."""
-    return (getattr(spawner, "user_options", None) or {}).get("shared") is True
 
 
 def not_shareable(owner: str, server_name: str) -> str:
@@ -106,8 +102,6 @@ class _Lazy:
 
     def _get(self):
         if self._rows is None:
-            from .sessions import shared_with
-
             self._rows = shared_with(self._user)
         return self._rows
 
