@@ -135,10 +135,13 @@ def test_a_bad_file_is_refused_naming_the_file_the_key_and_the_line(tmp_path, ol
     path, text = site_config(tmp_path)
     assert old in text
     path.write_text(text.replace(old, new, 1))
-    result = dsportal(tmp_path, "--config", str(path), "templates", "list")
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.startswith(f"dsportal: {path} is invalid:\n"), result.stderr
-    assert f"  line {line_of(text, old)}: {key}: {message}" in result.stderr, result.stderr
+    for command in (["templates", "list"], ["hub"]):  # an admin command, and the hub as it starts
+        result = dsportal(tmp_path, "--config", str(path), *command)
+        assert result.returncode == 2, (command, result.stdout + result.stderr)
+        assert result.stderr.startswith(f"dsportal: {path} is invalid:\n"), result.stderr
+        assert f"  line {line_of(text, old)}: {key}: {message}" in result.stderr, result.stderr
+    checked = dsportal(tmp_path, "--config", str(path), "check")
+    assert checked.returncode == 1 and f"  line {line_of(text, old)}: {key}: {message}" in checked.stdout, checked.stdout
 
 
 def test_a_file_that_is_not_yaml_or_cannot_be_read_is_refused_naming_it(tmp_path):
@@ -153,10 +156,17 @@ def test_a_file_that_is_not_yaml_or_cannot_be_read_is_refused_naming_it(tmp_path
     folder.mkdir()
     result = dsportal(tmp_path, "--config", str(folder), "templates", "list")
     assert result.returncode == 2 and result.stderr.strip() == f"dsportal: {folder}: cannot read: Is a directory"
-    if os.geteuid() != 0:  # root reads any file: a folder stands in for an unreadable file above
-        path.chmod(0)
-        result = dsportal(tmp_path, "--config", str(path), "templates", "list")
-        assert result.returncode == 2 and f"dsportal: {path}: cannot read: Permission denied" in result.stderr
+    # A file its reader may not read: root reads any file, so the command runs as nobody.
+    path.write_text(text)
+    path.chmod(0o600)
+    tmp_path.chmod(0o755)
+    as_nobody = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    result = subprocess.run([*as_nobody, sys.executable, "-m", "portal.cli", "--config", str(path), "templates", "list"],
+                            capture_output=True, text=True, timeout=120, cwd="/",
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8",
+                                 "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == f"dsportal: {path}: cannot read: Permission denied", result.stderr
 
 
 def test_the_demos_commands_default_to_the_demos_file_and_nothing_else_does(monkeypatch):
