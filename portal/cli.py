@@ -184,12 +184,13 @@ def cmd_firewall(args) -> int:
         return install_units(args.dest, args.force, hubaccount.FIREWALL_UNITS, "firewall install-unit")
     try:
         if args.action == "up":
-            firewall.up((firewall.uid_of(u) for u in args.users), args.cluster)
+            firewall.up((firewall.uid_of(u) for u in args.users), args.cluster, hub_ports=args.hub_ports,
+                        local_ports=args.local_ports, compute=args.compute)
         elif args.action == "add-user":
             firewall.add_users(firewall.uid_of(u) for u in args.users)
         elif args.action == "down":
             firewall.down()
-        separated, hosts = firewall.users(), firewall.cluster_hosts()
+        separated, hosts, guarded = firewall.users(), firewall.cluster_hosts(), firewall.guarded_ports()
     except (firewall.FirewallUnavailable, KeyError) as error:
         print(f"dsportal firewall {args.action}: {error}", file=sys.stderr)
         return 1
@@ -198,7 +199,8 @@ def cmd_firewall(args) -> int:
     else:
         print(f"node firewall: in place; TCP on this node separates {len(separated)} portal user(s)"
               + (f" (uids {', '.join(map(str, separated))})" if separated else "")
-              + "; cluster hosts: " + (", ".join(hosts) if hosts else "none (no user reaches another host's users)"))
+              + "; cluster hosts: " + (", ".join(hosts) if hosts else "none (no user reaches another host's users)")
+              + "; " + firewall.describe_guarded(guarded))
     return 0
 
 
@@ -303,6 +305,14 @@ def main(argv=None) -> int:
     firewall_parser.add_argument("--cluster", action="append", default=[], metavar="ADDRESS[/BITS]",
                                  help="up: an IPv4 address or network of the cluster's hosts (login and compute "
                                  "nodes, each running this firewall); repeatable")
+    firewall_parser.add_argument("--hub-ports", action="append", default=[], metavar="PORT[,PORT...]",
+                                 help="up, on the login node: the hub's API and dsportal's service (8081,8082): only "
+                                 "the --compute hosts and this host reach them; empty: none")
+    firewall_parser.add_argument("--local-ports", action="append", default=[], metavar="PORT[,PORT...]",
+                                 help="up, on the login node: the proxy's API (8001): only this host reaches it")
+    firewall_parser.add_argument("--compute", action="append", default=[], metavar="ADDRESS[/BITS][,...]",
+                                 help="up, with --hub-ports: the compute nodes (where sessions run), IPv4 addresses "
+                                 "or networks; repeatable")
     firewall_parser.add_argument("--dest", type=Path, help="install-unit: this folder instead of "
                                  f"{hubaccount.SYSTEMD_UNITS}")
     firewall_parser.add_argument("--force", action="store_true", help="install-unit: replace a unit there that differs")

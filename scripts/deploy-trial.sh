@@ -2,11 +2,11 @@
 # Tries docs/how-to/deploy.md as a new admin would (issue 29): two fresh Debian bookworm systems, a login
 # node and a compute node, each booting systemd as PID 1 in systemd-nspawn on a bridge of their own,
 # then the guide's sections in order, as root of those systems, and at the end a real login over
-# the network, a session as a Slurm job on the compute node, a kernel running code, and a hub
-# restart that keeps the session's route.
+# the network, a session as a Slurm job on the compute node, a kernel running code, a hub
+# restart that keeps the session's route, and the hub's ports closed to all but cn1 and login itself.
 #
 #   scripts/deploy-trial.sh            everything (each step is skipped when its result is there)
-#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check
+#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check ports
 #   scripts/deploy-trial.sh down       stops both systems, removes the bridge and every trial file
 #
 # Reach them: scripts/deploy-trial.sh shell login|cn1 (a root shell inside); the portal answers at
@@ -22,6 +22,7 @@ HOST_ADDR=$NET_PREFIX.9/29      # so a host whose own uplink is in 192.0.2.0/24 
 LOGIN_ADDR=$NET_PREFIX.10
 CN1_ADDR=$NET_PREFIX.11
 CLUSTER=$NET_PREFIX.8/29
+COMPUTE=$CN1_ADDR               # the compute nodes: the only hosts besides login that reach the hub's ports
 USER_NAME=alice USER_UID=2001 USER_PASSWORD=alice-trial
 LDAP_ADMIN_PASSWORD=trial-ldap-admin
 declare -A TIMES=()
@@ -92,28 +93,49 @@ deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sou
   say "$name: debootstrap ${TIMES[debootstrap-$name]} s, packages ${TIMES[packages-$name]} s"
 }
 
-shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh), copied onto the shared storage
-  local shared=$TRIAL/shared
-  mkdir -p "$shared"/{home,datasets,courses}
-  if [ ! -x "$shared/opt-dsportal/env/bin/python" ]; then
-    [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
-    cp -a /opt/dsportal "$shared/opt-dsportal.new" && mv "$shared/opt-dsportal.new" "$shared/opt-dsportal"
-  fi
-  # dsportal itself: this checkout's wheel (section 11's upgrade step), installed where it runs
-  rm -rf "$TRIAL/wheel" && /opt/dsportal/env/bin/pip wheel -q --no-deps --no-build-isolation -w "$TRIAL/wheel" . \
-    > "$TRIAL/wheel.log" 2>&1
-  cp "$TRIAL"/wheel/dsportal-*.whl "$TRIAL/login/root/"
-  local install='/opt/dsportal/env/bin/pip install -q --no-deps --force-reinstall /root/dsportal-*.whl
-                 chmod -R a+rX /opt/dsportal/env'
+# build_wheel REV DEST: dsportal's wheel from the commit REV (committed code only, never the working tree's
+# edits), as `make dist` builds it: pip's wheel with the environment's setuptools, nothing fetched
+build_wheel() {
+  local src
+  src=$(mktemp -d /tmp/dsportal-trial-src.XXXXXX)
+  git archive "$1" | tar -x -C "$src"
+  rm -rf "$2" && mkdir -p "$2"
+  (cd "$src" && /opt/dsportal/env/bin/pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+    -w "$2" .) > "$TRIAL/wheel.log" 2>&1 || { tail "$TRIAL/wheel.log"; rm -rf "$src"; return 1; }
+  rm -rf "$src"
+}
+
+# install_wheel WHEEL: take-a-security-release.md, section 4 ("for dsportal's own code only"), on the host
+# that writes the shared /opt/dsportal: the login node here (its /root holds the wheel)
+install_wheel() {
+  cp "$1" "$TRIAL/login/root/"
+  local install="/opt/dsportal/env/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall /root/$(basename "$1")
+                 /opt/dsportal/env/bin/dsportal --version
+                 chmod -R a+rX /opt/dsportal/env"
   if leader login > /dev/null; then
     in_node login sh -ec "$install"
   else
-    systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$shared/opt-dsportal:/opt/dsportal" \
+    systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$TRIAL/shared/opt-dsportal:/opt/dsportal" \
       --pipe /bin/sh -ec "$install" 2>&1 | grep -v propagate || true
   fi
-  # the admin's checkout on the login node (the guide installs the unit files from it)
-  rm -rf "$TRIAL/login/usr/local/src/dsportal" && mkdir -p "$TRIAL/login/usr/local/src/dsportal"
-  git archive HEAD | tar -x -C "$TRIAL/login/usr/local/src/dsportal"
+}
+
+shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh), copied onto the shared storage
+  local shared=$TRIAL/shared start
+  mkdir -p "$shared"/{home,datasets,courses}
+  if [ ! -x "$shared/opt-dsportal/env/bin/python" ]; then
+    [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
+    start=$(now)
+    # the guide's rsync: env/ and chp/, each on its own (never the whole /opt/dsportal with --delete)
+    mkdir -p "$shared/opt-dsportal"
+    rsync -a --delete /opt/dsportal/env/ "$shared/opt-dsportal/env/"
+    rsync -a --delete /opt/dsportal/chp/ "$shared/opt-dsportal/chp/"
+    TIMES[copy-env]=$(elapsed "$start")
+  fi
+  # dsportal itself: the wheel of this checkout's commit (DSPORTAL_TRIAL_REV, default HEAD), where it runs
+  build_wheel "${DSPORTAL_TRIAL_REV:-HEAD}" "$TRIAL/wheel"
+  install_wheel "$(ls "$TRIAL"/wheel/dsportal-*.whl)"
+  # The login node has no checkout: the guide takes portal.yaml and the units from the installed package.
 }
 
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
@@ -402,7 +424,7 @@ EOF
 edit_portal_yaml() {
   cat <<EOF
 import sys, yaml
-config = yaml.safe_load(open("/usr/local/src/dsportal/config/portal.yaml"))
+config = yaml.safe_load(open("/etc/dsportal/portal.yaml"))  # the installed package's copy (section 5)
 hub = config["hub"]
 for key in ("proxy_token_file",):  # the demo's: here the units hand the token over (section 8)
     hub.pop(key, None)
@@ -432,8 +454,11 @@ yaml.safe_dump(config, sys.stdout, sort_keys=False)
 EOF
 }
 
-portal_config() {  # 5. portal.yaml
-  in_node login install -d -m 0755 /etc/dsportal
+portal_config() {  # 5. portal.yaml: the guide's two lines, then its changes
+  script_in login <<'EOF'
+install -d -m 0755 /etc/dsportal
+install -m 0644 /opt/dsportal/env/lib/python3.11/site-packages/dsportal_config/portal.yaml /etc/dsportal/portal.yaml
+EOF
   edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
   install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
 }
@@ -453,13 +478,17 @@ printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-fi
 /opt/dsportal/env/bin/dsportal firewall install-unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
+  # the login node: its users, and the hub's ports for cn1 (the compute nodes) and itself only
   script_in login <<EOF
 systemctl is-active -q dsportal-firewall && exit 0
-/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER
+/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER \\
+  --hub-ports 8081,8082 --local-ports 8001 --compute $COMPUTE
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
+printf 'HUB_PORTS=8081,8082\nLOCAL_PORTS=8001\nCOMPUTE=$COMPUTE\n' >> /etc/default/dsportal-firewall
 /opt/dsportal/env/bin/dsportal firewall install-unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
+  say "firewall: login: $(in_node login /opt/dsportal/env/bin/dsportal firewall status)"
   say "firewall: login $(in_node login systemctl is-active dsportal-firewall), cn1 $(in_node cn1 systemctl is-active dsportal-firewall)"
 }
 
@@ -525,7 +554,7 @@ EOF
     sleep 1
   done
   say "hub: $(in_node login systemctl is-active dsportal-proxy dsportal-hub | paste -sd ' '), login page $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" https://hub.example.org/hub/login)"
-  in_node login env DSPORTAL_CONFIG=/etc/dsportal/portal.yaml /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true
+  in_node login /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true   # /etc/dsportal/portal.yaml
 }
 
 step_portal() {  # sections 5 to 10, in the guide's order
@@ -606,9 +635,54 @@ with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o
   say "job $job's memory limit on cn1: $(in_node cn1 cat "/sys/fs/cgroup/memory/slurm_cn1/uid_$USER_UID/job_$job/memory.limit_in_bytes") bytes"
 }
 
+# ---- the hub's ports (section 6): cn1 and login itself reach them, another host of the network does not ----------
+# probe TARGET...: each HOST:PORT "open", "refused" or "timeout" (3 s), with the seconds it took
+PROBE='import socket, sys, time
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    start = time.monotonic()
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close(); result = "open"
+    except ConnectionRefusedError:
+        result = "refused"
+    except OSError as error:
+        result = "timeout" if isinstance(error, TimeoutError) else type(error).__name__
+    print(f"{target}={result}({time.monotonic() - start:.2f}s)")'
+
+step_ports() {
+  local from_host from_cn1 from_login failed=0 start
+  start=$(now)
+  # The host itself is on the bridge (192.0.2.9: inside the cluster's /29, neither the hub nor a compute node)
+  from_host=$(python3 -c "$PROBE" $LOGIN_ADDR:8001 $LOGIN_ADDR:8081 $LOGIN_ADDR:8082 $LOGIN_ADDR:443 | paste -sd ' ')
+  from_cn1=$(in_node cn1 python3 -c "$PROBE" login:8081 login:8082 login:8001 | paste -sd ' ')
+  from_login=$(in_node login python3 -c "$PROBE" 127.0.0.1:8001 login:8081 login:8082 | paste -sd ' ')
+  say "ports: from the host ${HOST_ADDR%/*}: $from_host"
+  say "ports: from cn1 $CN1_ADDR: $from_cn1"
+  say "ports: from login itself: $from_login"
+  [[ $from_host =~ :8001=(refused|timeout) && $from_host =~ :8081=(refused|timeout) && $from_host =~ :8082=(refused|timeout) \
+     && $from_host =~ :443=open ]] || { say "ports: FAILED: the host reaches a port of the hub's"; failed=1; }
+  [[ $from_cn1 =~ :8081=open && $from_cn1 =~ :8082=open && $from_cn1 =~ :8001=(refused|timeout) ]] \
+    || { say "ports: FAILED: cn1 does not reach the hub's API or dsportal's service"; failed=1; }
+  [[ ! $from_login =~ =(refused|timeout) ]] || { say "ports: FAILED: login does not reach its own ports"; failed=1; }
+  say "ports: the login node's refusals: $(in_node login nft list chain inet dsportal_isolation input | grep -oE '(packets [0-9]+ bytes [0-9]+ reject with tcp reset comment "[^"]*")' | sed 's/ bytes [0-9]* reject with tcp reset comment//' | paste -sd ';')"
+  TIMES[ports]=$(elapsed "$start")
+  return $failed
+}
+
+print_times() {  # at the end, also of a failed run: what each step took
+  local key
+  for key in $(printf '%s\n' "${!TIMES[@]}" | sort); do say "time: $key ${TIMES[$key]} s"; done
+}
+
 case "${1:-all}" in
   down) step_down ;;
   shell) in_node "${2:-login}" bash -l ;;
-  all) for step in systems boot munge slurm ldap portal check; do "step_$step"; done ;;
-  *) for step in "$@"; do "step_$step"; done ;;
+  all) started=$(now)
+       trap print_times EXIT
+       for step in systems boot munge slurm ldap portal check ports; do
+         step_start=$(now); "step_$step"; TIMES[step-$step]=$(elapsed "$step_start")
+       done
+       TIMES[all]=$(elapsed "$started") ;;
+  *) trap print_times EXIT
+     for step in "$@"; do step_start=$(now); "step_$step"; TIMES[step-$step]=$(elapsed "$step_start"); done ;;
 esac

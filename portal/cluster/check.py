@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pwd
@@ -11,6 +12,7 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import ldap3
 
@@ -248,6 +250,38 @@ def check_firewall() -> Result:
                   f"cluster hosts: {', '.join(hosts) if hosts else 'none named (users reach no other host)'}")
 
 
+def check_hub_ports(settings) -> Result | None:
+    """On the hub's host (the login node): the node firewall lets only the compute nodes and this host reach
+    the hub's API and dsportal's service, and only this host the proxy's API (docs/how-to/deploy.md, section
+    6). None where the table is not in place (check_firewall says so)."""
+    guarded = firewall.guarded_ports()
+    if guarded is None:
+        return None
+    hub = settings.hub
+    for_sessions = {urlparse(hub.hub_bind_url).port or 8081}
+    if hub.service_port:
+        for_sessions.add(hub.service_port)
+    proxy_api = urlparse(hub.proxy_api_url)
+    local_only = set() if _loopback(proxy_api.hostname) else {proxy_api.port or 8001}
+    open_ports = sorted((for_sessions - set(guarded["hub_ports"]) - set(guarded["local_ports"]))
+                        | (local_only - set(guarded["local_ports"])))
+    if open_ports:
+        return Result("hub's ports", True, f"port(s) {', '.join(map(str, open_ports))} of this host answer every "
+                      "host, not only the compute nodes (or this host): on the login node, give the firewall "
+                      "HUB_PORTS, LOCAL_PORTS and COMPUTE (docs/how-to/deploy.md, section 6)", warning=True)
+    return Result("hub's ports", True, firewall.describe_guarded(guarded).removeprefix("the hub's ports: "))
+
+
+def _loopback(host: str | None) -> bool:
+    """Whether a URL's host is this host's loopback only (a port bound there answers nobody else)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
+
+
 # /proc mount options under which a user sees only their own processes (root sees all).
 HIDEPID_INVISIBLE = ("invisible", "2", "ptraceable", "4")
 
@@ -431,6 +465,9 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_images(settings)
     results.append(check_homes())
     results.append(check_firewall())
+    hub_ports = check_hub_ports(settings)
+    if hub_ports:
+        results.append(hub_ports)
     results += check_confinement(settings)
     results += check_gpu_shares(settings)
     results.append(check_hub_account(settings))

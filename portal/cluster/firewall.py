@@ -34,10 +34,17 @@ Slurm ``Prolog``, before a job starts on the node; see docs/how-to/deploy.md). A
 whose listeners it protects and whose connections it sends: compute nodes the users of their jobs,
 login nodes every portal user. The demo cluster adds its accounts on every host.
 What it cannot separate: UDP (no handshake to refuse), and services of non-portal accounts.
+
+On the login node the same table also guards the hub's own ports (``dsportal firewall up ... --hub-ports
+8081,8082 --local-ports 8001 --compute NODES``): the hub's API and dsportal's service (``--hub-ports``)
+answer only the compute nodes, where the sessions run, and this host itself; the proxy's API
+(``--local-ports``) only this host. A connection from anywhere else is refused with a reset. Compute nodes
+leave the three empty.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import pwd
 import shutil
@@ -77,13 +84,51 @@ def _user_elements(uids: list[int]) -> dict[str, str]:
     }
 
 
-def ruleset(uids: Iterable[int], cluster: Iterable[str] = (), first_user_uid: int = FIRST_USER_UID) -> str:
+def ports(values: Iterable[str | int]) -> list[int]:
+    """TCP ports from ints or comma/space-separated strings ('8081,8082'); an empty string is none."""
+    found: set[int] = set()
+    for value in values:
+        for item in str(value).replace(",", " ").split():
+            if not item.isascii() or not item.isdigit() or not 1 <= int(item) <= 65535:
+                raise FirewallUnavailable(f"{item!r} is not a TCP port (1-65535)")
+            found.add(int(item))
+    return sorted(found)
+
+
+def addresses(values: Iterable[str]) -> list[str]:
+    """IPv4 addresses or networks from strings, each possibly comma/space-separated ('10.1.8.0/22,10.1.12.5')."""
+    found: set[str] = set()
+    for value in values:
+        for item in str(value).replace(",", " ").split():
+            try:
+                network = ipaddress.IPv4Network(item, strict=False)
+            except ValueError:
+                raise FirewallUnavailable(f"{item!r} is not an IPv4 address or network") from None
+            found.add(str(network.network_address) if network.prefixlen == 32 else str(network))
+    return sorted(found)
+
+
+def ruleset(uids: Iterable[int], cluster: Iterable[str] = (), first_user_uid: int = FIRST_USER_UID,
+            hub_ports: Iterable[int] = (), local_ports: Iterable[int] = (), compute: Iterable[str] = ()) -> str:
     """The table, replacing any earlier one atomically (nft -f applies a file as one transaction).
     ``cluster``: the IPv4 addresses or networks of every host that runs this table (login and
-    compute nodes): their SYNs carry the sender's tag, and their system services reach users."""
+    compute nodes): their SYNs carry the sender's tag, and their system services reach users.
+    The login node's: ``hub_ports`` (the hub's API, dsportal's service) answer only ``compute`` (the
+    compute nodes' addresses or networks) and this host; ``local_ports`` (the proxy's API) this host only."""
     e = _user_elements(_checked(uids))
     cluster = sorted(set(cluster))
     cluster_elements = f" elements = {{ {', '.join(cluster)} }};" if cluster else ""
+    hub_ports, local_ports, compute = ports(hub_ports), ports(local_ports), addresses(compute)
+    if hub_ports and not compute:
+        raise FirewallUnavailable("the hub's ports answer the compute nodes: name them (--compute ADDRESS[/BITS])")
+    both = set(hub_ports) & set(local_ports)
+    if both:
+        raise FirewallUnavailable(f"port(s) {', '.join(map(str, sorted(both)))} both for the compute nodes "
+                                  "(--hub-ports) and this host only (--local-ports)")
+
+    def listed(items: list) -> str:
+        return f" elements = {{ {', '.join(map(str, items))} }};" if items else ""
+
     syn = "tcp flags & (syn | ack) == syn"
     return f"""table inet {TABLE} {{}}
 delete table inet {TABLE}
@@ -95,12 +140,18 @@ table inet {TABLE} {{
   map tag_mark {{ typeof ip id : ct mark;{e["tag_mark"]} }}
   set cluster {{ type ipv4_addr; flags interval;{cluster_elements} }}
   set refused {{ typeof tcp dport . ct mark; flags timeout; timeout {REFUSED_FOR}; }}
+  set hub_ports {{ type inet_service;{listed(hub_ports)} }}
+  set local_ports {{ type inet_service;{listed(local_ports)} }}
+  set compute {{ type ipv4_addr; flags interval;{listed(compute)} }}
   chain input {{
     type filter hook input priority 0; policy accept;
     iif != "lo" {syn} ct mark set {STRANGER_MARK:#x}
     iif != "lo" {syn} ip saddr @cluster ip id 0 ct mark set 0
     iif != "lo" {syn} ip saddr @cluster ct mark set ip id map @tag_mark
     {syn} ct mark != 0 tcp dport . ct mark @refused counter reject with tcp reset comment "refused by this port a moment ago"
+    iif != "lo" {syn} tcp dport @local_ports counter reject with tcp reset comment "this host's own (the proxy's API)"
+    iif != "lo" {syn} tcp dport @hub_ports ip saddr @compute accept comment "a session on a compute node"
+    iif != "lo" {syn} tcp dport @hub_ports counter reject with tcp reset comment "hub API, service: compute nodes, this host"
   }}
   chain output {{
     type filter hook output priority 0; policy accept;
@@ -135,8 +186,9 @@ def _nft(args: list[str], script: str | None = None, netns: str | None = None) -
     return result.stdout
 
 
-def up(uids: Iterable[int], cluster: Iterable[str] = (), netns: str | None = None) -> None:
-    _nft(["-f", "-"], ruleset(uids, cluster), netns)
+def up(uids: Iterable[int], cluster: Iterable[str] = (), netns: str | None = None, *,
+       hub_ports: Iterable[int] = (), local_ports: Iterable[int] = (), compute: Iterable[str] = ()) -> None:
+    _nft(["-f", "-"], ruleset(uids, cluster, hub_ports=hub_ports, local_ports=local_ports, compute=compute), netns)
 
 
 def add_users(uids: Iterable[int], netns: str | None = None) -> None:
@@ -182,6 +234,34 @@ def cluster_hosts(netns: str | None = None) -> list[str] | None:
     if elements is None:
         return None
     return sorted(e if isinstance(e, str) else "{addr}/{len}".format(**e["prefix"]) for e in elements)
+
+
+def guarded_ports(netns: str | None = None) -> dict[str, list] | None:
+    """The hub's ports the table guards: {"hub_ports": [...], "local_ports": [...], "compute": [...]}, or None
+    without a table (a table of dsportal 0.2.0 or older has no such sets: all three empty)."""
+    if _set_elements("users", netns) is None:
+        return None
+    guarded: dict[str, list] = {}
+    for name in ("hub_ports", "local_ports", "compute"):
+        elements = _set_elements(name, netns) or []
+        if name == "compute":
+            guarded[name] = sorted(e if isinstance(e, str) else "{addr}/{len}".format(**e["prefix"]) for e in elements)
+        else:
+            guarded[name] = sorted(int(e) for e in elements)
+    return guarded
+
+
+def describe_guarded(guarded: dict[str, list] | None) -> str:
+    """One line for `firewall status` and `dsportal check`."""
+    if not guarded or not (guarded["hub_ports"] or guarded["local_ports"]):
+        return "the hub's ports: none guarded (a compute node's table)"
+    parts = []
+    if guarded["hub_ports"]:
+        parts.append(f"{', '.join(map(str, guarded['hub_ports']))} answer only this host and "
+                     f"{', '.join(guarded['compute'])}")
+    if guarded["local_ports"]:
+        parts.append(f"{', '.join(map(str, guarded['local_ports']))} only this host")
+    return "the hub's ports: " + "; ".join(parts)
 
 
 def uid_of(name_or_uid: str) -> int:
