@@ -405,14 +405,32 @@ class Slurm:
 _clients: dict[tuple, Slurm] = {}
 
 
+def _client_key(conf: str | None, bin_dir: str, submit_as: str, mediator: str) -> tuple:
+    return str(conf or ""), str(bin_dir), submit_as, mediator
+
+
 def shared_client(conf: str | None, bin_dir: str, submit_as: str, cache_seconds: float,
                   mediator: str = defaults.MEDIATOR) -> Slurm:
     """One Slurm client (and so one squeue snapshot) per hub, whatever the number of sessions."""
-    key = (str(conf or ""), str(bin_dir), submit_as, mediator)
+    key = _client_key(conf, bin_dir, submit_as, mediator)
     if key not in _clients:
         _clients[key] = Slurm(Path(conf) if conf else None, Path(bin_dir), submit_as, cache_seconds=cache_seconds,
                               mediator=Path(mediator))
     return _clients[key]
+
+
+def share_client(client: Slurm | None, conf: str | None, bin_dir: str, submit_as: str,
+                 mediator: str = defaults.MEDIATOR) -> Slurm | None:
+    """Make ``client`` what :func:`shared_client` hands out for these settings, to the hub's spawners (their
+    ``slurm``), its spawn form and its metrics alike: the seam through which a Slurm of one's own takes the
+    place of the commands (tests/fakeslurm.py's, a Slurm whose commands are a cluster in memory). Returns
+    the client it replaces (None: none yet), to be put back the same way; None as ``client`` forgets the
+    entry. The hub never calls it."""
+    key = _client_key(conf, bin_dir, submit_as, mediator)
+    replaced = _clients.pop(key, None)
+    if client is not None:
+        _clients[key] = client
+    return replaced
 
 
 def _own_name() -> str | None:

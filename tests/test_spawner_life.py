@@ -1,0 +1,744 @@
+"""The spawners' whole life, from the form to the stop, against a Slurm in memory (tests/fakeslurm.py): no cluster.
+
+The real PartitionSpawner and SlurmGPUSpawner, built as JupyterHub builds them (jupyterhub/user.py: an ORM
+spawner in an in-memory database, the user, the hub) and driven as it drives them (:class:`Hub`: the form's
+or the REST API's options, start within start_timeout, stop after a failed start, the check of every
+session at the hub's start). Their Slurm is tests/fakeslurm.py's, handed over through the Slurm layer's seam
+(slurmclient.share_client): the hub's shared client, its squeue snapshot and cache included, over a cluster
+the tests play. The same life on the real cluster: tests/test_spawn.py, test_failfast.py, test_long_queue.py,
+test_named_sessions.py, test_reliability.py.
+
+The user is the account running the tests (the spawners read her home and groups from the system).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import os
+import pwd
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from jupyterhub import orm
+from jupyterhub.objects import Server
+from traitlets.config import Config
+
+from fakeslurm import FakeSlurm, client_key, sbatch_options
+from portal import sessionvars
+from portal.cluster.slurmclient import SlurmUnavailable, share_client
+from portal.settings import Profile
+from spawner import gpuspawner
+from spawner.gpuspawner import RequestRefused, SpawnFailed, extend_walltime
+from spawner.partitionspawner import PartitionSpawner
+
+pytestmark = [
+    pytest.mark.quick,
+    # PartitionSpawner.construct_child hands the child server=, as wrapspawner's does: no trait of the child, so
+    # traitlets drops it with this warning (the child reads its server through the linked orm_spawner).
+    pytest.mark.filterwarnings(r"ignore:Passing unrecognized arguments to super\(SlurmGPUSpawner\):DeprecationWarning"),
+]
+
+try:
+    _account = pwd.getpwuid(os.getuid())
+except KeyError:  # a uid without an account (some containers): the spawners read the user's home and groups
+    pytest.skip("the tests' user has no account", allow_module_level=True)
+ME = _account.pw_name
+MY_GROUP = grp.getgrgid(_account.pw_gid).gr_name
+NOBODYS_GROUP = "dsportal-test-no-member"
+
+PROFILES = [
+    Profile(name="gpu", partition="gpu", display_name="GPU partition", gpu_choices=[0, 1, 2, 4], default_gpus=1,
+            queue_limit="00:30:00", idle_timeout="02:00:00", max_walltime="12:00:00"),
+    Profile(name="cpu", partition="cpu", display_name="CPU partition", gpu_choices=[0], default_gpus=0,
+            default_walltime="02:00:00", max_walltime="04:00:00", sessions_per_user=2),
+    Profile(name="share", partition="gpu", display_name="A quarter of a GPU", gpu_choices=[0], default_gpus=0,
+            gpu_shares=4, default_share=True, groups=[MY_GROUP]),
+    Profile(name="staff", partition="gpu", display_name="GPU partition, staff", groups=[NOBODYS_GROUP]),
+]
+GPU_FORM = {"profile": ["gpu"], "gpus.gpu": ["2"], "walltime.gpu": ["04:00:00"]}
+START_TIMEOUT = 60  # the hub's start_timeout: the time to come up once Slurm runs the job
+PORT = 8888
+
+
+def hub_config(conf: str) -> Config:
+    """What portal/hub/config.py sets of the spawners, for these profiles; squeue read every 20 ms."""
+    c = Config()
+    c.PartitionSpawner.profiles = [p.model_dump() for p in PROFILES]
+    c.PartitionSpawner.default_profile = "gpu"
+    c.Spawner.start_timeout = START_TIMEOUT
+    c.Spawner.http_timeout = 5
+    c.Spawner.default_url = "/lab"
+    c.SlurmGPUSpawner.slurm_conf = conf  # the shared client's key: this test's own
+    c.SlurmGPUSpawner.squeue_interval = 0.02
+    return c
+
+
+class User:
+    """What the spawners read of JupyterHub's User: her name, URL, settings and spawners."""
+
+    def __init__(self, db, name: str):
+        self.name = self.escaped_name = name
+        self.url = self.base_url = f"/user/{name}/"
+        self.settings: dict = {}
+        self.domain = ""
+        self.orm_user = orm.User.find(db, name)
+        if self.orm_user is None:
+            self.orm_user = orm.User(name=name)
+            db.add(self.orm_user)
+            db.commit()
+        self.spawners: dict[str, PartitionSpawner] = {}
+
+    def all_spawners(self, include_default: bool = True):
+        return [s for name, s in self.spawners.items() if name or include_default]
+
+
+class HubObject:
+    """JupyterHub's Hub (jupyterhub.objects.Hub): where a session reaches the hub."""
+
+    public_host = ""
+    base_url = "/hub/"
+    url = "http://127.0.0.1:8081/hub/"
+    api_url = "http://127.0.0.1:8081/hub/api"
+
+
+class Hub:
+    """JupyterHub around the spawners, in miniature: what jupyterhub/user.py's spawn and stop, its spawn
+    handlers and app.py's check of every session at the hub's start do to them, in that order."""
+
+    def __init__(self, slurm: FakeSlurm, conf: str, db=None):
+        self.slurm, self.conf = slurm, conf
+        self.db = db or orm.new_session_factory("sqlite:///:memory:")()
+        self.config = hub_config(conf)
+        self.users: dict[str, User] = {}
+
+    def spawner(self, name: str = "", user: str = ME) -> PartitionSpawner:
+        """The user's spawner of session ``name`` (User._new_spawner: its stored state loaded)."""
+        if user not in self.users:
+            self.users[user] = User(self.db, user)
+        owner = self.users[user]
+        if name in owner.spawners:
+            return owner.spawners[name]
+        orm_spawner = owner.orm_user.orm_spawners.get(name)
+        if orm_spawner is None:
+            orm_spawner = orm.Spawner(user=owner.orm_user, name=name)
+            self.db.add(orm_spawner)
+            self.db.commit()
+        spawner = PartitionSpawner(user=owner, hub=HubObject(), orm_spawner=orm_spawner, config=self.config,
+                                   oauth_client_id=f"jupyterhub-user-{user}" + (f"-{name}" if name else ""),
+                                   user_options=orm_spawner.user_options or {})
+        spawner.load_state(orm_spawner.state or {})
+        owner.spawners[name] = spawner
+        assert spawner.child_spawner is None or spawner.child_spawner.slurm is self.slurm
+        return spawner
+
+    async def spawn(self, spawner: PartitionSpawner, form: dict | None = None, options: dict | None = None):
+        """A start from the form (its fields, judged by options_from_form) or the REST API (its options,
+        judged first: portal/hub/useroptions.py); then User.spawn. Returns start()'s (host, port)."""
+        spawner._spawn_pending = True  # the spawn handler's
+        try:
+            if form is not None:
+                options = await spawner.options_from_form(form)
+            elif options is not None:
+                self.spawner("", spawner.user.name).judge_options(options)
+            orm_server = orm.Server(base_url=f"{spawner.user.base_url}{spawner.name}/".replace("//", "/"))
+            self.db.add(orm_server)
+            self.db.commit()
+            spawner.server = server = Server(orm_server=orm_server)
+            if options is None:
+                options = spawner.orm_spawner.user_options or {}
+            else:
+                spawner.orm_spawner.user_options = options
+                self.db.commit()
+            spawner.user_options = options
+            spawner.clear_state()
+            spawner.api_token = f"token-of-{spawner.user.name}-{spawner.name}"
+            spawner._start_pending = True
+            try:
+                host, port = await asyncio.wait_for(spawner.start(), timeout=spawner.start_timeout)
+            except Exception:
+                spawner._start_pending = False
+                await self.stop(spawner)
+                raise
+            server.ip, server.port = host, port
+            spawner._start_pending = False
+            spawner.orm_spawner.state = spawner.get_state()
+            self.db.commit()
+            return host, port
+        finally:
+            spawner._spawn_pending = False
+
+    def spawn_soon(self, spawner, form: dict | None = None, options: dict | None = None) -> asyncio.Task:
+        return asyncio.ensure_future(self.spawn(spawner, form=form, options=options))
+
+    async def stop(self, spawner: PartitionSpawner) -> None:
+        """User.stop: poll, stop() if it runs, the state cleared and stored, the server gone."""
+        spawner._stop_pending = True
+        try:
+            if await spawner.poll() is None:
+                await spawner.stop()
+        finally:
+            spawner.orm_spawner.server = None
+            spawner.clear_state()
+            spawner.orm_spawner.state = spawner.get_state()
+            self.db.commit()
+            spawner._stop_pending = False
+
+    async def check(self, spawner: PartitionSpawner):
+        """The hub's check of a session it had at its start (app.py's check_spawner): poll, pending 'check'."""
+        spawner._check_pending = True
+        try:
+            return await spawner.poll()
+        finally:
+            spawner._check_pending = False
+
+    def restart(self) -> Hub:
+        """A new hub process on the same database and cluster: its own Slurm client (no snapshot yet),
+        its spawners made anew from their stored state."""
+        client = self.slurm.new_hub_process()
+        share_client(client, *client_key(self.config))  # the fixture's slurm.installed takes it away after the test
+        return Hub(client, self.conf, db=self.db)
+
+
+@pytest.fixture
+def slurm() -> FakeSlurm:
+    return FakeSlurm()
+
+
+@pytest.fixture
+def hub(slurm, tmp_path):
+    conf = str(tmp_path / "slurm.conf")  # never read: this test's own key of the shared client
+    portal = Hub(slurm, conf)
+    with slurm.installed(portal.config):
+        yield portal
+
+
+def run(scenario):
+    """A test's scenario on an event loop of its own, as the hub's; a hang fails it in 10 s."""
+    return asyncio.run(asyncio.wait_for(scenario, 10))
+
+
+async def until(predicate, seconds: float = 2.0):
+    """predicate()'s first true value, asked every 5 ms."""
+    deadline = time.monotonic() + seconds
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "still not the case after 2 s"
+        await asyncio.sleep(0.005)
+    return value
+
+
+async def submitted(slurm: FakeSlurm, count: int = 1) -> int:
+    """The id of the ``count``th job submitted, once it is."""
+    jobs = await until(lambda: len(slurm.submitted()) >= count and slurm.submitted())
+    return jobs[count - 1].job_id
+
+
+async def running_session(hub: Hub, name: str = "", form: dict = GPU_FORM, node: str = "node1",
+                          port: int = PORT) -> tuple[PartitionSpawner, int]:
+    """A session started from the form, its job run on ``node``, its port reported: (spawner, job id)."""
+    spawner = hub.spawner(name)
+    starting = hub.spawn_soon(spawner, form=form)
+    job = await submitted(hub.slurm, len(hub.slurm.submitted()) + 1)
+    hub.slurm.start(job, node)
+    assert await spawner.child_spawner.accept_port(port, str(job)) is None
+    assert await starting == (node, port)
+    return spawner, job
+
+
+# ---------------------------------------------------------------------------------------- the request
+def test_the_form_shows_the_users_profiles_with_the_free_gpus_slurm_reports(hub, slurm):
+    async def scenario():
+        slurm.go_down()
+        form = await hub.spawner()._options_form()  # the form still comes, without live resources
+        assert form.count("Live resources are unavailable right now (the scheduler did not answer).") == 3
+        slurm.come_back()
+        await running_session(hub)  # 2 of node1's 4 GPUs
+        form = await hub.spawner("prep")._options_form()
+        assert "GPU partition" in form and "A quarter of a GPU" in form and "CPU partition" in form
+        assert "GPU partition, staff" not in form  # reserved for a group she is not in
+        assert "<b>6 of 8 GPUs</b> (4 on one node)" in form, form
+
+    run(scenario())
+
+
+def test_a_form_asking_for_what_the_profile_does_not_offer_is_refused_and_nothing_is_submitted(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        for form, words in (
+                ({"profile": ["gpu"], "gpus.gpu": ["3"]}, "3 GPUs is not offered on GPU partition: choose one of 0, 1, 2, 4"),
+                ({"profile": ["gpu"], "walltime.gpu": ["13:00:00"]}, "walltime 13:00:00 is longer than the 12:00:00"),
+                ({"profile": ["staff"]}, f"GPU partition, staff is reserved for members of {NOBODYS_GROUP}"),
+                ({"profile": ["nope"]}, "unknown partition profile 'nope': choose one of gpu, cpu, share")):
+            with pytest.raises(RequestRefused) as refused:
+                await hub.spawn(spawner, form=form)
+            assert refused.value.status_code == 400 and words in refused.value.jupyterhub_message, refused.value
+            assert refused.value.jupyterhub_message.startswith("Your session request was refused: ")
+        assert slurm.submissions == [] and "sbatch" not in slurm.commands
+        assert not spawner.active and spawner.child_spawner.job_id == ""
+
+    run(scenario())
+
+
+def test_the_rest_apis_options_are_judged_by_the_same_rules_and_none_refused_is_kept(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        for options, words in (({"profile": "gpu", "gpus": "2; id"}, "GPU count"),
+                               ({"profile": "gpu", "cores": 64}, "unknown option(s) 'cores'"),
+                               ({"profile": "gpu", "mail": True}, "there is no e-mail address for your account")):
+            with pytest.raises(RequestRefused, match=".") as refused:
+                await hub.spawn(spawner, options=options)
+            assert words in refused.value.jupyterhub_message, refused.value.jupyterhub_message
+        assert spawner.orm_spawner.user_options in (None, {})  # nothing the rules refused is kept
+        assert slurm.submissions == []
+
+    run(scenario())
+
+
+def test_options_judged_only_at_the_start_are_refused_there_and_not_kept_for_the_next(hub, slurm):
+    """Options JupyterHub stored before (a start without options reuses them) are judged again at the
+    start: a profile withdrawn since is refused, nothing made, and the stored options are forgotten."""
+    async def scenario():
+        spawner = hub.spawner()
+        spawner.orm_spawner.user_options = {"profile": "gpu", "gpus": 8}
+        hub.db.commit()
+        with pytest.raises(RequestRefused, match="8 GPUs is not offered"):
+            await hub.spawn(spawner)
+        assert spawner.orm_spawner.user_options == {} and slurm.submissions == []
+
+    run(scenario())
+
+
+def test_a_link_cannot_start_a_session(hub, slurm):
+    with pytest.raises(RequestRefused, match="A link cannot start a session"):
+        hub.spawner().options_from_query({"profile": ["gpu"]})
+    assert slurm.submissions == []
+
+
+# ------------------------------------------------------------------------------------------ the start
+def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_for(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        [submission] = slurm.submissions
+        assert (submission.user, submission.job_id) == (ME, job)
+        home = pwd.getpwnam(ME).pw_dir
+        assert submission.log_dir == f"{home}/.dsportal/logs"
+        assert submission.sbatch == {
+            "--job-name": f"dsportal-{ME}", "--partition": "gpu", "--nodes": "1", "--ntasks": "1",
+            "--cpus-per-task": "16", "--mem": "98304M", "--time": "04:00:00", "--gres": "gpu:2",
+            "--output": f"{home}/.dsportal/logs/session-%j.log", "--chdir": home, "--export": "ALL",
+            "--comment": "dsportal-profile=gpu", "--no-requeue": "", "--signal": "B:USR1@120"}
+        # The job's environment: the session's token, its umask for the log; never the hub's secrets.
+        assert submission.env["JUPYTERHUB_API_TOKEN"] == spawner.api_token
+        assert submission.env["SLURM_UMASK"] == "077" and "JUPYTERHUB_CRYPT_KEY" not in submission.env
+        assert slurm.commands.count("sbatch") == 1
+        assert spawner.child_spawner.job_id == str(job) and spawner.server.port == PORT
+
+    run(scenario())
+
+
+def test_a_share_of_a_gpu_and_a_cpu_session_ask_slurm_for_just_that(hub, slurm):
+    async def scenario():
+        await running_session(hub, "quarter", form={"profile": ["share"]})
+        await running_session(hub, "prep", form={"profile": ["cpu"]}, node="node3", port=PORT + 1)
+        quarter, prep = (s.sbatch for s in slurm.submissions)
+        assert (quarter["--gres"], quarter["--cpus-per-task"], quarter["--mem"]) == ("shard:1", "2", "12288M")
+        assert "--gres" not in prep and (prep["--cpus-per-task"], prep["--mem"], prep["--partition"]) == (
+            "4", "16384M", "cpu")
+        # Each named session is a job of its own, named for it.
+        assert (quarter["--job-name"], prep["--comment"]) == (f"dsportal-{ME}:quarter",
+                                                              "dsportal-profile=cpu,dsportal-session=prep")
+
+    run(scenario())
+
+
+def test_a_pending_session_shows_its_place_in_the_queue_and_slurms_reason(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        spawner.clear_state()  # as JupyterHub does before a start: its child is made once the request is judged
+        assert (await anext(spawner.progress()))["message"] == "Checking your request..."
+        ahead = slurm.queue_other("bob", "gpu", priority=5000)
+        slurm.queue_other("carol", "gpu", priority=10)  # behind hers
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.hold(job, "Resources")
+        await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.reason == "Resources")
+        message = (await anext(spawner.progress()))["message"]
+        assert message.startswith(f"Job {job} queued on partition gpu, place 2 of 3 in its queue: waiting for "
+                                  "Resources ("), message
+        slurm.end(ahead.job_id, "COMPLETED")
+        slurm.start(job, "node2")
+        await until(lambda: spawner.child_spawner.state_isrunning())
+        message = (await anext(spawner.child_spawner.progress()))["message"]
+        assert message.startswith(f"Job {job} running on node2; starting JupyterLab ("), message
+        assert not starting.done()  # until the port is reported
+        await spawner.child_spawner.accept_port(PORT, str(job))
+        assert await starting == ("node2", PORT)
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------------- the port report
+def test_the_port_report_is_taken_once_from_the_job_being_started_while_slurm_shows_it_running(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        child = spawner.child_spawner
+        assert await child.accept_port(PORT, str(job)) == f"Slurm does not show session job {job} running"
+        slurm.start(job, "node1")
+        assert await child.accept_port(PORT, str(job + 1)) == (
+            f"the report names job {job + 1}, but the session being started is job {job}")
+        assert await child.accept_port(PORT, str(job)) is None
+        assert await starting == ("node1", PORT)
+        assert await child.accept_port(PORT, str(job)) is None  # the same report again (its answer was lost)
+        moved = await child.accept_port(PORT + 1, str(job))  # any process of hers holds the token
+        assert moved == (f"session job {job} of {ME} is not starting (its port {PORT} is already registered): "
+                         "port reports are accepted once"), moved
+        assert spawner.server.port == PORT
+
+    run(scenario())
+
+
+def test_a_report_that_comes_before_sbatch_returns_waits_for_it(hub, slurm):
+    async def scenario():
+        slurm.latency["sbatch"] = 0.2  # a class submitting at once: the job runs before sbatch answers
+        slurm.start_on = "node2"
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await until(lambda: next(iter(slurm.records), None))
+        assert spawner.child_spawner.job_id == ""  # the hub does not know the id yet
+        assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+        assert await starting == ("node2", PORT)
+
+    run(scenario())
+
+
+# ----------------------------------------------------------------------------------------- the poll
+def test_poll_keeps_a_running_session_and_one_squeue_serves_every_session(hub, slurm):
+    async def scenario():
+        sessions = [await running_session(hub, name, form={"profile": ["cpu"]}, node="node3", port=PORT + i)
+                    for i, name in enumerate(("a", "b"))]
+        await slurm.later()
+        before = slurm.commands.count("squeue")
+        assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [None, None]
+        assert slurm.commands.count("squeue") - before == 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(("state", "reason", "exit_code", "words"), [
+    ("CANCELLED", "None", 0, "was cancelled (Slurm: CANCELLED; seen at "),
+    ("NODE_FAIL", "NodeDown", 0, "lost its node (Slurm: NODE_FAIL, reason NodeDown; seen at "),
+    ("FAILED", "NonZeroExitCode", 1, "failed (Slurm: FAILED, reason NonZeroExitCode, exit code 1; seen at "),
+    ("OUT_OF_MEMORY", "OutOfMemory", 0, "ran out of memory (Slurm: OUT_OF_MEMORY, reason OutOfMemory; seen at "),
+])
+def test_a_job_ended_outside_the_portal_is_told_in_words_on_her_next_page(hub, slurm, state, reason, exit_code,
+                                                                          words):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.end(job, state, exit_code, reason)  # an scancel of hers, the node lost, ...
+        await slurm.later()
+        assert await spawner.poll() == 1
+        await hub.stop(spawner)  # what JupyterHub does when poll says it ended
+        assert spawner.session_ended.startswith(f"Your session job {job} {words}"), spawner.session_ended
+        assert slurm.cancels == []  # nothing left to cancel
+        assert hub.restart().spawner().session_ended == spawner.session_ended  # kept in the hub's state
+
+    run(scenario())
+
+
+def test_the_walltimes_end_says_what_jupyterlab_saved(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.write_log(job, f"starting\n{sessionvars.WALLTIME_SAVED} 3 notebooks (analysis.ipynb, ...)\nbye\n")
+        slurm.end(job, "TIMEOUT", reason="TimeLimit")
+        await slurm.later()
+        assert await spawner.poll() == 1
+        said = spawner.child_spawner.last_end
+        assert said.startswith(f"Your session job {job} reached its time limit (Slurm: TIMEOUT, reason TimeLimit;")
+        assert said.endswith(" As it ended, JupyterLab saved: 3 notebooks (analysis.ipynb, ...)."), said
+
+    run(scenario())
+
+
+def test_a_job_slurm_no_longer_lists_is_told_from_accounting_or_as_unknown(hub, slurm):
+    async def scenario():
+        first, job = await running_session(hub, "a", form={"profile": ["cpu"]}, node="node3")
+        slurm.end(job, "FAILED", 2, "NonZeroExitCode")
+        slurm.forget(job)  # MinJobAge passed while nobody polled
+        await slurm.later()
+        assert await first.poll() == 1
+        assert first.child_spawner.last_end.startswith(f"Your session job {job} failed (Slurm: FAILED, reason "
+                                                       "NonZeroExitCode, exit code 2;")
+        slurm.keeps_accounting = False
+        second, job = await running_session(hub, "b", form={"profile": ["cpu"]}, node="node3")
+        slurm.end(job, "COMPLETED")
+        slurm.forget(job)
+        await slurm.later()
+        assert await second.poll() == 1
+        assert second.child_spawner.last_end.startswith(f"Your session job {job} is no longer known to Slurm")
+
+    run(scenario())
+
+
+def test_a_completing_job_is_told_as_accounting_recorded_it(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.completing(job, "CANCELLED")  # squeue: COMPLETING, which hides how it ended
+        await slurm.later()
+        assert await spawner.poll() == 1
+        assert spawner.child_spawner.last_end.startswith(f"Your session job {job} was cancelled (Slurm: CANCELLED;")
+
+    run(scenario())
+
+
+def test_a_failed_squeue_never_drops_a_session(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.go_down()
+        await slurm.later()
+        assert await spawner.poll() is None
+        assert spawner.child_spawner.job_status.startswith("UNKNOWN slurm_load_jobs error: Unable to contact")
+        slurm.come_back()
+        await slurm.later()
+        assert await spawner.poll() is None and spawner.child_spawner.job_status == "RUNNING node1"
+
+    run(scenario())
+
+
+# ----------------------------------------------------------------------------------------- the stop
+def test_stop_cancels_the_job_and_forgets_it(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        await hub.stop(spawner)
+        assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+        assert spawner.session_ended == ""  # stopped through the portal: nothing to explain
+        assert "job_id" not in spawner.orm_spawner.state.get("child_state", {})
+        assert slurm.active() == []
+
+    run(scenario())
+
+
+def test_a_stop_while_slurm_is_down_does_not_wait_it_out(hub, slurm, monkeypatch):
+    monkeypatch.setattr(gpuspawner, "STOP_WAITS_FOR_SLURM", 0.1)  # 10 s in the hub
+
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.go_down()
+        started = time.monotonic()
+        await spawner.stop()
+        assert time.monotonic() - started < 2  # STOP_WAITS_FOR_SLURM, not the outage
+        assert slurm.cancels == [(ME, job)]  # asked once, and again in the background every 10 s
+        assert slurm.record(job).state == "RUNNING"
+
+    run(scenario())
+
+
+# ----------------------------------------------------------------------------- limits and fail-fast
+def test_a_session_waiting_past_its_profiles_queue_limit_is_withdrawn_in_words(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form={"profile": ["gpu"]})
+        job = await submitted(slurm)
+        await until(lambda: spawner.child_spawner.job_id == str(job))  # sbatch has returned: its time counts
+        # JupyterHub gives the start the profile's time in the queue, then its own start_timeout.
+        assert spawner.start_timeout == 30 * 60 + START_TIMEOUT
+        slurm.hold(job, "QOSMaxGRESPerUser")
+        spawner.child_spawner.submitted_at -= 31 * 60  # half an hour in the queue, without waiting it
+        with pytest.raises(SpawnFailed) as withdrawn:
+            await starting
+        assert (withdrawn.value.status_code, withdrawn.value.reason) == (503, "queue-limit")
+        assert withdrawn.value.jupyterhub_message == (
+            "Your session waited 30 min in Slurm's queue for 1 GPU, 8 CPUs, 48 GB, 08:00:00 on gpu (Slurm's reason: "
+            "QOSMaxGRESPerUser), the longest GPU partition lets a session wait; it was taken out of the queue. Try "
+            "fewer GPUs, another profile, or later.")
+        assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+
+    run(scenario())
+
+
+def test_a_job_that_dies_as_it_starts_is_reported_with_its_reason_and_its_logs_last_lines(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.start(job, "node1")
+        await until(lambda: spawner.child_spawner.state_isrunning())  # the hub waits for the port now
+        log = slurm.write_log(job, "dsportal: session job started\nTraceback (most recent call last):\n"
+                                   "ModuleNotFoundError: No module named 'jupyterhub'\n")
+        slurm.end(job, "FAILED", 1, "NonZeroExitCode")
+        with pytest.raises(SpawnFailed) as failed:
+            await starting
+        said = f"Session job {job} ended before JupyterLab started (FAILED, reason NonZeroExitCode, exit code 1)."
+        assert failed.value.jupyterhub_message == (  # shown to her alone
+            f"{said} Last lines of {log}:\ndsportal: session job started\nTraceback (most recent call last):\n"
+            "ModuleNotFoundError: No module named 'jupyterhub'"), failed.value.jupyterhub_message
+        assert "ModuleNotFoundError" not in str(failed.value)  # the hub's log names the file only
+        assert f"Last lines of {log} shown to {ME}." in str(failed.value)
+
+    run(scenario())
+
+
+def test_a_job_ended_before_it_ran_is_reported_without_another_jobs_log(hub, slurm):
+    """Job ids come round again after a Slurm reset: a log older than the submission is another job's."""
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.write_log(job, "an older job's last words\n", mtime=time.time() - 3600)
+        slurm.end(job, "CANCELLED", reason="None")  # an admin's scancel while it waited
+        with pytest.raises(SpawnFailed) as failed:
+            await starting
+        assert failed.value.jupyterhub_message == f"Session job {job} ended before it started (CANCELLED, reason None, exit code 0)."
+        assert slurm.cancels == []
+
+    run(scenario())
+
+
+def test_a_submission_slurm_refuses_is_told_with_what_to_do(hub, slurm):
+    async def scenario():
+        slurm.refuse_next_submit("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+                                 "(job submit limit, user's size and/or time limits)")
+        with pytest.raises(SpawnFailed) as refused:
+            await hub.spawn(hub.spawner(), form=GPU_FORM)
+        assert (refused.value.status_code, refused.value.reason) == (400, "submit-refused")
+        assert refused.value.jupyterhub_message.endswith("The limits of the Slurm QoS do not allow this request (they "
+                                                        "count everything you run): ask for fewer GPUs or less time, "
+                                                        "or ask your admin.")
+        assert slurm.active() == [] and slurm.cancels == []
+
+    run(scenario())
+
+
+def test_a_start_while_slurm_is_down_is_refused_in_words_and_leaves_nothing_behind(hub, slurm):
+    async def scenario():
+        slurm.go_down()
+        spawner = hub.spawner()
+        with pytest.raises(SpawnFailed) as refused:
+            await hub.spawn(spawner, form=GPU_FORM)
+        assert (refused.value.status_code, refused.value.reason) == (503, "scheduler-unavailable")
+        assert refused.value.jupyterhub_message.startswith(
+            "The cluster scheduler is not answering right now, please retry in a minute (sbatch: error: Batch job "
+            "submission failed: Unable to contact slurm controller")
+        assert slurm.records == {} and slurm.cancels == []
+        assert spawner.orm_spawner.state == {"child_conf": {}, "profile": ""} and spawner.server is None
+        slurm.come_back()  # and the next start goes through
+        spawner, job = await running_session(hub)
+        assert slurm.active() == [slurm.record(job)]
+
+    run(scenario())
+
+
+# ------------------------------------------------------------------------------------- several sessions
+def test_a_profiles_sessions_per_user_are_capped_naming_those_she_has(hub, slurm):
+    async def scenario():
+        await running_session(hub)  # her default session, on gpu (1 a user)
+        with pytest.raises(SpawnFailed) as capped:
+            await hub.spawn(hub.spawner("second"), form={"profile": ["gpu"]})
+        assert (capped.value.status_code, capped.value.reason) == (409, "session-limit")
+        assert capped.value.jupyterhub_message == (
+            "You already have 1 session on GPU partition ('default'), the most it allows one user at once. Stop one "
+            "of them on your home page, or choose another profile.")
+        assert len(slurm.submissions) == 1
+        # Another profile's session runs beside it.
+        await running_session(hub, "prep", form={"profile": ["cpu"]}, node="node3", port=PORT + 1)
+        assert len(slurm.active(ME)) == 2
+
+    run(scenario())
+
+
+def test_two_starts_at_once_cannot_both_take_a_profiles_last_place(hub, slurm):
+    async def scenario():
+        starts = [hub.spawn_soon(hub.spawner(name), options={"profile": "gpu"}) for name in ("x", "y")]
+        job = await submitted(slurm)
+        slurm.start(job, "node1")
+        await hub.users[ME].spawners["x"].child_spawner.accept_port(PORT, str(job))
+        results = await asyncio.gather(*starts, return_exceptions=True)
+        assert results[0] == ("node1", PORT)
+        assert isinstance(results[1], SpawnFailed) and results[1].reason == "session-limit", results[1]
+        assert len(slurm.submissions) == 1
+
+    run(scenario())
+
+
+# -------------------------------------------------------------------------------------- the hub's restart
+def test_a_restarted_hub_finds_the_running_session_and_keeps_it(hub, slurm):
+    async def scenario():
+        listening = await asyncio.start_server(lambda reader, writer: writer.close(), "127.0.0.1", 0)
+        port = listening.sockets[0].getsockname()[1]
+        async with listening:
+            spawner, job = await running_session(hub, node="127.0.0.1", port=port)  # its server listens there
+            restarted = hub.restart()
+            again = restarted.spawner()
+            child = again.child_spawner
+            assert (child.job_id, child.slice.gpus, child.slice.walltime) == (str(job), 2, "04:00:00")
+            assert child.slurm is restarted.slurm is not slurm
+            assert await restarted.check(again) is None  # the hub keeps it
+            assert again.pending is None and child.job.batch_host == "127.0.0.1"
+            # A report now would move a running session's route: refused.
+            assert "port reports are accepted once" in await child.accept_port(port + 1, str(job))
+            await restarted.stop(again)
+            assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+
+    run(scenario())
+
+
+def test_a_session_that_ended_while_the_hub_was_down_is_told_at_its_restart(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.end(job, "NODE_FAIL", reason="NodeDown")
+        restarted = hub.restart()
+        again = restarted.spawner()
+        assert await restarted.check(again) == 1
+        await restarted.stop(again)
+        assert again.session_ended.startswith(f"Your session job {job} lost its node (Slurm: NODE_FAIL, reason "
+                                              "NodeDown;"), again.session_ended
+        assert slurm.cancels == []
+
+    run(scenario())
+
+
+# ------------------------------------------------------------------------- walltime and idle sessions
+def test_more_walltime_is_given_up_to_the_lower_of_the_profiles_and_slurms_limits(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)  # 04:00:00
+        profile = spawner.child_spawner.slice.profile
+        done = await extend_walltime(slurm, job, profile, 60, ME)
+        assert (done.done, done.time_limit_s, slurm.record(job).time_limit) == (True, 5 * 3600, 300)
+        assert done.message == "Your session's walltime is now 5 h (1 h more)."
+        slurm.time_limits["gpu"] = 6 * 60  # the partition's MaxTime, below the profile's 12 h
+        done = await extend_walltime(slurm, job, profile, 600, ME)
+        assert done.message == "Your session's walltime is now 6 h, the longest partition gpu allows (1 h more)."
+        assert not (await extend_walltime(slurm, job, profile, 60, "mallory")).done  # hers alone
+        slurm.end(job, "COMPLETED")
+        assert (await extend_walltime(slurm, job, profile, 60, ME)).message == (
+            "Your session is not running, so there is nothing to extend.")
+
+    run(scenario())
+
+
+def test_a_gpu_session_unused_past_its_profiles_idle_limit_is_stopped_in_words(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        assert await spawner.poll() is None
+        spawner.created_at -= 3600  # the hub has been up an hour: the sessions' activity reports are in
+        spawner.orm_spawner.last_activity = (datetime.now(UTC) - timedelta(hours=3)).replace(tzinfo=None)
+        assert await spawner.poll() == 1
+        assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+        await hub.stop(spawner)
+        assert spawner.session_ended.startswith(f"Your session job {job} was stopped after 3 h without use, to "
+                                                "give its 2 GPU(s) back to others (partition gpu stops sessions "
+                                                "unused for 2 h)."), spawner.session_ended
+
+    run(scenario())
+
+
+def test_the_fake_never_runs_a_real_command(slurm):
+    """A client method the fake does not answer fails the test rather than run Slurm."""
+    with pytest.raises(AssertionError, match="the fake does not answer"):
+        asyncio.run(slurm.run(["squeue"]))
+    with pytest.raises(SlurmUnavailable):
+        slurm.go_down()
+        asyncio.run(slurm.jobs())
+    assert sbatch_options("#!/bin/bash\n#SBATCH --time=1:00\necho\n#SBATCH --mem=1M\n") == {"--time": "1:00"}
