@@ -7,7 +7,7 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 export DSPORTAL_DEMO := 1
 
-.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench dist
+.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench screenshots dist
 
 # The environment, from requirements.lock (every package's version and hashes).
 deps:
@@ -81,3 +81,8 @@ bench: demo
 	bash scripts/build-extras.sh
 	bash scripts/install-bench.sh
 	$(PY) bench/spawn_bench.py $(BENCH_ARGS)
+
+# The README's and the docs' screenshots, from the running demo (alice's form, the Jobs panel with a grid and a
+# schedule, a shared session from both sides): scripts/screenshots.py, a real browser, nothing left behind.
+screenshots:
+	$(PY) scripts/screenshots.py
