@@ -104,6 +104,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     settings model, so one name and one description hold in both layers."""
 
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
+    on_submitted = None  # called once sbatch returned the job's id (PartitionSpawner stores the state then)
+    starting = False  # submitted, not yet serving: kept in the state, so that a restarted hub knows
     # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
     session_environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
     log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
@@ -277,6 +279,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     # ------------------------------------------------------- the hub's state
     def get_state(self):
         state = super().get_state()
+        if self.starting:  # a state stored between sbatch and the port report (PartitionSpawner._store_state)
+            state["starting"] = True
         if self.slice is not None:
             state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
                               "walltime": self.slice.walltime, "shares": self.slice.shares}
@@ -284,6 +288,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     def load_state(self, state):
         super().load_state(state)
+        self.starting = state.get("starting") is True
         if "slice" in state:  # as it was validated at the start, whatever the config says now
             self.slice = SessionSlice(profile=Profile.model_validate(self.profile), **state["slice"])
         elif self.job_id:  # a session started before slices were kept: its options, if still allowed
@@ -296,6 +301,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         super().clear_state()
         self.slice = None
         self.job = None
+        self.starting = False
 
     # ------------------------------------------------ batchspawner's job interface
     async def submit_batch_script(self):
@@ -327,6 +333,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         # Only a squeue started after sbatch returned is sure to list the job: an earlier one,
         # still running when sbatch returned, may not (the job then looked "ended" at once).
         self.submitted_at = time.monotonic()
+        self.starting = True
+        if self.on_submitted is not None:
+            self.on_submitted()
         return self.job_id
 
     async def query_job_status(self, fresh_after: float | None = None):
@@ -495,7 +504,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 submitting.set()
             self.awaiting_port = True  # the job may report before we see it running
             try:
-                return await self._wait_until_serving()
+                serving = await self._wait_until_serving()
+                self.starting = False
+                return serving
             finally:
                 self.awaiting_port = False
         except SpawnFailed as failure:
@@ -544,6 +555,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return 1
         status = await self.query_job_status()
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
+        if checking and self.server and self.starting:
+            return await self._withdraw_after_hub_restart(status)
         if status in (JobStatus.RUNNING, JobStatus.PENDING) and checking and self.server:
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
@@ -576,6 +589,24 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if time.monotonic() >= deadline:
                 return listed or job
             await asyncio.sleep(0.3)
+
+    async def _withdraw_after_hub_restart(self, status) -> int:
+        """The hub's startup check of a session whose start an earlier hub process began and never saw
+        through (the job was still queued, or had just started, when that hub stopped). JupyterHub
+        cannot go on with a start after its restart, and the job's server would be refused by this hub:
+        the job is cancelled and she is told in words why, and to start again."""
+        where = ""
+        if status == JobStatus.PENDING and self.job is not None:
+            where = f" on partition {self.job.partition}" + (f", waiting for {self.job.reason}," if self.job.reason else "")
+        self.last_end = (f"Your session job {self.job_id} was still starting{where} when the portal restarted, and "
+                         "a restarted portal cannot go on with a start: the job was cancelled and nothing of it "
+                         "ran as a session. Your files are as they were; start your session again.")
+        self.log.info("Session job %s of %s was starting when the hub restarted: cancelled", self.job_id, self.user.name)
+        if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
+            await self.cancel_batch_job()
+        metrics.SESSIONS_ENDED.labels(self.job.partition if self.job else "", "HUB_RESTART").inc()
+        self.clear_state()
+        return 1
 
     async def _confirm_after_hub_restart(self):
         """The hub's startup check of a session it had running: is its server still there?

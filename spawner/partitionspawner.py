@@ -397,7 +397,18 @@ class PartitionSpawner(WrapSpawner):
         self.child_spawner.slice = chosen  # validated once: the child submits exactly this
         self.child_spawner.mail_user = mail_user
         self.child_spawner.submit_certs, self.certs_to_write = self.certs_to_write, None
+        self.child_spawner.on_submitted = self._store_state
         return await self.child_spawner.start()
+
+    def _store_state(self) -> None:
+        """The session's job in the hub's database as soon as sbatch returns. JupyterHub stores a spawner's
+        state once start() returns: a hub restarted while the session waited in the queue knew no job of
+        it, and left that job queued for nobody (its port report refused once it ran)."""
+        session = object_session(self.orm_spawner) if self.orm_spawner is not None else None
+        if session is None:
+            return
+        self.orm_spawner.state = self.get_state()
+        session.commit()
 
     async def poll(self):
         # The hub's startup check is flagged on this wrapper; the child does the checking.

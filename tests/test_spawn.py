@@ -141,6 +141,35 @@ def test_hub_restart_keeps_running_sessions(alice, portal):
     assert "uid" in alice.run_code("print('uid')")
 
 
+def test_a_session_queued_when_the_hub_restarts_is_withdrawn_in_words_and_no_job_is_left_queued(alice, portal):
+    """JupyterHub stores a spawner's state once its start returns, and cannot go on with a start after a restart:
+    the job's id is stored as sbatch returns, so the restarted hub finds the queued job, cancels it and says why
+    (before, the job stayed queued for nobody and its session was refused once it ran)."""
+    from portal.cluster import demo
+    from test_long_queue import every_gpu_held
+
+    with every_gpu_held("bob"):
+        assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
+        deadline = time.monotonic() + 60
+        while not (queued := [j for j in active_jobs("alice") if j["job_state"] == "PENDING"]):
+            assert time.monotonic() < deadline, active_jobs("alice")
+            time.sleep(0.5)
+        job_id = queued[0]["job_id"]
+        demo.stop_hub()
+        demo.ensure_hub()
+        deadline = time.monotonic() + 120
+        while (model := alice.model())["pending"] in ("check", "spawn") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not model["servers"] and model["pending"] is None, model
+        deadline = time.monotonic() + 30
+        while [j for j in active_jobs("alice") if j["job_id"] == job_id]:
+            assert time.monotonic() < deadline, f"job {job_id} was left in the queue: {active_jobs('alice')}"
+            time.sleep(0.5)
+        page = alice.web.get(f"{HUB}/hub/home").text
+        assert f"Your session job {job_id} was still starting on partition gpu" in page, page[-3000:]
+        assert "start your session again" in page
+
+
 def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):
     """JupyterHub alone would wait http_timeout (60 s) for the dead server; Slurm already knows."""
     from portal.cluster import demo

@@ -545,7 +545,9 @@ def test_a_session_waiting_past_its_profiles_queue_limit_is_withdrawn_in_words(h
         # JupyterHub gives the start the profile's time in the queue, then its own start_timeout.
         assert spawner.start_timeout == 30 * 60 + START_TIMEOUT
         slurm.hold(job, "QOSMaxGRESPerUser")
-        spawner.child_spawner.submitted_at -= 31 * 60  # half an hour in the queue, without waiting it
+        # The spawner has seen the reason (a snapshot taken before the hold still says Priority) ...
+        await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.reason == "QOSMaxGRESPerUser")
+        spawner.child_spawner.submitted_at -= 31 * 60  # ... then half an hour in the queue, without waiting it
         with pytest.raises(SpawnFailed) as withdrawn:
             await starting
         assert (withdrawn.value.status_code, withdrawn.value.reason) == (503, "queue-limit")
@@ -680,6 +682,33 @@ def test_a_restarted_hub_finds_the_running_session_and_keeps_it(hub, slurm):
             assert "port reports are accepted once" in await child.accept_port(port + 1, str(job))
             await restarted.stop(again)
             assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+
+    run(scenario())
+
+
+def test_a_session_still_queued_when_the_hub_restarts_is_withdrawn_in_words_and_no_job_is_left_behind(hub, slurm):
+    """JupyterHub stores a spawner's state once start() returns: the job's id is stored as sbatch returns, so
+    that a hub restarted while the session queues finds its job, cancels it and says why, rather than leave
+    it queued for nobody."""
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.hold(job, "Resources")
+        stored = await until(lambda: (spawner.orm_spawner.state or {}).get("child_state", {}).get("job_id") and
+                             spawner.orm_spawner.state)
+        assert stored["child_state"]["starting"] is True, stored
+        restarted = hub.restart()  # the old hub process is gone with its start still waiting
+        again = restarted.spawner()
+        assert again.child_spawner.job_id == str(job) and again.child_spawner.starting
+        assert await restarted.check(again) == 1
+        await restarted.stop(again)
+        assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
+        assert again.session_ended == (
+            f"Your session job {job} was still starting on partition gpu, waiting for Resources, when the portal "
+            "restarted, and a restarted portal cannot go on with a start: the job was cancelled and nothing of it "
+            "ran as a session. Your files are as they were; start your session again."), again.session_ended
+        starting.cancel()
 
     run(scenario())
 
