@@ -114,11 +114,14 @@ def _digest(text: str) -> str:
 
 @dataclass(frozen=True)
 class Definition:
-    """The source of ``name`` (``function``, ``Class`` or ``Class.method``) in a Python module."""
+    """The source of ``name`` (``function``, ``Class`` or ``Class.method``) in a Python module. ``also``: the
+    fingerprints of other versions of that code the patch was re-checked against and holds with (a distribution's
+    security update of the same upstream version, such as Debian's python3.11 3.11.2-6+deb12uN)."""
 
     source: str
     name: str
     sha256: str
+    also: tuple[str, ...] = ()
 
     def text(self) -> str:
         path = source_file(self.source)
@@ -141,11 +144,13 @@ class Definition:
 
 @dataclass(frozen=True)
 class Mentions:
-    """Every line of a source file that names ``word``: each place upstream uses what is patched."""
+    """Every line of a source file that names ``word``: each place upstream uses what is patched (``also``: as
+    for :class:`Definition`)."""
 
     source: str
     word: str
     sha256: str
+    also: tuple[str, ...] = ()
 
     def text(self) -> str:
         pattern = re.compile(rf"(?<![\w$]){re.escape(self.word)}(?![\w$])")
@@ -194,7 +199,7 @@ class Patch:
                 now = fingerprint.current()
             except (LookupError, ImportError, OSError, SyntaxError) as error:
                 now, why = None, str(error)
-            if now != fingerprint.sha256:
+            if now != fingerprint.sha256 and now not in fingerprint.also:
                 found.append(f"{fingerprint}: " + (why if now is None else f"sha256 {now}, not {fingerprint.sha256}"))
         return found
 
@@ -229,7 +234,7 @@ def _verified_key(patches: list[Patch]) -> str:
     for patch in patches:
         for fingerprint in patch.relies_on:
             status = source_file(fingerprint.source).stat()
-            parts.append(f"{fingerprint!s}={fingerprint.sha256}@{status.st_dev}:{status.st_ino}:"
+            parts.append(f"{fingerprint!s}={'|'.join((fingerprint.sha256, *fingerprint.also))}@{status.st_dev}:{status.st_ino}:"
                          f"{status.st_mtime_ns}:{status.st_size}")
     return _digest("\n".join(parts))
 

@@ -256,6 +256,25 @@ def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_p
     assert "upstream_example:Thing._private: sha256 " in problem and f"not {taken}" in problem, problem
 
 
+def test_a_version_of_the_code_the_patch_was_rechecked_against_passes_too(tmp_path, monkeypatch):
+    """A distribution's security update of the same upstream version (Debian's python3.11 3.11.2-6+deb12u9 changed
+    ssl.SSLObject._create, the deploy trial of 2026-12-06 found): re-checked, its fingerprint goes into ``also``."""
+    from portal.patchcheck import Definition, Patch
+
+    module = tmp_path / "upstream_example.py"
+    module.write_text("class Thing:\n    def _private(self):\n        return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = Definition("upstream_example", "Thing._private", "").current()
+    module.write_text("class Thing:\n    def _private(self):\n        check()\n        return 1\n")
+    updated = Definition("upstream_example", "Thing._private", "").current()
+    patch = Patch("example", "portal/hub/auth.py", "upstream_example.Thing._private", "python", "3.11.2", "example",
+                  (Definition("upstream_example", "Thing._private", first, also=(updated,)),))
+    assert patch.problems() == []
+    module.write_text("class Thing:\n    def _private(self):\n        return 2\n")  # neither of the two
+    [problem] = patch.problems()
+    assert f"not {first}" in problem, problem
+
+
 @pytest.mark.parametrize("proxy_registered_first", [True, False])
 def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
     """portguard.install, with jupyter-server-proxy's routes registered before it or after."""

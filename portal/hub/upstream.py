@@ -205,7 +205,11 @@ PATCHES = [
     Patch("session-certificate-sslobject", "portal/hub/routeowner.py",
           "ssl.SSLObject._create (private classmethod, overridden) and do_handshake", "python", "3.11.2",
           "fails the handshake with a session whose certificate is not the expected one, before a request",
-          (Definition("ssl", "SSLObject._create", "419b38a162d353a9"),
+          # also: Debian's python3.11 3.11.2-6+deb12u9 (bookworm's security update; deb12u6 is the first), whose
+          # _create first refuses a server_hostname or session on the server side and warns when check_hostname
+          # comes without a server_hostname: the override still gets the object the original makes, and the hub's
+          # checks of a session always name its host. Found by the deploy trial of 2026-12-06 on fresh systems.
+          (Definition("ssl", "SSLObject._create", "419b38a162d353a9", also=("c08595365a54d213",)),
            Definition("ssl", "SSLObject.do_handshake", "a91ffb8fde2bcfbf"),
            Definition("ssl", "SSLContext.wrap_bio", "518c85ca731f0b14"),
            Mentions("asyncio.sslproto", "wrap_bio", "fb462d8e3fd88860")),
