@@ -141,8 +141,8 @@ UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthentic
 PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
                "portal/session/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
                "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
-SCANNED = sorted(p for folder in ("portal/hub", "portal/session") for p in (REPO / folder).glob("*.py")
-                 if str(p.relative_to(REPO)) not in PATCH_HOMES)
+SCANNED = sorted(p for folder in ("portal", "spawner") for p in (REPO / folder).rglob("*.py")  # the whole tree
+                 if str(p.relative_to(REPO)) not in PATCH_HOMES and p.name != "__init__.py")
 
 
 def _upstream_names(tree: ast.Module) -> set[str]:
@@ -383,3 +383,59 @@ def test_a_feature_patch_whose_upstream_changed_stands_aside_and_the_session_sta
     assert lines[0].startswith("dsportal: standing aside: the patch 'api-activity' (portal/session/activity.py) "
                                "was checked against jupyter_server 2.21.1"), lines
     assert lines[-1] == "started; api-activity wrapped: False", lines
+
+
+# ------------------------------------------------------------------ a patch that does not guard truly stands aside
+def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
+    """A patch whose upstream changed either stops the start (guards) or is left out where it is applied:
+    its module asks stands_aside() (or, in a kernel, checks its fingerprints itself)."""
+    standing_aside = {"paced-new-work": "portal/hub/pacing.py", "unshareable-share-refused": "portal/hub/sharing.py",
+                      "api-activity": "portal/session/upstream.py", "tensorboard-info-file": "portal/session/tensorboards.py",
+                      "kernel-launcher": "portal/session/kernels.py",
+                      "tensorboard-magic": "portal/session/magics.py"}
+    assert sorted(p.name for p in PATCHES if not p.guards) == sorted(standing_aside)
+    for name, home in standing_aside.items():
+        text = (REPO / home).read_text()
+        asks = f'stands_aside("{name}")' in text or f'p.name == "{name}").changed()' in text
+        assert asks, f"{home} applies patch {name} whatever upstream became"
+
+
+def test_standing_aside_the_kernel_launcher_is_ipykernels_own_and_tensorboards_say_they_are_off(tmp_path, monkeypatch):
+    import asyncio
+
+    from portal import patchcheck
+    from portal.session import kernels, tensorboards
+
+    assert kernels.write_host_kernel(tmp_path / "on").startswith("python3")
+    assert "portal.session.kernelstart" in (tmp_path / "on/kernels/python3/kernel.json").read_text()
+    monkeypatch.setattr(patchcheck, "STANDING_ASIDE", {"kernel-launcher", "tensorboard-info-file"})
+    assert kernels.write_host_kernel(tmp_path / "aside") is None  # the environment's own kernelspec serves
+    (tmp_path / "runs").mkdir()
+    boards = tensorboards.TensorBoards(str(tmp_path), "/user/alice/", str(tmp_path / "rt"))
+    with pytest.raises(ValueError, match="TensorBoards are off in this session: the installed TensorBoard is a "
+                                         "release this portal has not been checked against yet"):
+        asyncio.run(boards.open("runs"))
+
+
+def test_the_tensorboard_magic_stands_aside_where_tensorboard_changed(capsys):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from portal.session import magics
+
+    upstream_start = object()
+    notebook = SimpleNamespace(start=upstream_start)
+    magics._start_session_tensorboard(notebook)
+    assert notebook.start is magics.session_tensorboard
+    index = next(i for i, p in enumerate(session_upstream.PATCHES) if p.name == "tensorboard-magic")
+    patch = session_upstream.PATCHES[index]
+    first, *rest = patch.relies_on
+    changed = dataclasses.replace(patch, relies_on=(dataclasses.replace(first, sha256="0" * 16), *rest))
+    session_upstream.PATCHES[index] = changed
+    try:
+        notebook = SimpleNamespace(start=upstream_start)
+        magics._start_session_tensorboard(notebook)
+    finally:
+        session_upstream.PATCHES[index] = patch
+    assert notebook.start is upstream_start
+    assert "%tensorboard is TensorBoard's own here" in capsys.readouterr().err

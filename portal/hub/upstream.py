@@ -312,7 +312,7 @@ PATCHES = [
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.load_state", "4c43284fe8b179ae"),
            Definition("batchspawner.batchspawner", "BatchSpawnerBase.clear_state", "33de487db292d82d"),
            Definition("batchspawner.batchspawner", "UserEnvMixin.get_env", "0d3f48907ca126be")),
-          None, hook="batchspawner's start(), poll() and stop() in overridable steps (submit; read the job's "
+          None, guards=True, hook="batchspawner's start(), poll() and stop() in overridable steps (submit; read the job's "
           "state; cancel) rather than whole methods around squeue's text"),
     Patch("wrapspawner-child", "spawner/partitionspawner.py",
           "wrapspawner's WrapSpawner: child_config, child_spawner, its state and poll (start() replaced; "
@@ -325,7 +325,7 @@ PATCHES = [
            Definition("wrapspawner.wrapspawner", "WrapSpawner.get_state", "53b69a1cfe2e16db"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.load_state", "f7e1eb7cc20c44c8"),
            Definition("wrapspawner.wrapspawner", "WrapSpawner.clear_state", "a73b18b0a10fab2c")),
-          None, hook="wrapspawner constructing its child with the user's options and without Spawner.db "
+          None, guards=True, hook="wrapspawner constructing its child with the user's options and without Spawner.db "
           "(a hook for the child's arguments)"),
     Patch("proxy-route-owner", "portal/hub/proxy.js",
           "configurable-http-proxy's ConfigurableProxy (subclassed: targetForReq, this._routes, this.proxy[kind] "

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..cluster.images import image_status
+from ..patchcheck import stands_aside
 from ..wholefile import write_whole
 from .containers import Bind, Launch, runtime
 from .tools import Tools, r_argv, r_environment
@@ -171,6 +172,8 @@ def write_host_kernel(dest: Path) -> str | None:
     except (OSError, ValueError):
         return None
     if spec.get("argv", [])[:3] != LAUNCHER:
+        return None
+    if stands_aside("kernel-launcher"):  # ipykernel's launcher changed: its own kernelspec, as it is
         return None
     spec["argv"] = [sys.executable, "-P", "-m", "portal.session.kernelstart", *spec["argv"][3:]]
     folder = dest / "kernels" / HOST_KERNEL

@@ -221,7 +221,16 @@ def session_tensorboard(args_string: str = ""):
 
 
 def _start_session_tensorboard(notebook) -> None:
-    """tensorboard.notebook.start, which %tensorboard calls, opens the session's own board."""
+    """tensorboard.notebook.start, which %tensorboard calls, opens the session's own board: where the
+    installed TensorBoard is the one this was checked against (PATCHES: tensorboard-magic). Else it stands
+    aside, saying so: %tensorboard is then TensorBoard's own (a server on a port of this node)."""
+    from .upstream import PATCHES  # here: only a kernel that loads TensorBoard's magic reads the checklist
+
+    if next(p for p in PATCHES if p.name == "tensorboard-magic").changed():
+        print("dsportal: %tensorboard is TensorBoard's own here: the installed TensorBoard is a release this portal "
+              "has not been checked against yet (open a board from the file browser: right-click a folder)",
+              file=sys.stderr)
+        return
     notebook.start = session_tensorboard
 
 

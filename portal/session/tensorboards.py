@@ -38,6 +38,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ..patchcheck import stands_aside
 from . import upstream
 from .api import MessageAPIHandler
 
@@ -87,6 +88,10 @@ class TensorBoards:
         return url_path_join(self.base_url, f"dsportal/tensorboard/{name}/")
 
     async def open(self, logdir) -> Board:
+        if stands_aside("tensorboard-info-file"):  # its board process would fail on a TCP port it never gets
+            raise ValueError("TensorBoards are off in this session: the installed TensorBoard is a release this "
+                             "portal has not been checked against yet. Ask your admin to update dsportal; "
+                             "TensorBoard's own `tensorboard --logdir ...` in a terminal still works.")
         path = self.resolve(logdir)
         name = self.name_for(path)
         board = self.boards.get(name)

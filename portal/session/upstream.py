@@ -270,7 +270,8 @@ PATCHES = [
           "the server's jupyterhub.singleuser.extension.JupyterHubIdentityProvider (its __class__ set to "
           "sharing.GuestGate, a subclass overriding get_user; a token refused on HubAuth's cached answer is asked "
           "again, and get_user run once more after forgetting what the refusal left on the handler: "
-          "_cached_hub_user, _jupyterhub_user, redirect)", JUPYTERHUB, "6.1.1",
+          "_cached_hub_user, _jupyterhub_user, redirect; a refused guest's handler gets _jupyterhub_user, "
+          "current_user and _jupyter_current_user None, as jupyter_server's own 403 does)", JUPYTERHUB, "6.1.1",
           "a guest of a shared session is judged on every request, before any handler runs: shareable, in the "
           "owner's sharing groups, still shared at the hub, never on the owner's own pages; a share made again at "
           "the hub's API lets him in within the recheck, not after HubAuth's 5-minute cache",
