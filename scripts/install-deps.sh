@@ -40,10 +40,15 @@ mkdir -p "$PREFIX"
 chmod 755 "$PREFIX"
 bash scripts/install-apptainer.sh
 bash scripts/build-scrontab.sh
-if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ]; then
-  say "configurable-http-proxy (npm)"
+# configurable-http-proxy, locked (config/chp/package-lock.json: every package's version and integrity hash;
+# portal/hub/proxy.js patches its 4.6.3): installed again whenever the lock changed.
+chp_want=$(cat config/chp/package.json config/chp/package-lock.json | sha256sum | cut -c1-16)
+if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ] || [ "$(cat "$PREFIX/chp/.dsportal-lock" 2>/dev/null)" != "$chp_want" ]; then
+  say "configurable-http-proxy (npm ci, config/chp/package-lock.json)"
   mkdir -p "$PREFIX/chp"
-  (cd "$PREFIX/chp" && npm install --no-audit --no-fund --loglevel=error configurable-http-proxy@4.6 >/dev/null)
+  cp config/chp/package.json config/chp/package-lock.json "$PREFIX/chp/"
+  (cd "$PREFIX/chp" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "$chp_want" > "$PREFIX/chp/.dsportal-lock"
 fi
 
 if [ ! -x "$ENV/bin/python" ]; then
