@@ -17,7 +17,7 @@ LAYERS = {
     "shared": {"base", "core"},  # the rules, batch script rendering, template sources, the upstream patches' checker
     "session": {"base", "core", "shared"},  # each user's session job
     "spawner": {"base", "core", "shared"},  # the hub's spawners
-    "admin": {"base", "core", "shared", "spawner"},  # the admin's commands and the demo cluster
+    "admin": {"base", "core", "shared"},  # the admin's commands and the demo cluster (not the spawners: they sit above)
     "hub": {"base", "core", "shared", "spawner"},  # the JupyterHub process
     "cli": {"base", "core", "shared", "admin", "hub", "session", "spawner"},
 }

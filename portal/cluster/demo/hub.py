@@ -8,6 +8,7 @@ Slurm operator, so that it sees every session job (slurm.conf's PrivateData hide
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import socket
@@ -16,8 +17,6 @@ import sys
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
-
-import spawner
 
 from ... import settings as settings_module
 from .. import hubaccount
@@ -50,7 +49,8 @@ def hub_pidfile() -> Path:
 def code_fingerprint() -> str:
     """Hash of the installed portal code and the config: a change means the hub must restart."""
     digest = hashlib.sha256()
-    roots = [Path(__file__).parents[2], Path(spawner.__file__).parent]
+    # The spawner package's folder, found without importing it (the demo sits below the spawner's layer).
+    roots = [Path(__file__).parents[2], Path(importlib.util.find_spec("spawner").origin).parent]
     for root in roots:
         for path in sorted(root.rglob("*")):
             if path.suffix in (".py", ".j2", ".yaml", ".js") and path.is_file():  # .js: the proxy's wrapper
