@@ -445,7 +445,7 @@ config["session"].update({"environment": "/opt/dsportal/env", "default_profile":
 config["profiles"] = [{
     "name": "cpu", "partition": "cpu", "display_name": "CPU partition",
     "description": "One core and 2 GB on cn1.", "gpu_choices": [0], "default_gpus": 0,
-    "cpus_without_gpu": 1, "mem_without_gpu": "2G",
+    "cpus_without_gpu": 1, "mem_without_gpu": "2G", "tools": ["terminal"],  # no R, git or code-server on cn1
     "default_walltime": "01:00:00", "max_walltime": "04:00:00"}]
 config["images"] = []
 config["templates"]["sources"] = [s for s in config["templates"]["sources"] if s["name"] == "dsportal"]
