@@ -214,12 +214,23 @@ def cmd_usage(args) -> int:
     except ValueError as error:
         print(f"dsportal usage: {error}", file=sys.stderr)
         return 2
+    slurm = SlurmCommands.from_settings(settings)
     try:
-        rows = usage.collect(since, SlurmCommands.from_settings(settings), args.user)
+        rows = usage.collect(since, slurm, args.user)
     except usage.UsageUnavailable as error:
-        print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
-              "(AccountingStorageType=accounting_storage/slurmdbd); see docs/how-to/deploy.md.", file=sys.stderr)
+        backlog = slurm.accounting_backlog()
+        if backlog:
+            print(f"dsportal usage: Slurm accounting is behind: slurmdbd does not answer "
+                  f"({str(error).splitlines()[-1]}), and slurmctld holds {backlog} record(s) for it, which reach it "
+                  "once it is back. Ask again then.", file=sys.stderr)
+        else:
+            print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
+                  "(AccountingStorageType=accounting_storage/slurmdbd); see docs/how-to/deploy.md.", file=sys.stderr)
         return 1
+    backlog = slurm.accounting_backlog()
+    if backlog:
+        print(f"dsportal usage: accounting is catching up: slurmctld still holds {backlog} record(s) for slurmdbd, "
+              "so the latest jobs may be missing below.", file=sys.stderr)
     print(usage.report(rows, since, by))
     return 0
 

@@ -411,15 +411,23 @@ def check_confinement(settings) -> list[Result]:
 
 
 def check_accounting(settings) -> Result:
+    slurm = SlurmCommands.from_settings(settings)
     try:
-        SlurmCommands.from_settings(settings).accounting_since("now-1minutes", ("JobID",), timeout=30)
+        slurm.accounting_since("now-1minutes", ("JobID",), timeout=30)
         problem = ""
     except SlurmError as error:
         problem = str(error) or "no answer"
+    backlog = slurm.accounting_backlog()
+    held = (f"slurmctld holds {backlog} record(s) for slurmdbd and sends them once it answers (sdiag's DBD Agent "
+            "queue)" if backlog else "")
     if problem:
-        return Result("Slurm accounting", True, f"sacct does not answer ({problem.splitlines()[-1]}): finished "
-                      "jobs show as UNKNOWN once slurmctld forgets them and `dsportal usage` has no data "
+        return Result("Slurm accounting", True, f"accounting is behind: sacct does not answer "
+                      f"({problem.splitlines()[-1]}){'; ' + held if held else ''}. Meanwhile finished jobs show as "
+                      "UNKNOWN once slurmctld forgets them and `dsportal usage` has no data; sessions still start "
                       "(slurmdbd; see docs/how-to/deploy.md)", warning=True)
+    if backlog:
+        return Result("Slurm accounting", True, f"accounting is catching up: {held}; `dsportal usage` may miss the "
+                      "latest jobs until they are in", warning=True)
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 

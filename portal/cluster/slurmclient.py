@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import secrets
 import subprocess
 import time
@@ -521,6 +522,16 @@ class SlurmCommands:
         """Every whole job accounting recorded since ``since`` (a Slurm time: 2026-11-01T00:00:00, now-1minutes)."""
         return self._sacct(fields, since=since, user=user, timeout=timeout)
 
+    def accounting_backlog(self, timeout: float = 10) -> int | None:
+        """How many accounting records slurmctld holds for slurmdbd (sdiag's "DBD Agent queue size"): more
+        than a few while slurmdbd is down or catching up. None where sdiag does not say (not allowed, or a
+        release that prints it otherwise)."""
+        try:
+            out = self.run([self.tool("sdiag")], timeout=timeout)
+        except SlurmError:
+            return None
+        return parse_dbd_backlog(out)
+
     def nodes(self, timeout: float = 10) -> list[Node]:
         return parse_sinfo_json(self.run([self.tool("sinfo"), "--json"], timeout=timeout))
 
@@ -531,6 +542,15 @@ class SlurmCommands:
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
         return parse_config(self.run([self.tool("scontrol"), "show", "config"]))
+
+
+_DBD_BACKLOG = re.compile(r"^\s*DBD Agent queue size:\s*([0-9]+)\s*$", re.MULTILINE)
+
+
+def parse_dbd_backlog(sdiag_out: str) -> int | None:
+    """sdiag's "DBD Agent queue size: N" (Slurm 22.05 to 25.x), or None."""
+    found = _DBD_BACKLOG.search(sdiag_out)
+    return int(found.group(1)) if found else None
 
 
 def command_name(argv: list[str]) -> str:

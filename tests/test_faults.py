@@ -1,0 +1,82 @@
+"""Faults beyond the hub (issue 71), each against the real demo: what users see, what is kept, how long
+it takes. The table of them all is docs/explanation/faults.md.
+
+slurmdbd down for 60 s: sessions still start (slurmctld keeps the accounting records for slurmdbd), and
+`dsportal check` and `dsportal usage` say that accounting is behind, with how many records slurmctld holds;
+once slurmdbd is back they reach it and `dsportal usage` counts the session started meanwhile."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import CONFIG, DSPORTAL
+from hubclient import active_jobs
+
+OUTAGE = 60  # seconds slurmdbd is down
+
+
+def dsportal(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DSPORTAL, "--config", str(CONFIG), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DSPORTAL_DEMO": "1"})
+
+
+def dbd_backlog() -> int | None:
+    from portal.cluster.slurmclient import parse_dbd_backlog
+
+    return parse_dbd_backlog(subprocess.run(["sdiag"], capture_output=True, text=True, timeout=30).stdout)
+
+
+def test_slurmdbd_down_sessions_still_start_and_check_and_usage_say_accounting_is_behind(alice, portal):
+    from portal.cluster.demo import accounting
+    from portal.cluster.demo.base import paths, stop_pid
+
+    stop_pid(paths().run / "slurmdbd.pid", "slurmdbd")
+    down = time.monotonic()
+    try:
+        started = time.monotonic()
+        alice.spawn({"profile": "cpu"})  # a session starts meanwhile
+        start_s = time.monotonic() - started
+        [job] = [j["job_id"] for j in active_jobs("alice") if j["job_state"] == "RUNNING"]
+        assert dbd_backlog(), "slurmctld holds no record for slurmdbd while it is down"
+
+        usage = dsportal("usage", "--since", "1d")
+        assert usage.returncode == 1, usage.stdout + usage.stderr
+        assert usage.stderr.startswith("dsportal usage: Slurm accounting is behind: slurmdbd does not answer ("), \
+            usage.stderr
+        assert "and slurmctld holds " in usage.stderr and "record(s) for it, which reach it once it is back" in usage.stderr
+        check = dsportal("check")
+        line = next(line for line in check.stdout.splitlines() if "Slurm accounting" in line)
+        assert line.startswith("  [WARN] Slurm accounting: accounting is behind: sacct does not answer ("), line
+        assert "sessions still start" in line, line
+
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - down)))
+    finally:
+        accounting.ensure_accounting()
+    back = time.monotonic()
+    deadline = back + 120
+    while dbd_backlog():
+        assert time.monotonic() < deadline, f"slurmdbd still behind {deadline - back:.0f} s after it came back"
+        time.sleep(1)
+    caught_up_s = time.monotonic() - back
+    usage = dsportal("usage", "--since", "1d", "--user", "alice")
+    assert usage.returncode == 0 and "catching up" not in usage.stderr, usage.stdout + usage.stderr
+    recorded = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job), "-o", "JobID,User"], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+    assert recorded == [f"{job}|alice"], recorded  # the session started while slurmdbd was down is accounted
+    print(f"slurmdbd down {back - down:.0f} s: a session started in {start_s:.1f} s meanwhile; accounting caught "
+          f"up {caught_up_s:.1f} s after slurmdbd came back")
+    alice.stop_server()
+
+
+@pytest.mark.quick
+def test_sdiag_s_backlog_is_read_and_nothing_else_is_taken_for_it():
+    from portal.cluster.slurmclient import parse_dbd_backlog
+
+    out = "Agent queue size:     0\nAgent count:          0\nDBD Agent queue size: 5\n"
+    assert parse_dbd_backlog(out) == 5
+    assert parse_dbd_backlog("Agent queue size:     7\n") is None  # slurmctld's own agent, not slurmdbd's
+    assert parse_dbd_backlog("") is None
