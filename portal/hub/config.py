@@ -17,7 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import extend, loadshed, metrics, pacing, proxyservice, sessions, sharing, upstream, useroptions
+from . import extend, loadshed, metrics, pacing, proxyservice, proxywatch, sessions, sharing, upstream, useroptions
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from .portreport import install_port_handler
@@ -109,6 +109,7 @@ def configure(c, settings=None) -> None:
         c.ConfigurableHTTPProxy.should_start = False
         if hub.proxy_token_file:
             c.ConfigurableHTTPProxy.auth_token = proxyservice.read_token(hub.proxy_token_file)
+        proxywatch.install()  # a proxy restarted by systemd gets every session's route back within seconds
     configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)

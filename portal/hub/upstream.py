@@ -113,6 +113,12 @@ def after_init_tornado_application(extend) -> None:
     JupyterHub.init_tornado_application = init
 
 
+async def check_proxy_routes(hub: JupyterHub) -> None:
+    """JupyterHub's own check of the proxy's routes (Proxy.check_routes), with the services as the hub
+    keeps them (JupyterHub._service_map: PATCHES proxy-restart-routes), as JupyterHub runs it at its start."""
+    await hub.proxy.check_routes(hub.users, hub._service_map)
+
+
 def replace_api_handler(pattern: str, handler) -> None:
     """The hub's API route ``pattern`` (batchspawner's /api/batchspawner, registered when
     batchspawner.api is imported) served by ``handler`` instead."""
@@ -248,6 +254,19 @@ PATCHES = [
            Mentions("jupyterhub.apihandlers.shares", "default_handlers", "e5fc20cf4ce0013d")),
           lambda: any(getattr(extend, "refuses_unshareable", False) for extend in _AFTER_INIT),
           hook="a Spawner (or Authenticator) hook asked before a share of its server is granted"),
+    Patch("proxy-restart-routes", "portal/hub/proxywatch.py",
+          "reads JupyterHub._service_map (private) to run Proxy.check_routes as JupyterHub does; a sentinel route in "
+          "Proxy.extra_routes asked of configurable-http-proxy by ConfigurableHTTPProxy.api_request at the path its "
+          "_routespec_to_chp_path makes", JUPYTERHUB, "6.1.1",
+          "a proxy restarted by systemd held no route until the hub restarted (JupyterHub checks routes only at its "
+          "start and with last_activity_interval, off where profiles have idle limits); standing aside: as before",
+          (Mentions("jupyterhub.app", "_service_map", "69b738b4e8ca95f8"),
+           Definition("jupyterhub.proxy", "Proxy.check_routes", "bc1f0d1b52b90391"),
+           Definition("jupyterhub.proxy", "ConfigurableHTTPProxy.api_request", "754d6be01150f628"),
+           Definition("jupyterhub.proxy", "ConfigurableHTTPProxy._routespec_to_chp_path", "e73a4a5a7e6210f8")),
+          lambda: any(getattr(extend, "watches_proxy", False) for extend in _AFTER_INIT),
+          hook="JupyterHub checking an external proxy's routes every few seconds (or when the proxy says it "
+          "restarted), apart from last_activity_interval"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "

@@ -23,14 +23,14 @@ from ..images import building_detail
 from .accounting import accounting_status, stop_accounting
 from .base import STATE, DemoError, alive, directory, paths, stop_pid
 from .content import ensure_courses, ensure_images
-from .hub import ensure_hub, hub_pidfile, stop_hub, stop_proxy
+from .hub import ensure_hub, ensure_proxy_service, hub_pidfile, stop_hub, stop_proxy
 from .mta import ensure_mta
 from .network import ensure_network, network_status, remove_hosts, remove_network
 from .node import ensure_firewall, ensure_private_processes, remove_firewall
 from .people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from .slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 
-__all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_slurm", "paths", "status", "stop_hub",
+__all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_proxy_service", "ensure_slurm", "paths", "status", "stop_hub",
            "stop_pid", "up"]
 
 

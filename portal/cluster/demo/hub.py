@@ -70,12 +70,7 @@ def ensure_hub(config_path: Path | None = None) -> None:
         stop_hub()
     log_path = paths().log / "hub.log"
     hubaccount.install_mediator(settings)  # root's copy of the installed code's mediator
-    command = [str(Path(sys.executable).parent / "dsportal"), "hub"]
-    # The demo's hub (and its proxy) read the demo's settings on purpose: DSPORTAL_DEMO says so (settings.refuse_demo).
-    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source), settings_module.DEMO_ENV: "1"}
-    private_data_dir(Path(settings.hub.data_dir))
-    if settings.hub.account:
-        command, env = as_hub_account(settings, command, env)
+    command, env = hub_command(settings)
     if settings.hub.external_proxy:
         ensure_proxy(settings, command[:-1], env)
     with private_log(log_path) as log:
@@ -95,6 +90,25 @@ def ensure_hub(config_path: Path | None = None) -> None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise DemoError(f"{error}\n{tail}") from None
     say(f"JupyterHub started (log {log_path})")
+
+
+def hub_command(settings) -> tuple[list[str], dict[str, str]]:
+    """`dsportal hub` and its environment, as the hub's account where portal.yaml names one."""
+    command = [str(Path(sys.executable).parent / "dsportal"), "hub"]
+    # The demo's hub (and its proxy) read the demo's settings on purpose: DSPORTAL_DEMO says so (settings.refuse_demo).
+    env = {**os.environ, settings_module.CONFIG_ENV: str(settings.source), settings_module.DEMO_ENV: "1"}
+    private_data_dir(Path(settings.hub.data_dir))
+    if settings.hub.account:
+        command, env = as_hub_account(settings, command, env)
+    return command, env
+
+
+def ensure_proxy_service(config_path: Path | None = None) -> None:
+    """The proxy's service started again where it is not running, as systemd's Restart= does for
+    dsportal-proxy.service; the hub is left as it is."""
+    settings = settings_module.load(settings_module.config_path(config_path, demo=True))
+    command, env = hub_command(settings)
+    ensure_proxy(settings, command[:-1], env)
 
 
 def as_hub_account(settings, command: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
