@@ -16,7 +16,7 @@ from pathlib import Path
 from . import settings as settings_module, settingsdoc
 from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
 from .cluster.check import run_checks
-from .cluster.slurmclient import SlurmCommands
+from .cluster.slurmclient import CATCHING_UP, SlurmCommands
 from .templatesources import notebooks
 
 
@@ -221,14 +221,15 @@ def cmd_usage(args) -> int:
         backlog = slurm.accounting_backlog()
         if backlog:
             print(f"dsportal usage: Slurm accounting is behind: slurmdbd does not answer "
-                  f"({str(error).splitlines()[-1]}), and slurmctld holds {backlog} record(s) for it, which reach it "
+                  f"({(str(error) or 'no answer').splitlines()[-1]}), and slurmctld holds {backlog} record(s) for it, "
+                  "which reach it "
                   "once it is back. Ask again then.", file=sys.stderr)
         else:
             print(f"dsportal usage: Slurm accounting did not answer ({error}). It needs slurmdbd "
                   "(AccountingStorageType=accounting_storage/slurmdbd); see docs/how-to/deploy.md.", file=sys.stderr)
         return 1
     backlog = slurm.accounting_backlog()
-    if backlog:
+    if backlog and backlog >= CATCHING_UP:
         print(f"dsportal usage: accounting is catching up: slurmctld still holds {backlog} record(s) for slurmdbd, "
               "so the latest jobs may be missing below.", file=sys.stderr)
     print(usage.report(rows, since, by))

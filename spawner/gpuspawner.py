@@ -555,8 +555,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return 1
         status = await self.query_job_status()
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
-        if checking and self.server and self.starting:
-            return await self._withdraw_after_hub_restart(status)
+        if checking and self.server and self.starting and status in (JobStatus.PENDING, JobStatus.RUNNING,
+                                                                     JobStatus.UNKNOWN):
+            return await self._withdraw_after_hub_restart(status)  # one that ended says how, below
         if status in (JobStatus.RUNNING, JobStatus.PENDING) and checking and self.server:
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
@@ -602,8 +603,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                          "a restarted portal cannot go on with a start: the job was cancelled and nothing of it "
                          "ran as a session. Your files are as they were; start your session again.")
         self.log.info("Session job %s of %s was starting when the hub restarted: cancelled", self.job_id, self.user.name)
-        if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
-            await self.cancel_batch_job()
+        await self.cancel_batch_job()
         metrics.SESSIONS_ENDED.labels(self.job.partition if self.job else "", "HUB_RESTART").inc()
         self.clear_state()
         return 1

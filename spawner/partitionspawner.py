@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
@@ -407,8 +408,12 @@ class PartitionSpawner(WrapSpawner):
         session = object_session(self.orm_spawner) if self.orm_spawner is not None else None
         if session is None:
             return
-        self.orm_spawner.state = self.get_state()
-        session.commit()
+        try:
+            self.orm_spawner.state = self.get_state()
+            session.commit()
+        except SQLAlchemyError as error:  # the start goes on: JupyterHub stores the state once it returns
+            session.rollback()
+            self.log.warning("Session job of %s not stored as it was submitted: %s", self.user.name, error)
 
     async def poll(self):
         # The hub's startup check is flagged on this wrapper; the child does the checking.

@@ -363,6 +363,21 @@ def test_a_file_named_ipynb_that_is_no_notebook_is_refused_in_words_before_submi
 
 
 @pytest.mark.quick
+def test_a_large_notebook_is_judged_as_json_only_and_a_large_non_notebook_still_refused(tmp_path):
+    from portal.rules import RequestError
+    from portal.session.jobs import FULLY_READ_BYTES, _read_notebook
+
+    big = notebook([("x = 1", [])])
+    big.metadata["padding"] = "x" * (FULLY_READ_BYTES + 1)
+    path = tmp_path / "big.ipynb"
+    nbformat.write(big, str(path))
+    assert _read_notebook(str(path)) == path.read_bytes()
+    path.write_text(json.dumps({"nbformat": 4, "padding": "x" * (FULLY_READ_BYTES + 1)}))
+    with pytest.raises(RequestError, match="its JSON is not a notebook's \\(no list of cells\\)"):
+        _read_notebook(str(path))
+
+
+@pytest.mark.quick
 def test_a_notebooks_path_is_said_as_it_resolves_and_outside_her_home_plainly(tmp_path, monkeypatch):
     from portal.rules import RequestError
     from portal.session import jobs

@@ -713,6 +713,24 @@ def test_a_session_still_queued_when_the_hub_restarts_is_withdrawn_in_words_and_
     run(scenario())
 
 
+def test_a_start_whose_job_failed_while_the_hub_was_down_says_how_it_ended_not_that_it_was_withdrawn(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        await until(lambda: (spawner.orm_spawner.state or {}).get("child_state", {}).get("starting"))
+        slurm.end(job, "FAILED", reason="NonZeroExitCode", exit_code=1)
+        restarted = hub.restart()
+        again = restarted.spawner()
+        assert await restarted.check(again) == 1
+        await restarted.stop(again)
+        assert slurm.cancels == [] and "was still starting" not in again.session_ended, again.session_ended
+        assert again.session_ended.startswith(f"Your session job {job} failed"), again.session_ended
+        starting.cancel()
+
+    run(scenario())
+
+
 def test_a_session_that_ended_while_the_hub_was_down_is_told_at_its_restart(hub, slurm):
     async def scenario():
         spawner, job = await running_session(hub)

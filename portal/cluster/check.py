@@ -20,7 +20,7 @@ from .. import ldapconnect, settings as settings_module
 from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
-from .slurmclient import SlurmCommands
+from .slurmclient import CATCHING_UP, SlurmCommands
 from .slurmparse import SlurmError, gpus_and_shards
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
@@ -420,12 +420,16 @@ def check_accounting(settings) -> Result:
     backlog = slurm.accounting_backlog()
     held = (f"slurmctld holds {backlog} record(s) for slurmdbd and sends them once it answers (sdiag's DBD Agent "
             "queue)" if backlog else "")
-    if problem:
+    if problem and backlog:
         return Result("Slurm accounting", True, f"accounting is behind: sacct does not answer "
-                      f"({problem.splitlines()[-1]}){'; ' + held if held else ''}. Meanwhile finished jobs show as "
-                      "UNKNOWN once slurmctld forgets them and `dsportal usage` has no data; sessions still start "
+                      f"({problem.splitlines()[-1]}); {held}. Meanwhile finished jobs show as UNKNOWN once "
+                      "slurmctld forgets them and `dsportal usage` has no data; sessions still start "
                       "(slurmdbd; see docs/how-to/deploy.md)", warning=True)
-    if backlog:
+    if problem:
+        return Result("Slurm accounting", True, f"sacct does not answer ({problem.splitlines()[-1]}): finished "
+                      "jobs show as UNKNOWN once slurmctld forgets them and `dsportal usage` has no data "
+                      "(slurmdbd; see docs/how-to/deploy.md)", warning=True)
+    if backlog and backlog >= CATCHING_UP:
         return Result("Slurm accounting", True, f"accounting is catching up: {held}; `dsportal usage` may miss the "
                       "latest jobs until they are in", warning=True)
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")

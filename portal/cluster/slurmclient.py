@@ -544,6 +544,7 @@ class SlurmCommands:
         return parse_config(self.run([self.tool("scontrol"), "show", "config"]))
 
 
+CATCHING_UP = 100  # records slurmctld holds for slurmdbd, at least, before its answers are called behind
 _DBD_BACKLOG = re.compile(r"^\s*DBD Agent queue size:\s*([0-9]+)\s*$", re.MULTILINE)
 
 

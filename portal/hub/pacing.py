@@ -182,7 +182,7 @@ def paced(handler: type, pacer: Pacer) -> type:
                 return await super().spawn_single_user(*args, **kwargs)
             except web.HTTPError as refused:
                 if refused.status_code == 429 and self.concurrent_spawn_limit and \
-                        not hasattr(refused, "jupyterhub_message"):
+                        _RETRY_IN.search(refused.log_message or "") and not hasattr(refused, "jupyterhub_message"):
                     # what JupyterHub's API answer and spawn form show (its format_exception, write_error)
                     refused.jupyterhub_message = spawn_limit_words(self.concurrent_spawn_limit, refused)
                 raise

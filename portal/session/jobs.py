@@ -192,6 +192,10 @@ def not_a_notebook(data: bytes) -> str | None:
         return "its content is not JSON (a file renamed to .ipynb?)"
     if not isinstance(found, dict) or "nbformat" not in found:  # nbformat's reader would take it as version 1
         return "its JSON is not a notebook's (it names no nbformat version)"
+    if found.get("nbformat") == 4 and not isinstance(found.get("cells"), list):
+        return "its JSON is not a notebook's (no list of cells)"
+    if len(data) > FULLY_READ_BYTES:  # nbformat's reader parses again and validates: seconds and GBs at 50 MB
+        return None
     import nbformat  # here: a session's start does not load it
 
     try:
@@ -472,6 +476,7 @@ def results(job_id: int, home: str | None = None) -> dict:
 
 _JOB_NOTEBOOK = re.compile(r"^(input|output|output-\d{1,5})\.ipynb$")
 MAX_NOTEBOOK_BYTES = 50 * 2**20
+FULLY_READ_BYTES = 4 * 2**20  # notebooks up to this are read by nbformat before the job; larger ones only as JSON
 
 
 def job_notebook(job_id: int, name: str, home: str | None = None) -> dict:

@@ -182,24 +182,32 @@ class GuestGate(JupyterHubIdentityProvider):
         return user
 
     async def _hub_may_have_changed_its_mind(self, handler) -> bool:
-        """A token the hub's cached answer keeps out (JupyterHub's HubAuth keeps an answer 5 minutes) is
-        asked again, at most every GUEST_RECHECK seconds: a share made again at the hub's own API, not
-        through this session's Share panel (which forgets the cache itself), lets its guest in within that
-        time. True when the hub now lets the token in; its cached answers are then forgotten."""
+        """A token the hub knows but whose cached answer keeps it out (JupyterHub's HubAuth keeps an answer 5
+        minutes) is asked again once that answer is REASK_AFTER seconds old: a share made again at the hub's
+        own API, not through this session's Share panel (which forgets the cache itself), lets its guest in
+        within that time. A token the hub does not know is never asked again (nothing for anyone to send
+        endlessly), and the whole session asks at most REASKS_PER_SECOND times a second. True when the hub now
+        lets the token in; its cached answer is then forgotten."""
         token = self.hub_auth.get_token(handler)
-        if not token or not sharing_groups():
-            return False
+        if not token or not sharing_groups() or not handler.__dict__.get("_cached_hub_user"):
+            return False  # no token, not shareable, or the hub knows no such token: nothing to ask again
         now, asked = time.monotonic(), _REASKED
         key = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
-        if now - asked.get(key, -GUEST_RECHECK) < GUEST_RECHECK:
+        if key not in asked:
+            if len(asked) >= REASKED_MOST:  # bounded: only what is old enough to be asked again anyway goes
+                for old in [k for k, t in asked.items() if now - t >= GUEST_RECHECK]:
+                    del asked[old]
+                if len(asked) >= REASKED_MOST:
+                    return False
+            asked[key] = now  # the hub's "no" is fresh: asked again once it is REASK_AFTER old
             return False
-        if len(asked) >= REASKED_MOST:  # bounded: those asked long enough ago may be asked again anyway
-            for old in [k for k, t in asked.items() if now - t >= GUEST_RECHECK] or list(asked)[:REASKED_MOST // 2]:
-                del asked[old]
+        if now - asked[key] < REASK_AFTER or not _REASK_BUDGET.take(now):
+            return False
         asked[key] = now
         if not await _still_shared(self.hub_auth, token):
             return False
-        self.hub_auth.cache.clear()
+        del asked[key]
+        _forget_token(self.hub_auth, handler, token)
         return True
 
     async def _refusal(self, handler, name: str) -> str | None:
@@ -209,9 +217,12 @@ class GuestGate(JupyterHubIdentityProvider):
         book = guests()
         if time.monotonic() - book.checked.get(name, -GUEST_RECHECK) >= GUEST_RECHECK:
             generation = book.generation.get(name, 0)
-            why = await _still_allowed(self.hub_auth, name, groups, self.hub_auth.get_token(handler))
+            token = self.hub_auth.get_token(handler)
+            why = await _still_allowed(self.hub_auth, name, groups, token)
             if why:
                 book.take_back(name)
+                if token:  # HubAuth's cached "yes" goes too: his next requests are refused without asking the hub
+                    _forget_token(self.hub_auth, handler, token)
                 return why
             if book.generation.get(name, 0) == generation:  # not taken back while the hub answered
                 book.checked[name] = time.monotonic()
@@ -235,8 +246,34 @@ async def _still_allowed(hub_auth, name: str, groups: list[str], token: str | No
 
 
 _RECHECKING: list = []
-_REASKED: dict[str, float] = {}  # sha256 of a token the hub refused -> when it was last asked again
+_REASKED: dict[str, float] = {}  # sha256 of a token the hub knows but refused -> when it last said so
 REASKED_MOST = 1000
+REASK_AFTER = GUEST_RECHECK / 2  # seconds: a share made at the hub's API lets its guest in within this, not 5 min
+REASKS_PER_SECOND = 5
+
+
+class _Budget:
+    """At most ``rate`` takes a second, the session's whole."""
+
+    def __init__(self, rate: int):
+        self.rate, self.second, self.taken = rate, -1, 0
+
+    def take(self, now: float) -> bool:
+        if int(now) != self.second:
+            self.second, self.taken = int(now), 0
+        self.taken += 1
+        return self.taken <= self.rate
+
+
+_REASK_BUDGET = _Budget(REASKS_PER_SECOND)
+
+
+def _forget_token(hub_auth, handler, token: str) -> None:
+    """HubAuth's cached answer for one token, as its user_for_token keys it ('token:<session id>:<sha256>';
+    PATCHES: guest-gate), for the request's login session and for none."""
+    digest = hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
+    for session_id in {hub_auth.get_session_id(handler) or "", ""}:
+        hub_auth.cache.pop(f"token:{session_id}:{digest}", None)
 
 
 def _recheck_sockets(gate) -> None:

@@ -271,13 +271,16 @@ PATCHES = [
           "sharing.GuestGate, a subclass overriding get_user; a token refused on HubAuth's cached answer is asked "
           "again, and get_user run once more after forgetting what the refusal left on the handler: "
           "_cached_hub_user, _jupyterhub_user, redirect; a refused guest's handler gets _jupyterhub_user, "
-          "current_user and _jupyter_current_user None, as jupyter_server's own 403 does)", JUPYTERHUB, "6.1.1",
+          "current_user and _jupyter_current_user None, as jupyter_server's own 403 does; one token's answer is "
+          "dropped from HubAuth's cache by the key its user_for_token makes)", JUPYTERHUB, "6.1.1",
           "a guest of a shared session is judged on every request, before any handler runs: shareable, in the "
           "owner's sharing groups, still shared at the hub, never on the owner's own pages; a share made again at "
           "the hub's API lets him in within the recheck, not after HubAuth's 5-minute cache",
           (Definition("jupyterhub.singleuser.extension", "JupyterHubSingleUser.load_config_file", "cec29a3f6ca481a7"),
            Definition("jupyterhub.singleuser.extension", "JupyterHubIdentityProvider.get_user", "56c6e14099ce88f6"),
-           Definition("jupyterhub.services.auth", "HubAuth._get_user", "1897c40681f02451")),
+           Definition("jupyterhub.services.auth", "HubAuth._get_user", "1897c40681f02451"),
+           Definition("jupyterhub.services.auth", "HubAuth.user_for_token", "40920e8de7ff5bd6"),
+           Definition("jupyterhub.services.auth", "HubOAuth._get_user_cookie", "b830854e55159995")),
           None, guards=True, hook="jupyterhub-singleuser leaving ServerApp.identity_provider_class to the "
           "server's config where it names a subclass of JupyterHubIdentityProvider"),
     Patch("hub-tls-context", "portal/session/singleuser.py",
