@@ -6,7 +6,7 @@
 # restart that keeps the session's route, and the hub's ports closed to all but cn1 and login itself.
 #
 #   scripts/deploy-trial.sh            everything (each step is skipped when its result is there)
-#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check ports
+#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check ports backup restore
 #   scripts/deploy-trial.sh down       stops both systems, removes the bridge and every trial file
 #
 # Reach them: scripts/deploy-trial.sh shell login|cn1 (a root shell inside); the portal answers at
@@ -21,6 +21,8 @@ NET_PREFIX=192.0.2              # documentation range; the bridge takes only 192
 HOST_ADDR=$NET_PREFIX.9/29      # so a host whose own uplink is in 192.0.2.0/24 keeps it
 LOGIN_ADDR=$NET_PREFIX.10
 CN1_ADDR=$NET_PREFIX.11
+HUB2_ADDR=$NET_PREFIX.12        # the fresh login node a backup is restored onto (back-up-and-restore.md)
+PORTAL_NAME=portal              # the hub's name for the compute nodes (hub_bind_url): an alias that can move
 CLUSTER=$NET_PREFIX.8/29
 COMPUTE=$CN1_ADDR               # the compute nodes: the only hosts besides login that reach the hub's ports
 USER_NAME=alice USER_UID=2001 USER_PASSWORD=alice-trial
@@ -50,20 +52,35 @@ packages_for() {
   local common="python3 munge slurm-client nftables adduser procps iproute2 iputils-ping openssl curl less nslcd libnss-ldapd"
   if [ "$1" = login ]; then
     echo "$common nodejs sudo slurmctld slurmdbd mariadb-server slapd ldap-utils"
+  elif [ "$1" = hub2 ]; then  # a login node without Slurm's daemons or the directory: the portal, its database
+    echo "$common nodejs sudo mariadb-server"
   else
     echo "$common slurmd"
   fi
 }
 
-make_root() {  # debootstrap, then the guide's packages (section 2) from the host: the systems have no internet
-  local name=$1 root=$TRIAL/$1 start
-  [ -x "$root/usr/sbin/nft" ] && return 0
+make_base() {  # one debootstrap, copied for each system (each then gets its own packages)
+  local start
+  [ -d "$TRIAL/base" ] && return 0
   start=$(now)
   debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2,ca-certificates \
-    bookworm "$root.new" http://deb.debian.org/debian > "$TRIAL/debootstrap-$name.log"
-  mv "$root.new" "$root"
-  TIMES[debootstrap-$name]=$(elapsed "$start")
+    bookworm "$TRIAL/base.new" http://deb.debian.org/debian > "$TRIAL/debootstrap.log"
+  mv "$TRIAL/base.new" "$TRIAL/base"
+  TIMES[debootstrap]=$(elapsed "$start")
+}
+
+# make_root NAME [FIRST]: NAME's root, then the guide's packages (section 2) from the host: the systems have no
+# internet. FIRST: a script run in the root before the packages (the restored hub account's numbers).
+make_root() {
+  local name=$1 root=$TRIAL/$1 start
+  [ -x "$root/usr/sbin/nft" ] && return 0
+  make_base
+  rm -rf "$root.new" && cp -a "$TRIAL/base" "$root.new" && mv "$root.new" "$root"
   start=$(now)
+  if [ -n "${2:-}" ]; then
+    printf '%s\n' "$2" > "$root/root/first.sh"
+    systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/sh -e /root/first.sh 2>&1 | grep -v propagate || true
+  fi
   cat > "$root/root/preseed" <<EOF
 slapd slapd/domain string example.org
 slapd shared/organization string Example
@@ -83,15 +100,25 @@ deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sou
     > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
   TIMES[packages-$name]=$(elapsed "$start")
   echo "$name" > "$root/etc/hostname"
-  local address=$CN1_ADDR; [ "$name" = login ] && address=$LOGIN_ADDR
+  local address=$CN1_ADDR; [ "$name" = login ] && address=$LOGIN_ADDR; [ "$name" = hub2 ] && address=$HUB2_ADDR
   # 10-: before the container's own 80-container-host0.network (DHCP), which would win otherwise
   mkdir -p "$root/etc/systemd/network"
   printf '[Match]\nName=host0\n\n[Network]\nAddress=%s/29\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n' \
     "$address" > "$root/etc/systemd/network/10-host0.network"
   ln -sf /lib/systemd/system/systemd-networkd.service "$root/etc/systemd/system/multi-user.target.wants/"
-  printf '127.0.0.1\tlocalhost\n%s\tlogin hub.example.org\n%s\tcn1\n' "$LOGIN_ADDR" "$CN1_ADDR" > "$root/etc/hosts"
-  say "$name: debootstrap ${TIMES[debootstrap-$name]} s, packages ${TIMES[packages-$name]} s"
+  hosts_file "$(portal_addr)" > "$root/etc/hosts"
+  say "$name: packages ${TIMES[packages-$name]} s"
 }
+
+# The names every system knows (the site's DNS): the hub's name and the public one at the portal's machine
+hosts_file() {
+  printf '127.0.0.1\tlocalhost\n%s\tlogin\n%s\tcn1\n%s\thub2\n%s\t%s hub.example.org\n' \
+    "$LOGIN_ADDR" "$CN1_ADDR" "$HUB2_ADDR" "$1" "$PORTAL_NAME"
+}
+portal_addr() {  # where the portal is: login, or hub2 once a backup was restored there
+  cat "$TRIAL/portal-addr" 2>/dev/null || echo "$LOGIN_ADDR"
+}
+portal_node() { if [ "$(portal_addr)" = "$HUB2_ADDR" ]; then echo hub2; else echo login; fi; }
 
 # build_wheel REV DEST: dsportal's wheel from the commit REV (committed code only, never the working tree's
 # edits), as `make dist` builds it: pip's wheel with the environment's setuptools, nothing fetched
@@ -202,15 +229,22 @@ step_systems() {
 step_boot() { boot_node login; boot_node cn1; }
 
 step_down() {
-  local name nspawn
-  for name in cn1 login; do
+  local name nspawn start
+  # The jobs end first: a session's slurmstepd otherwise holds cn1's poweroff for systemd's 90 s
+  if leader login > /dev/null 2>&1 && in_node login squeue -h -o %i > "$TRIAL/jobs-left" 2>/dev/null && [ -s "$TRIAL/jobs-left" ]; then
+    in_node login scancel $(cat "$TRIAL/jobs-left") || true
+    for _ in $(seq 30); do [ -z "$(in_node login squeue -h -t running,completing -o %i 2>/dev/null)" ] && break; sleep 1; done
+  fi
+  for name in hub2 cn1 login; do
     nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
+    start=$(now)
     in_node "$name" systemctl poweroff || kill "$nspawn"
     for _ in $(seq 60); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
     if kill -0 "$nspawn" 2>/dev/null; then  # no clean poweroff within a minute: nspawn stops it
       kill "$nspawn"
       for _ in $(seq 30); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
     fi
+    say "down: $name stopped in $(elapsed "$start") s"
   done
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     find "/sys/fs/cgroup/$controller" -depth -type d -path '*/dstrial-cn1*' -exec rmdir {} \; 2>/dev/null || true
@@ -430,7 +464,7 @@ for key in ("proxy_token_file",):  # the demo's: here the units hand the token o
     hub.pop(key, None)
 hub.update({
     "bind_url": "https://hub.example.org", "subdomain_host": "https://hub.example.org",
-    "hub_bind_url": "https://login:8081", "proxy_api_url": "http://127.0.0.1:8001",
+    "hub_bind_url": "https://$PORTAL_NAME:8081", "proxy_api_url": "http://127.0.0.1:8001",
     "data_dir": "/var/lib/dsportal/hub", "internal_ssl": True, "external_proxy": True,
     "account": "dsportal-hub", "admin_users": [],
     "db_url": "mysql+pymysql://dsportal_hub@127.0.0.1:3306/jupyterhub",
@@ -542,7 +576,7 @@ portal_units() {  # 10. the units from the installed package; the proxy unit's s
   # (--force: a second run of this step takes the shipped units again, then makes the same edit)
   script_in login <<'EOF'
 /opt/dsportal/env/bin/dsportal hub install-units --force
-sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://login:8081/hub/error|' /etc/systemd/system/dsportal-proxy.service
+sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://portal:8081/hub/error|' /etc/systemd/system/dsportal-proxy.service
 systemd-analyze verify /etc/systemd/system/dsportal-proxy.service /etc/systemd/system/dsportal-hub.service
 systemctl daemon-reload
 systemctl enable -q --now dsportal-proxy dsportal-hub
@@ -572,7 +606,7 @@ step_portal() {  # sections 5 to 10, in the guide's order
 # *.hub.example.org name sent to the login node, the trial's CA trusted.
 hub_python() {
   REQUESTS_CA_BUNDLE=$TRIAL/tls/ca.crt WEBSOCKET_CLIENT_CA_BUNDLE=$TRIAL/tls/ca.crt PYTHONPATH=$REPO/tests \
-    TRIAL_LOGIN_ADDR=$LOGIN_ADDR /opt/dsportal/env/bin/python -c "
+    TRIAL_LOGIN_ADDR=$(portal_addr) /opt/dsportal/env/bin/python -c "
 import os, socket
 real_getaddrinfo = socket.getaddrinfo
 def trial_getaddrinfo(host, *args, **kwargs):
@@ -590,7 +624,7 @@ step_check() {
 import time
 from hubclient import HubUser
 alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
-print('[trial] login: $USER_NAME logged in over $LOGIN_ADDR')
+print('[trial] login: $USER_NAME logged in over $(portal_addr)')
 if alice.model().get('servers'):  # a session of an earlier run: stopped, so that this one measures a start
     # Right after the systems booted, the hub's startup check of that session may still be under way
     # (up to twice hub.http_timeout while Slurm has not yet seen cn1 reboot), and JupyterHub answers
@@ -614,6 +648,10 @@ print('[trial] kernel says: ' + alice.run_code(
     'import os, socket; print(os.getuid(), socket.gethostname(), os.environ[\"SLURM_JOB_ID\"], 6 * 7)').strip())
 with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
     out.write(alice.token)
+import json  # her browser's cookies, for the restore's check that her login outlives the machine
+with open('$TRIAL/alice-cookies.json', 'w', opener=lambda path, flags: os.open(path, flags, 0o600)) as out:
+    json.dump([{'name': c.name, 'value': c.value, 'domain': c.domain, 'path': c.path, 'secure': c.secure}
+               for c in alice.web.cookies], out)
 "
   say "session: first start to a running kernel $(elapsed "$start") s"
   job=$(in_node login squeue -h -u "$USER_NAME" -o %i | head -1)
@@ -623,15 +661,16 @@ with open('$token_file', 'w', opener=lambda path, flags: os.open(path, flags, 0o
   local status_url="https://$USER_NAME.hub.example.org/user/$USER_NAME/api/status" code
   curl_session() {
     curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" \
-      --resolve "$USER_NAME.hub.example.org:443:$LOGIN_ADDR" -H "Authorization: token $(cat "$token_file")" "$status_url"
+      --resolve "$USER_NAME.hub.example.org:443:$(portal_addr)" -H "Authorization: token $(cat "$token_file")" "$status_url"
   }
   say "before the hub restart: session API $(curl_session)"
-  in_node login systemctl restart dsportal-hub --no-block
+  local node; node=$(portal_node)
+  in_node "$node" systemctl restart dsportal-hub --no-block
   code=$(curl_session)
-  say "while dsportal-hub restarts ($(in_node login systemctl is-active dsportal-hub)): session API $code"
+  say "while dsportal-hub restarts ($(in_node "$node" systemctl is-active dsportal-hub)): session API $code"
   sleep 5
-  say "after: dsportal-hub $(in_node login systemctl is-active dsportal-hub), session API $(curl_session), squeue: $(in_node login squeue -h -j "$job" -o %T)"
-  say "hub process user: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-hub)"), proxy's: $(in_node login ps -o user= -p "$(in_node login systemctl show -P MainPID dsportal-proxy)")"
+  say "after: dsportal-hub $(in_node "$node" systemctl is-active dsportal-hub), session API $(curl_session), squeue: $(in_node login squeue -h -j "$job" -o %T)"
+  say "hub process user: $(in_node "$node" ps -o user= -p "$(in_node "$node" systemctl show -P MainPID dsportal-hub)"), proxy's: $(in_node "$node" ps -o user= -p "$(in_node "$node" systemctl show -P MainPID dsportal-proxy)")"
   say "job $job's memory limit on cn1: $(in_node cn1 cat "/sys/fs/cgroup/memory/slurm_cn1/uid_$USER_UID/job_$job/memory.limit_in_bytes") bytes"
 }
 
@@ -650,23 +689,135 @@ for target in sys.argv[1:]:
     print(f"{target}={result}({time.monotonic() - start:.2f}s)")'
 
 step_ports() {
-  local from_host from_cn1 from_login failed=0 start
-  start=$(now)
+  local from_host from_cn1 from_login failed=0 start node address
+  start=$(now) node=$(portal_node) address=$(portal_addr)
   # The host itself is on the bridge (192.0.2.9: inside the cluster's /29, neither the hub nor a compute node)
-  from_host=$(python3 -c "$PROBE" $LOGIN_ADDR:8001 $LOGIN_ADDR:8081 $LOGIN_ADDR:8082 $LOGIN_ADDR:443 | paste -sd ' ')
-  from_cn1=$(in_node cn1 python3 -c "$PROBE" login:8081 login:8082 login:8001 | paste -sd ' ')
-  from_login=$(in_node login python3 -c "$PROBE" 127.0.0.1:8001 login:8081 login:8082 | paste -sd ' ')
-  say "ports: from the host ${HOST_ADDR%/*}: $from_host"
-  say "ports: from cn1 $CN1_ADDR: $from_cn1"
-  say "ports: from login itself: $from_login"
+  from_host=$(python3 -c "$PROBE" "$address:8001" "$address:8081" "$address:8082" "$address:443" | paste -sd ' ')
+  from_cn1=$(in_node cn1 python3 -c "$PROBE" $PORTAL_NAME:8081 $PORTAL_NAME:8082 $PORTAL_NAME:8001 | paste -sd ' ')
+  from_login=$(in_node "$node" python3 -c "$PROBE" 127.0.0.1:8001 $PORTAL_NAME:8081 $PORTAL_NAME:8082 | paste -sd ' ')
+  say "ports of $node ($address): from the host ${HOST_ADDR%/*}: $from_host"
+  say "ports of $node: from cn1 $CN1_ADDR: $from_cn1"
+  say "ports of $node: from $node itself: $from_login"
   [[ $from_host =~ :8001=(refused|timeout) && $from_host =~ :8081=(refused|timeout) && $from_host =~ :8082=(refused|timeout) \
      && $from_host =~ :443=open ]] || { say "ports: FAILED: the host reaches a port of the hub's"; failed=1; }
   [[ $from_cn1 =~ :8081=open && $from_cn1 =~ :8082=open && $from_cn1 =~ :8001=(refused|timeout) ]] \
     || { say "ports: FAILED: cn1 does not reach the hub's API or dsportal's service"; failed=1; }
-  [[ ! $from_login =~ =(refused|timeout) ]] || { say "ports: FAILED: login does not reach its own ports"; failed=1; }
-  say "ports: the login node's refusals: $(in_node login nft list chain inet dsportal_isolation input | grep -oE '(packets [0-9]+ bytes [0-9]+ reject with tcp reset comment "[^"]*")' | sed 's/ bytes [0-9]* reject with tcp reset comment//' | paste -sd ';')"
+  [[ ! $from_login =~ =(refused|timeout) ]] || { say "ports: FAILED: $node does not reach its own ports"; failed=1; }
+  say "ports: $node's refusals: $(in_node "$node" nft list chain inet dsportal_isolation input | grep -oE '(packets [0-9]+ bytes [0-9]+ reject with tcp reset comment "[^"]*")' | sed 's/ bytes [0-9]* reject with tcp reset comment//' | paste -sd ';')"
   TIMES[ports]=$(elapsed "$start")
   return $failed
+}
+
+# ---- docs/how-to/back-up-and-restore.md: a backup of the running portal, restored onto a fresh login node -------
+step_backup() {  # section 2, on the login node, alice's session running (the doc's commands, backup=/root/dsportal-backup)
+  local start job
+  start=$(now)
+  job=$(in_node login squeue -h -u "$USER_NAME" -t running -o %i | head -1)
+  [ -n "$job" ] || { say "backup: FAILED: no running session job of $USER_NAME (run the check step first)"; return 1; }
+  echo "$job" > "$TRIAL/alice-job"
+  script_in login <<'EOF'
+umask 077
+backup=/root/dsportal-backup && rm -rf "$backup" && mkdir -p "$backup"
+mariadb-dump --single-transaction jupyterhub > "$backup/jupyterhub.sql"
+getent passwd dsportal-hub > "$backup/hub-account" && getent group dsportal-hub >> "$backup/hub-account"
+tar -C / -cpf "$backup/files.tar" --exclude="*.pid" etc/dsportal var/lib/dsportal \
+  etc/default/dsportal-firewall etc/sudoers.d/dsportal etc/systemd/system/dsportal-hub.service \
+  etc/systemd/system/dsportal-proxy.service etc/systemd/system/dsportal-firewall.service
+/opt/dsportal/env/bin/dsportal --version > "$backup/version"
+EOF
+  rm -rf "$TRIAL/backup" && cp -a "$TRIAL/login/root/dsportal-backup" "$TRIAL/backup"  # off the machine
+  say "backup: $(du -sh "$TRIAL/backup" | cut -f1) ($(tar -tf "$TRIAL/backup/files.tar" | grep -vc '/$') files, a dump of $(grep -c '^INSERT' "$TRIAL/backup/jupyterhub.sql") INSERTs, $(cat "$TRIAL/backup/version")), hub account $(head -1 "$TRIAL/backup/hub-account" | cut -d: -f1,3,4); $USER_NAME's job $job $(in_node login squeue -h -j "$job" -o %T)"
+  TIMES[backup]=$(elapsed "$start")
+}
+
+step_restore() {  # section 3: login's portal lost for good, a fresh hub2 takes over the hub's names
+  local start job uid gid tries
+  start=$(now)
+  job=$(cat "$TRIAL/alice-job")
+  if [ "$(portal_node)" != hub2 ]; then
+    # The login node's portal is gone; slurmctld, slurmdbd and the directory stay on login
+    in_node login systemctl disable -q --now dsportal-hub dsportal-proxy
+    say "restore: login's portal stopped for good (hub $(in_node login systemctl is-active dsportal-hub || true)); job $job $(in_node login squeue -h -j "$job" -o %T)"
+    # A fresh machine: the hub account's numbers from the backup first, then Debian's packages
+    uid=$(awk -F: 'NR == 1 {print $3}' "$TRIAL/backup/hub-account")
+    gid=$(awk -F: 'NR == 2 {print $3}' "$TRIAL/backup/hub-account")
+    make_root hub2 "groupadd --system --gid $gid dsportal-hub
+useradd --system --uid $uid --gid dsportal-hub --home-dir /var/lib/dsportal --no-create-home --shell /usr/sbin/nologin dsportal-hub"
+    boot_node hub2
+    # what deploy.md gives every login node: munge's key (3), slurm.conf (4), the directory client, /proc
+    install -m 0400 "$TRIAL/login/etc/munge/munge.key" "$TRIAL/hub2/etc/munge/munge.key"
+    cp "$TRIAL/login/etc/slurm/slurm.conf" "$TRIAL/login/etc/slurm/cgroup.conf" "$TRIAL/hub2/etc/slurm/"
+    install -m 0644 "$TRIAL/tls/ca.crt" "$TRIAL/hub2/usr/local/share/ca-certificates/dsportal-trial-ca.crt"
+    script_in hub2 <<'EOF'
+chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+systemctl enable -q munge && systemctl restart munge
+update-ca-certificates > /dev/null
+grep -q "^ssl start_tls" /etc/nslcd.conf || echo "ssl start_tls" >> /etc/nslcd.conf
+systemctl restart nslcd
+grep -q hidepid /etc/fstab || echo "proc /proc proc defaults,hidepid=invisible,gid=adm 0 0" >> /etc/fstab
+mount -o remount /proc
+EOF
+    say "restore: hub2 sees $(in_node hub2 id "$USER_NAME"); its hub account $(in_node hub2 id dsportal-hub), on login $(in_node login id dsportal-hub); munge hub2 -> login $(in_node hub2 munge -n | in_node login unmunge | grep STATUS)"
+    # The backup, off the old machine, onto the new one, then the doc's commands
+    rm -rf "$TRIAL/hub2/root/dsportal-backup" && cp -a "$TRIAL/backup" "$TRIAL/hub2/root/dsportal-backup"
+    script_in hub2 <<'EOF'
+backup=/root/dsportal-backup
+tar -C / -xpf "$backup/files.tar"
+install -d -m 0755 /usr/local/libexec/dsportal
+/opt/dsportal/env/bin/dsportal hub install-mediator
+visudo -cf /etc/sudoers.d/dsportal
+mysql -e "CREATE DATABASE jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+          CREATE USER 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
+          GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
+mysql jupyterhub < "$backup/jupyterhub.sql"
+systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
+EOF
+    # The names move to hub2 (the site's DNS): the hub's name for the compute nodes, the public one for browsers
+    echo "$HUB2_ADDR" > "$TRIAL/portal-addr"
+    for name in login cn1 hub2; do hosts_file "$HUB2_ADDR" > "$TRIAL/$name/etc/hosts"; done
+    in_node hub2 systemctl enable -q --now dsportal-proxy dsportal-hub
+  fi
+  for tries in $(seq 90); do
+    curl -s -o /dev/null --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$HUB2_ADDR" \
+      https://hub.example.org/hub/login -w "%{http_code}" | grep -q 200 && break
+    sleep 1
+  done
+  TIMES[restore-to-login-page]=$(elapsed "$start")
+  say "restore: hub2's $(in_node hub2 systemctl is-active dsportal-firewall dsportal-proxy dsportal-hub | paste -sd ' '), $(in_node hub2 /opt/dsportal/env/bin/dsportal --version) after $(elapsed "$start") s"
+  # alice's token from before the backup, then her session through the restored hub: the same job, a kernel
+  say "restore: $USER_NAME's token from before the backup: session API $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" \
+    --resolve "$USER_NAME.hub.example.org:443:$HUB2_ADDR" -H "Authorization: token $(cat "$TRIAL/alice-token")" \
+    "https://$USER_NAME.hub.example.org/user/$USER_NAME/api/status")"
+  hub_python "
+import json, time
+from hubclient import HubUser
+browser = HubUser('https://hub.example.org', '$USER_NAME')  # her browser's cookies from before the backup
+for cookie in json.load(open('$TRIAL/alice-cookies.json')):
+    browser.web.cookies.set(cookie['name'], cookie['value'], domain=cookie['domain'], path=cookie['path'],
+                            secure=cookie['secure'])
+home = browser.web.get('https://hub.example.org/hub/home', allow_redirects=False)
+print(f'[trial] restore: her login cookie from before the backup: /hub/home {home.status_code}'
+      + (f' -> {home.headers.get(\"Location\")}' if home.is_redirect else ''))
+assert home.status_code == 200
+alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
+for _ in range(120):  # the restored hub's start-up check of her session (Slurm, then its address)
+    server = alice.model().get('servers', {}).get('')
+    if server and server.get('ready'):
+        break
+    time.sleep(1)
+assert server and server.get('ready'), f'no ready session of $USER_NAME on the restored hub: {server}'
+print(f'[trial] restore: the restored hub lists her session, ready, at {server[\"url\"]}')
+lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
+print(f'[trial] restore: JupyterLab through hub2\'s proxy: {lab.status_code}')
+assert lab.status_code == 200
+said = alice.run_code('import os, socket; print(socket.gethostname(), os.environ[\"SLURM_JOB_ID\"], 6 * 7)').strip()
+print('[trial] restore: kernel says: ' + said)
+assert said == 'cn1 $job 42', said
+"
+  say "restore: squeue on login: job $job $(in_node login squeue -h -j "$job" -o '%T on %N, started %S')"
+  in_node hub2 /opt/dsportal/env/bin/dsportal check | sed 's/^/[check hub2] /' || true
+  TIMES[restore]=$(elapsed "$start")
+  step_ports
 }
 
 print_times() {  # at the end, also of a failed run: what each step took
@@ -679,7 +830,7 @@ case "${1:-all}" in
   shell) in_node "${2:-login}" bash -l ;;
   all) started=$(now)
        trap print_times EXIT
-       for step in systems boot munge slurm ldap portal check ports; do
+       for step in systems boot munge slurm ldap portal check ports backup restore; do
          step_start=$(now); "step_$step"; TIMES[step-$step]=$(elapsed "$step_start")
        done
        TIMES[all]=$(elapsed "$started") ;;
