@@ -72,6 +72,15 @@ def cmd_hub(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir.chmod(0o700)  # one made before (or by hand) too: it holds the hub's secrets
     os.chdir(data_dir)
+    from .hub import stateversion
+
+    try:  # never an older dsportal on a state a newer one ran (its database migrated forward)
+        before = stateversion.check_and_record(data_dir, version())
+    except stateversion.Downgrade as refused:
+        print(f"dsportal hub: {refused}", file=sys.stderr)
+        return 2
+    if before and before != version():
+        print(f"dsportal hub: this state was last run by dsportal {before}; now {version()}", file=sys.stderr)
     gc.disable()  # while the hub loads and sets up: _start_garbage_collection
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
