@@ -6,7 +6,8 @@
 # restart that keeps the session's route, and the hub's ports closed to all but cn1 and login itself.
 #
 #   scripts/deploy-trial.sh            everything (each step is skipped when its result is there)
-#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check ports backup restore
+#   scripts/deploy-trial.sh STEP...    some steps: systems boot munge slurm ldap portal check sessions upgrade ports
+#                                      backup restore (sessions and upgrade only with DSPORTAL_TRIAL_FROM=v0.1.0)
 #   scripts/deploy-trial.sh down       stops both systems, removes the bridge and every trial file
 #
 # Reach them: scripts/deploy-trial.sh shell login|cn1 (a root shell inside); the portal answers at
@@ -23,6 +24,9 @@ LOGIN_ADDR=$NET_PREFIX.10
 CN1_ADDR=$NET_PREFIX.11
 HUB2_ADDR=$NET_PREFIX.12        # the fresh login node a backup is restored onto (back-up-and-restore.md)
 PORTAL_NAME=portal              # the hub's name for the compute nodes (hub_bind_url): an alias that can move
+# DSPORTAL_TRIAL_FROM=v0.1.0: that release is deployed first (its own guide's way where it lacks a command of
+# today's), sessions are started on it, and the upgrade step takes them to this commit's wheel
+FROM_REV=${DSPORTAL_TRIAL_FROM:-}
 CLUSTER=$NET_PREFIX.8/29
 COMPUTE=$CN1_ADDR               # the compute nodes: the only hosts besides login that reach the hub's ports
 USER_NAME=alice USER_UID=2001 USER_PASSWORD=alice-trial
@@ -70,7 +74,9 @@ make_base() {  # one debootstrap, copied for each system (each then gets its own
 }
 
 # make_root NAME [FIRST]: NAME's root, then the guide's packages (section 2) from the host: the systems have no
-# internet. FIRST: a script run in the root before the packages (the restored hub account's numbers).
+# internet. FIRST: a script run in the root before the packages (the restored hub account's numbers). With an
+# earlier release to upgrade from, no bookworm-security: its patch check knows python3.11 up to bookworm's
+# 3.11.2-6+deb12u8 (the security update deb12u9 stops its hub: bench/results/deploy-trial-2026-12-06.md).
 make_root() {
   local name=$1 root=$TRIAL/$1 start
   [ -x "$root/usr/sbin/nft" ] && return 0
@@ -94,7 +100,7 @@ EOF
     export DEBIAN_FRONTEND=noninteractive
     echo 'deb http://deb.debian.org/debian bookworm main
 deb http://deb.debian.org/debian bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main' > /etc/apt/sources.list
+$(old_portal || echo 'deb http://deb.debian.org/debian-security bookworm-security main')' > /etc/apt/sources.list
     apt-get update -q && debconf-set-selections /root/preseed
     apt-get install -y -q --no-install-recommends $(packages_for "$name") && apt-get clean" \
     > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
@@ -118,6 +124,7 @@ hosts_file() {
 portal_addr() {  # where the portal is: login, or hub2 once a backup was restored there
   cat "$TRIAL/portal-addr" 2>/dev/null || echo "$LOGIN_ADDR"
 }
+old_portal() { [ -n "$FROM_REV" ] && [ ! -f "$TRIAL/upgraded" ]; }  # the earlier release still runs
 portal_node() { if [ "$(portal_addr)" = "$HUB2_ADDR" ]; then echo hub2; else echo login; fi; }
 
 # build_wheel REV DEST: dsportal's wheel from the commit REV (committed code only, never the working tree's
@@ -137,13 +144,14 @@ build_wheel() {
 install_wheel() {
   cp "$1" "$TRIAL/login/root/"
   local install="/opt/dsportal/env/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall /root/$(basename "$1")
-                 /opt/dsportal/env/bin/dsportal --version
+                 /opt/dsportal/env/bin/python -c 'import importlib.metadata as m; print(\"installed dsportal\", m.version(\"dsportal\"))'
                  chmod -R a+rX /opt/dsportal/env"
   if leader login > /dev/null; then
     in_node login sh -ec "$install"
   else
     systemd-nspawn -q --register=no --keep-unit -D "$TRIAL/login" --bind="$TRIAL/shared/opt-dsportal:/opt/dsportal" \
-      --pipe /bin/sh -ec "$install" 2>&1 | grep -v propagate || true
+      --pipe /bin/sh -ec "$install" > "$TRIAL/install.log" 2>&1 || { cat "$TRIAL/install.log"; return 1; }
+    grep -v propagate "$TRIAL/install.log" || true
   fi
 }
 
@@ -161,7 +169,14 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
   fi
   # dsportal itself: the wheel of this checkout's commit (DSPORTAL_TRIAL_REV, default HEAD), where it runs
   build_wheel "${DSPORTAL_TRIAL_REV:-HEAD}" "$TRIAL/wheel"
-  install_wheel "$(ls "$TRIAL"/wheel/dsportal-*.whl)"
+  if old_portal; then  # the earlier release first, and the unit files its guide took from its checkout
+    build_wheel "$FROM_REV" "$TRIAL/wheel-from"
+    [ -f "$TRIAL/from-installed" ] || { install_wheel "$(ls "$TRIAL"/wheel-from/dsportal-*.whl)"; touch "$TRIAL/from-installed"; }
+    rm -rf "$TRIAL/from-src" && mkdir -p "$TRIAL/from-src"
+    git archive "$FROM_REV" config/systemd | tar -x -C "$TRIAL/from-src"
+  else
+    install_wheel "$(ls "$TRIAL"/wheel/dsportal-*.whl)"
+  fi
   # The login node has no checkout: the guide takes portal.yaml and the units from the installed package.
 }
 
@@ -480,7 +495,7 @@ config["profiles"] = [{
     "name": "cpu", "partition": "cpu", "display_name": "CPU partition",
     "description": "One core and 2 GB on cn1.", "gpu_choices": [0], "default_gpus": 0,
     "cpus_without_gpu": 1, "mem_without_gpu": "2G", "tools": ["terminal"],  # no R, git or code-server on cn1
-    "default_walltime": "01:00:00", "max_walltime": "04:00:00"}]
+    "default_walltime": "01:00:00", "max_walltime": "04:00:00", "sessions_per_user": 3}]
 config["images"] = []
 config["templates"]["sources"] = [s for s in config["templates"]["sources"] if s["name"] == "dsportal"]
 config["data_mounts"] = []
@@ -499,6 +514,12 @@ EOF
 
 portal_firewall() {  # 6. the node firewall (its unit from the installed package: cn1 has no checkout)
   # `up` forgets the users the Prolog added: not again on a node whose firewall runs (it may have jobs)
+  if old_portal; then  # its guide: the unit file copied from the checkout
+    install -m 0644 "$TRIAL/from-src/config/systemd/dsportal-firewall.service" "$TRIAL/cn1/root/"
+    install -m 0644 "$TRIAL/from-src/config/systemd/dsportal-firewall.service" "$TRIAL/login/root/"
+  fi
+  local install_unit="/opt/dsportal/env/bin/dsportal firewall install-unit" hub_ports="--hub-ports 8081,8082 --local-ports 8001 --compute $COMPUTE"
+  old_portal && install_unit="install -m 0644 /root/dsportal-firewall.service /etc/systemd/system/" hub_ports=""
   script_in cn1 <<EOF
 systemctl is-active -q dsportal-firewall && exit 0
 /opt/dsportal/env/bin/dsportal firewall up --cluster $CLUSTER
@@ -509,17 +530,16 @@ cat > /etc/slurm/prolog.sh <<'PROLOG'
 PROLOG
 chmod 755 /etc/slurm/prolog.sh
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
-/opt/dsportal/env/bin/dsportal firewall install-unit
+$install_unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   # the login node: its users, and the hub's ports for cn1 (the compute nodes) and itself only
   script_in login <<EOF
 systemctl is-active -q dsportal-firewall && exit 0
-/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER \\
-  --hub-ports 8081,8082 --local-ports 8001 --compute $COMPUTE
+/opt/dsportal/env/bin/dsportal firewall up \$(getent group datascience | cut -d: -f4 | tr , ' ') --cluster $CLUSTER $hub_ports
 printf 'PORTAL_GROUP=datascience\nCLUSTER=$CLUSTER\n' > /etc/default/dsportal-firewall
-printf 'HUB_PORTS=8081,8082\nLOCAL_PORTS=8001\nCOMPUTE=$COMPUTE\n' >> /etc/default/dsportal-firewall
-/opt/dsportal/env/bin/dsportal firewall install-unit
+[ -z "$hub_ports" ] || printf 'HUB_PORTS=8081,8082\nLOCAL_PORTS=8001\nCOMPUTE=$COMPUTE\n' >> /etc/default/dsportal-firewall
+$install_unit
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
   say "firewall: login: $(in_node login /opt/dsportal/env/bin/dsportal firewall status)"
@@ -574,8 +594,12 @@ EOF
 
 portal_units() {  # 10. the units from the installed package; the proxy unit's site values edited as its header says
   # (--force: a second run of this step takes the shipped units again, then makes the same edit)
+  if old_portal; then
+    install -m 0644 "$TRIAL"/from-src/config/systemd/dsportal-{proxy,hub}.service "$TRIAL/login/etc/systemd/system/"
+  else
+    in_node login /opt/dsportal/env/bin/dsportal hub install-units --force
+  fi
   script_in login <<'EOF'
-/opt/dsportal/env/bin/dsportal hub install-units --force
 sed -i 's|https://login1.cluster.example.org:8081/hub/error|https://portal:8081/hub/error|' /etc/systemd/system/dsportal-proxy.service
 systemd-analyze verify /etc/systemd/system/dsportal-proxy.service /etc/systemd/system/dsportal-hub.service
 systemctl daemon-reload
@@ -588,7 +612,8 @@ EOF
     sleep 1
   done
   say "hub: $(in_node login systemctl is-active dsportal-proxy dsportal-hub | paste -sd ' '), login page $(curl -s -o /dev/null -w '%{http_code}' --cacert "$TRIAL/tls/ca.crt" --resolve "hub.example.org:443:$LOGIN_ADDR" https://hub.example.org/hub/login)"
-  in_node login /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true   # /etc/dsportal/portal.yaml
+  # /etc/dsportal/portal.yaml (an earlier release read it only when named)
+  in_node login env DSPORTAL_CONFIG=/etc/dsportal/portal.yaml /opt/dsportal/env/bin/dsportal check | sed 's/^/[check] /' || true
 }
 
 step_portal() {  # sections 5 to 10, in the guide's order
@@ -708,6 +733,137 @@ step_ports() {
   return $failed
 }
 
+# ---- docs/how-to/take-a-security-release.md, section 4: the upgrade in place, sessions running ----------------
+# alice's sessions on the earlier release: the default one with a kernel busy in a loop, a named one, and a
+# third that waits in Slurm's queue (cn1's 2 CPUs are taken)
+step_sessions() {
+  old_portal || { say "sessions: no earlier release deployed (DSPORTAL_TRIAL_FROM)"; return 0; }
+  local start; start=$(now)
+  hub_python "
+import json, time
+from hubclient import HubUser
+alice = HubUser('https://hub.example.org', '$USER_NAME', token=open('$TRIAL/alice-token').read())
+kernel = alice.api('POST', '/user/$USER_NAME/api/kernels', json={'name': 'python3'}).json()['id']
+ws = alice._channels(kernel, 30)
+alice._ask(ws, 'import time\nfor i in range(100000):\n    open(\"/home/$USER_NAME/busy-counter\", \"w\").write(str(i))\n    time.sleep(0.1)')
+ws.close()
+time.sleep(2)
+state = alice.api('GET', f'/user/$USER_NAME/api/kernels/{kernel}').json()['execution_state']
+print(f'[trial] sessions: the default session\'s kernel {kernel} {state}, counting in ~/busy-counter')
+assert state == 'busy', state
+open('$TRIAL/busy-kernel', 'w').write(kernel)
+alice.spawn({}, timeout=300, server='second')
+print('[trial] sessions: named session second ready')
+response = alice.start_server({}, server='queued')
+assert response.status_code in (201, 202), response.text
+for _ in range(30):
+    pending = alice.model()['servers'].get('queued', {})
+    if pending.get('pending') == 'spawn':
+        break
+    time.sleep(1)
+print(f'[trial] sessions: named session queued: {json.dumps({k: pending.get(k) for k in (\"pending\", \"ready\")})}')
+"
+  sleep 3
+  in_node login squeue -h -u "$USER_NAME" -o '%i %j %T %R' | sed 's/^/[trial] sessions: squeue: /'
+  in_node login squeue -h -u "$USER_NAME" -o '%i %j %T' | sort -n > "$TRIAL/jobs-before"
+  TIMES[sessions]=$(elapsed "$start")
+}
+
+step_upgrade() {
+  old_portal || { say "upgrade: nothing to upgrade from (DSPORTAL_TRIAL_FROM)"; return 0; }
+  local start revision_before revision_after from to counted queued_job
+  start=$(now)
+  from="dsportal $(in_node login /opt/dsportal/env/bin/python -c 'import importlib.metadata as m; print(m.version("dsportal"))')"  # 0.1.0 has no --version
+  revision_before=$(in_node login mysql -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
+  counted=$(cat "$TRIAL/shared/home/$USER_NAME/busy-counter")
+  # "For dsportal's own code only": the wheel into the shared environment (the login node writes it here) ...
+  install_wheel "$(ls "$TRIAL"/wheel/dsportal-*.whl)"
+  touch "$TRIAL/upgraded"
+  # ... then on the login node, as written (install-units keeps the edited proxy unit and says so: exit 1)
+  script_in login <<'EOS'
+/opt/dsportal/env/bin/dsportal check | sed 's/^/[check upgrade] /' | grep -v '\[ok\]' || true
+/opt/dsportal/env/bin/dsportal hub install-mediator
+/opt/dsportal/env/bin/dsportal hub install-units || echo "[trial] upgrade: install-units exited $?"
+systemctl daemon-reload && systemctl restart dsportal-hub
+EOS
+  # deploy.md, section 6: the firewall's new unit and the hub's ports (the login node runs no jobs)
+  script_in login <<EOS
+/opt/dsportal/env/bin/dsportal firewall install-unit || /opt/dsportal/env/bin/dsportal firewall install-unit --force
+grep -q HUB_PORTS /etc/default/dsportal-firewall || printf 'HUB_PORTS=8081,8082\nLOCAL_PORTS=8001\nCOMPUTE=$COMPUTE\n' >> /etc/default/dsportal-firewall
+systemctl daemon-reload && systemctl restart dsportal-firewall
+EOS
+  to=$(in_node login /opt/dsportal/env/bin/dsportal --version)
+  queued_job=$(awk '$2 ~ /:queued$/ {print $1}' "$TRIAL/jobs-before")
+  hub_python "
+import time
+from hubclient import HubUser
+alice = HubUser('https://hub.example.org', '$USER_NAME', token=open('$TRIAL/alice-token').read())
+for _ in range(120):  # the upgraded hub's start-up check of each session
+    servers = alice.model().get('servers', {})
+    if servers.get('', {}).get('ready') and servers.get('second', {}).get('ready'):
+        break
+    time.sleep(1)
+print('[trial] upgrade: the hub lists ' + ', '.join(f'{n or \"(default)\"} ' + ('ready' if s.get('ready') else f'pending {s.get(\"pending\")}') for n, s in sorted(servers.items())))
+kernel = open('$TRIAL/busy-kernel').read()
+state = alice.api('GET', f'/user/$USER_NAME/api/kernels/{kernel}').json()['execution_state']
+counted = int(open('$TRIAL/shared/home/$USER_NAME/busy-counter').read())
+print(f'[trial] upgrade: the default session\'s kernel {kernel} still {state}; it counted from $counted to {counted} meanwhile')
+assert state == 'busy' and counted > $counted, (state, counted)
+print('[trial] upgrade: named session second: its kernel says job ' + alice.run_code('import os; print(os.environ[\"SLURM_JOB_ID\"])', server='second').strip())
+queued_known = 'queued' in servers
+print('[trial] upgrade: the session queued under the earlier release is ' + ('still known to the hub' if queued_known else
+      'gone from the hub (that release did not store a queued job\'s id; its job $queued_job still waits in Slurm)'))
+# A session queued under this release when the hub restarts (an upgrade's restart): withdrawn in words, its job cancelled
+response = alice.start_server({}, server='queued2')
+assert response.status_code in (201, 202), response.text
+open('$TRIAL/queued2', 'w').write('started')
+"
+  local queued2_job tries
+  for tries in $(seq 30); do
+    queued2_job=$(in_node login squeue -h -u "$USER_NAME" -n "dsportal-$USER_NAME:queued2" -o %i)
+    [ -n "$queued2_job" ] && break
+    sleep 1
+  done
+  say "upgrade: queued2 started on this release: job $queued2_job $(in_node login squeue -h -j "$queued2_job" -o '%T %R'); the hub restarts"
+  in_node login systemctl restart dsportal-hub
+  hub_python "
+import time
+from hubclient import HubUser
+for attempt in range(60):  # the restarted hub answers within seconds
+    try:
+        alice = HubUser('https://hub.example.org', '$USER_NAME').must_login('$USER_PASSWORD')
+        break
+    except Exception:
+        time.sleep(1)
+for _ in range(120):
+    model = alice.model()
+    if model['pending'] not in ('check', 'spawn') and all(s.get('ready') for s in model['servers'].values()):
+        break
+    time.sleep(1)
+print('[trial] upgrade: after the restart the hub lists ' + ', '.join(sorted(n or '(default)' for n in model['servers'])))
+page = alice.web.get('https://hub.example.org/hub/home').text
+said = next((line.strip() for line in page.splitlines() if 'was still starting' in line), 'nothing')
+print(f'[trial] upgrade: her home page says: {said}')
+assert 'queued2' not in model['servers'] and 'was still starting' in page
+print('[trial] upgrade: named session second: its kernel says job ' + alice.run_code('import os; print(os.environ[\"SLURM_JOB_ID\"])', server='second').strip())
+alice.stop_server(server='second')
+print('[trial] upgrade: second stopped')
+"
+  sleep 2
+  say "upgrade: queued2's job $queued2_job: $(in_node login sacct -n -X -j "$queued2_job" -o State%20 | xargs)"
+  if [ -n "$queued_job" ]; then  # with second stopped, the earlier release's queued job gets cn1's free CPU
+    for tries in $(seq 30); do
+      in_node login squeue -h -j "$queued_job" -t pending,running,completing -o %i 2>/dev/null | grep -q . || break
+      sleep 1
+    done
+    say "upgrade: the earlier release's queued job $queued_job: $(in_node login sacct -n -X -j "$queued_job" -o State%12,Start,End,ExitCode | xargs); its log: $(tail -1 "$TRIAL/shared/home/$USER_NAME/.dsportal/logs/session-$queued_job.log" 2>/dev/null)"
+  fi
+  revision_after=$(in_node login mysql -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
+  say "upgrade: $from -> $to; JupyterHub's schema $revision_before -> $revision_after; state's version $(in_node login cat /var/lib/dsportal/hub/dsportal-version)"
+  say "upgrade: jobs before: $(paste -sd ' ' "$TRIAL/jobs-before"); now: $(in_node login squeue -h -u "$USER_NAME" -o '%i %j %T' | sort -n | paste -sd ' ')"
+  TIMES[upgrade]=$(elapsed "$start")
+}
+
 # ---- docs/how-to/back-up-and-restore.md: a backup of the running portal, restored onto a fresh login node -------
 step_backup() {  # section 2, on the login node, alice's session running (the doc's commands, backup=/root/dsportal-backup)
   local start job
@@ -807,8 +963,15 @@ for _ in range(120):  # the restored hub's start-up check of her session (Slurm,
     time.sleep(1)
 assert server and server.get('ready'), f'no ready session of $USER_NAME on the restored hub: {server}'
 print(f'[trial] restore: the restored hub lists her session, ready, at {server[\"url\"]}')
-lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
-print(f'[trial] restore: JupyterLab through hub2\'s proxy: {lab.status_code}')
+# Opening JupyterLab takes the session's own call to the hub (OAuth): the session's HTTP client keeps a name's
+# address up to 10 s (aiohttp's DNS cache), so right after the move it may still call the old machine (500)
+started = time.monotonic()
+for attempt in range(30):
+    lab = alice.web.get(alice.url('/user/$USER_NAME/lab'))
+    if lab.status_code == 200:
+        break
+    time.sleep(1)
+print(f'[trial] restore: JupyterLab through hub2\'s proxy: {lab.status_code} (after {attempt} refusal(s), {time.monotonic() - started:.1f} s)')
 assert lab.status_code == 200
 said = alice.run_code('import os, socket; print(socket.gethostname(), os.environ[\"SLURM_JOB_ID\"], 6 * 7)').strip()
 print('[trial] restore: kernel says: ' + said)
@@ -830,7 +993,7 @@ case "${1:-all}" in
   shell) in_node "${2:-login}" bash -l ;;
   all) started=$(now)
        trap print_times EXIT
-       for step in systems boot munge slurm ldap portal check ports backup restore; do
+       for step in systems boot munge slurm ldap portal check sessions upgrade ports backup restore; do
          step_start=$(now); "step_$step"; TIMES[step-$step]=$(elapsed "$step_start")
        done
        TIMES[all]=$(elapsed "$started") ;;
