@@ -175,23 +175,12 @@ class FakeSlurm(slurmclient.Slurm):
 
     @contextlib.asynccontextmanager
     async def _told(self, name: str):
-        """One command, counted and told to on_command (by outcome, as the real client tells the hub's
-        metrics), taking its latency."""
+        """One command, counted and told to on_command as the real client tells it (its _told), taking its
+        latency."""
         self.commands.append(name)
-        started, outcome = time.monotonic(), None
-        try:
+        async with super()._told(name):
             await asyncio.sleep(self.latency.get(name, 0))
             yield
-            outcome = "ok"
-        except SlurmUnavailable:
-            outcome = "unavailable"
-            raise
-        except SlurmError:
-            outcome = "error"
-            raise
-        finally:
-            if self.on_command:
-                self.on_command(name, outcome, time.monotonic() - started)
 
     async def _command(self, name: str, *, needs_controller: bool = True) -> None:
         """A command that fails as the real one does while slurmctld is down."""
@@ -208,8 +197,7 @@ class FakeSlurm(slurmclient.Slurm):
             self._check_file_names(certs[1])
             self.private_files.append((user, certs[0], dict(certs[1])))
         self.commands.append("sbatch")
-        started, outcome = time.monotonic(), "error"
-        try:
+        async with super()._told("sbatch"):  # told as the real client tells it; its latency comes further down
             # The mediator's checks (portal/cluster/mediator.py), then sbatch's and slurmctld's.
             for name, value in env.items():
                 if not (isinstance(name, str) and isinstance(value, str)) or "\0" in value:
@@ -219,7 +207,6 @@ class FakeSlurm(slurmclient.Slurm):
                                  "start with #! followed by the path to an interpreter.")
             if self.down:
                 await asyncio.sleep(self.latency.get("sbatch", 0))
-                outcome = "unavailable"
                 raise SlurmUnavailable("sbatch: error: Batch job submission failed: Unable to contact slurm "
                                        "controller (connect failure)")
             if self.refusals:
@@ -241,11 +228,7 @@ class FakeSlurm(slurmclient.Slurm):
             if self.start_on:
                 self.start(job_id, self.start_on)
             await asyncio.sleep(self.latency.get("sbatch", 0))
-            outcome = "ok"
             return job_id
-        finally:
-            if self.on_command:
-                self.on_command("sbatch", outcome, time.monotonic() - started)
 
     async def cancel(self, user: str, job_id: int) -> None:
         self.cancels.append((user, int(job_id)))

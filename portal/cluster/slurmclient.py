@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -192,11 +193,16 @@ class Slurm:
         return await self._timed(argv, input=input, env=env)
 
     async def _timed(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
+        async with self._told(command_name(argv)):
+            return await self._run(argv, input=input, env=env)
+
+    @contextlib.asynccontextmanager
+    async def _told(self, name: str):
+        """One command's outcome (ok, unavailable, error) and seconds, told to on_command (the hub's metrics)."""
         started, outcome = time.monotonic(), None
         try:
-            out = await self._run(argv, input=input, env=env)
+            yield
             outcome = "ok"
-            return out
         except SlurmUnavailable:
             outcome = "unavailable"
             raise
@@ -205,7 +211,7 @@ class Slurm:
             raise
         finally:
             if self.on_command:
-                self.on_command(command_name(argv), outcome, time.monotonic() - started)
+                self.on_command(name, outcome, time.monotonic() - started)
 
     async def _run(self, argv: list[str], *, input: str | None = None, env: dict | None = None) -> str:
         try:
