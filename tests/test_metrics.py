@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import pytest
 
@@ -37,6 +38,10 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     assert refused.status_code == 400, refused.text
     assert "Free now" in bob.web.get(f"{HUB}/hub/spawn").text  # the form reads the free resources (sinfo)
     after = scrape(admin)
+    deadline = time.monotonic() + 15  # the hub's sinfo is at most slurm.resources_interval (10 s) old
+    while after.get('dsportal_partition_gpus{kind="free",partition="gpu"}', 8) > 6 and time.monotonic() < deadline:
+        time.sleep(1)
+        after = scrape(admin)
 
     def grew(name: str) -> float:
         return after.get(name, 0) - before.get(name, 0)
