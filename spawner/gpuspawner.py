@@ -106,6 +106,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
     on_submitted = None  # called once sbatch returned the job's id (PartitionSpawner stores the state then)
     starting = False  # submitted, not yet serving: kept in the state, so that a restarted hub knows
+    kept = None  # {"job_id", "slice"}: a start the hub's startup check found still queued, to be resumed
+    resume_job_id = ""  # set by PartitionSpawner: this start takes over that queued job instead of submitting
     # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
     session_environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
     log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
@@ -499,7 +501,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.submitting = submitting = asyncio.Event()
         try:
             try:
-                await self.submit_batch_script()
+                if self.resume_job_id:
+                    await self._take_over_queued_job()
+                else:
+                    await self.submit_batch_script()
             finally:
                 submitting.set()
             self.awaiting_port = True  # the job may report before we see it running
@@ -557,7 +562,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
         if checking and self.server and self.starting and status in (JobStatus.PENDING, JobStatus.RUNNING,
                                                                      JobStatus.UNKNOWN):
-            return await self._withdraw_after_hub_restart(status)  # one that ended says how, below
+            return self._keep_for_resume(status)  # one that ended says how, below
         if status in (JobStatus.RUNNING, JobStatus.PENDING) and checking and self.server:
             status = await self._confirm_after_hub_restart()
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
@@ -591,22 +596,43 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 return listed or job
             await asyncio.sleep(0.3)
 
-    async def _withdraw_after_hub_restart(self, status) -> int:
+    def _keep_for_resume(self, status) -> int:
         """The hub's startup check of a session whose start an earlier hub process began and never saw
-        through (the job was still queued, or had just started, when that hub stopped). JupyterHub
-        cannot go on with a start after its restart, and the job's server would be refused by this hub:
-        the job is cancelled and she is told in words why, and to start again."""
-        where = ""
-        if status == JobStatus.PENDING and self.job is not None:
-            where = f" on partition {self.job.partition}" + (f", waiting for {self.job.reason}," if self.job.reason else "")
-        self.last_end = (f"Your session job {self.job_id} was still starting{where} when the portal restarted, and "
-                         "a restarted portal cannot go on with a start: the job was cancelled and nothing of it "
-                         "ran as a session. Your files are as they were; start your session again.")
-        self.log.info("Session job %s of %s was starting when the hub restarted: cancelled", self.job_id, self.user.name)
-        await self.cancel_batch_job()
-        metrics.SESSIONS_ENDED.labels(self.job.partition if self.job else "", "HUB_RESTART").inc()
-        self.clear_state()
+        through (its job still queued, or just started and asking the hub to take its port). JupyterHub
+        cannot go on with a start after its restart: the start ends here (1, so JupyterHub records no
+        server), the job is kept, not cancelled, and PartitionSpawner keeps its id through JupyterHub's
+        stop. dsportal's service then starts the session again (portal.hub.resume) and that start takes
+        the job over (:meth:`_take_over_queued_job`): she keeps her place in the queue."""
+        self.kept = {"job_id": self.job_id, "slice": self.get_state().get("slice")}
+        self.log.info("Session job %s of %s was starting (%s) when the hub restarted: kept, to be resumed",
+                      self.job_id, self.user.name, getattr(status, "name", status))
+        self.clear_state()  # nothing to cancel: JupyterHub's stop of this start finds no job
         return 1
+
+    async def _take_over_queued_job(self) -> None:
+        """This start goes on with the session job an earlier hub process submitted (PartitionSpawner's
+        kept job) rather than submit another: that job waits in the queue with its place, its token and
+        certificates from its submission. Only a job of this user's, of this profile, still queued or
+        running is taken over; otherwise she is told in words and nothing is cancelled."""
+        job_id, self.resume_job_id = self.resume_job_id, ""
+        job = await self.slurm.job(int(job_id), fresh_after=time.monotonic())
+        profile = self.slice.profile
+        if job is None or job.user != self.user.name or job.profile != profile.name or not (job.pending or job.running):
+            job = job if job is not None and job.user == self.user.name else None
+            ended = f" ({job.state})" if job is not None else ""
+            self.last_end = (f"Your session job {job_id}, queued when the portal restarted, is no longer waiting or "
+                             f"running{ended}: start your session again.")
+            raise SpawnFailed(self.last_end, reason="resume-gone")
+        self.job_id, self.job = str(job.job_id), job
+        self.launch_policy_json = self.launch_policy(profile.name)
+        self.submitted_wall = float(job.submit_time or time.time())
+        # The queue limit counts from the job's submission, not from this start.
+        self.submitted_at = time.monotonic() - max(0.0, time.time() - self.submitted_wall)
+        self.starting = True
+        self.log.info("Session job %s of %s, kept through a hub restart, taken over (%s)", self.job_id,
+                      self.user.name, job.state)
+        if self.on_submitted is not None:
+            self.on_submitted()
 
     async def _confirm_after_hub_restart(self):
         """The hub's startup check of a session it had running: is its server still there?

@@ -62,6 +62,9 @@ class PartitionSpawner(WrapSpawner):
 
     child_profile = Unicode()
     session_ended = Unicode("", help="Why the last session ended outside the portal, until the next start.")
+    kept_job = Dict(help="{'job_id', 'slice'}: the session job of a start that a hub restart cut short, still queued "
+                    "(or just started): the next start takes it over (portal.hub.resume starts it at once). Kept in "
+                    "the hub's state and through JupyterHub's clearing of it, as session_ended is.")
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
     boot_timeout = Integer(help="The configured start_timeout: the time to come up once Slurm runs the job (the "
                            "spawner's own start_timeout adds the profile's time in the queue).")
@@ -346,11 +349,15 @@ class PartitionSpawner(WrapSpawner):
         state["profile"] = self.child_profile
         if self.session_ended:
             state["session_ended"] = self.session_ended
+        if self.kept_job:
+            state["kept_job"] = self.kept_job
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.session_ended = state.get("session_ended", "")
+        kept = state.get("kept_job")
+        self.kept_job = kept if isinstance(kept, dict) and str(kept.get("job_id", "")).isdigit() else {}
 
     def clear_state(self):
         # A job that ended outside the portal (the child's poll saw it): say why on the next page.
@@ -386,7 +393,15 @@ class PartitionSpawner(WrapSpawner):
 
     async def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
-        chosen, mail_user = await self.judge()
+        kept, self.kept_job = self.kept_job, {}
+        try:
+            chosen, mail_user = await self.judge()
+        except Exception:
+            if kept:  # refused now (a profile withdrawn, a limit lowered): its queued job goes too
+                self._cancel_kept(kept, "its request is refused now")
+                self.session_ended = (f"Your session job {kept['job_id']}, queued when the portal restarted, was "
+                                      "taken out of the queue: its request is refused now. Start your session again.")
+            raise
         self.validated = None
         # The limit was counted after judge's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
@@ -399,7 +414,21 @@ class PartitionSpawner(WrapSpawner):
         self.child_spawner.mail_user = mail_user
         self.child_spawner.submit_certs, self.certs_to_write = self.certs_to_write, None
         self.child_spawner.on_submitted = self._store_state
+        if kept:
+            if kept.get("slice") == self.child_spawner.get_state().get("slice"):
+                self.child_spawner.resume_job_id = str(kept["job_id"])
+            else:  # she asked for another slice since: that job is not hers to wait for any more
+                self._cancel_kept(kept, "a start asked for another slice")
         return await self.child_spawner.start()
+
+    def _cancel_kept(self, kept: dict, why: str) -> None:
+        """Take a kept job (kept_job) out of the queue, for a start that will not take it over; the cancel
+        goes on in the background until Slurm takes it (as the user: only a job of hers is cancelled)."""
+        job_id = int(kept["job_id"])
+        self.log.info("Session job %s of %s, kept through a hub restart, is cancelled: %s", job_id, self.user.name, why)
+        SlurmGPUSpawner.shared_client(self.config).cancel_soon(self.user.name, job_id).add_done_callback(
+            lambda done: done.cancelled() or not done.exception() or self.log.warning(
+                "scancel %s of %s failed: %s", job_id, self.user.name, done.exception()))
 
     def _store_state(self) -> None:
         """The session's job in the hub's database as soon as sbatch returns. JupyterHub stores a spawner's
@@ -420,6 +449,8 @@ class PartitionSpawner(WrapSpawner):
         if self.child_spawner is not None:
             self.child_spawner.hub_checking = self.pending == "check"
         status = await super().poll()
+        if self.child_spawner is not None and self.child_spawner.kept:  # a start cut short by a hub restart
+            self.kept_job, self.child_spawner.kept = self.child_spawner.kept, None
         idle = self.idle_seconds() if status is None else None
         self._report_idle(idle)
         if idle is not None and idle > (self.child_spawner.idle_limit() or float("inf")):

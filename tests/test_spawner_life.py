@@ -686,28 +686,76 @@ def test_a_restarted_hub_finds_the_running_session_and_keeps_it(hub, slurm):
     run(scenario())
 
 
-def test_a_session_still_queued_when_the_hub_restarts_is_withdrawn_in_words_and_no_job_is_left_behind(hub, slurm):
-    """JupyterHub stores a spawner's state once start() returns: the job's id is stored as sbatch returns, so
-    that a hub restarted while the session queues finds its job, cancels it and says why, rather than leave
-    it queued for nobody."""
+async def cut_short_by_a_restart(hub: Hub, slurm: FakeSlurm, form: dict = GPU_FORM) -> tuple[Hub, PartitionSpawner, int]:
+    """A start whose job waits in the queue when the hub restarts, and the restarted hub's check of it:
+    (the restarted hub, its spawner, the job)."""
+    spawner = hub.spawner()
+    starting = hub.spawn_soon(spawner, form=form)
+    job = await submitted(slurm)
+    slurm.hold(job, "Resources")
+    stored = await until(lambda: (spawner.orm_spawner.state or {}).get("child_state", {}).get("job_id") and
+                         spawner.orm_spawner.state)
+    assert stored["child_state"]["starting"] is True, stored
+    restarted = hub.restart()  # the old hub process is gone with its start still waiting
+    starting.cancel()
+    again = restarted.spawner()
+    assert again.child_spawner.job_id == str(job) and again.child_spawner.starting
+    assert await restarted.check(again) == 1  # JupyterHub records no server for it...
+    await restarted.stop(again)
+    assert slurm.cancels == [] and slurm.record(job).state == "PENDING"  # ...and its job keeps its place
+    assert again.orm_spawner.state["kept_job"]["job_id"] == str(job), again.orm_spawner.state
+    assert again.session_ended == ""
+    return restarted, again, job
+
+
+def test_a_session_still_queued_when_the_hub_restarts_is_resumed_and_takes_over_its_job(hub, slurm):
+    """JupyterHub stores a spawner's state once start() returns and cannot go on with a start after a restart:
+    the job's id is stored as sbatch returns, the restarted hub keeps that job, and the start that dsportal's
+    service makes again (portal.hub.resume: the stored options) takes it over: no second job, her place kept."""
     async def scenario():
-        spawner = hub.spawner()
-        starting = hub.spawn_soon(spawner, form=GPU_FORM)
-        job = await submitted(slurm)
-        slurm.hold(job, "Resources")
-        stored = await until(lambda: (spawner.orm_spawner.state or {}).get("child_state", {}).get("job_id") and
-                             spawner.orm_spawner.state)
-        assert stored["child_state"]["starting"] is True, stored
-        restarted = hub.restart()  # the old hub process is gone with its start still waiting
-        again = restarted.spawner()
-        assert again.child_spawner.job_id == str(job) and again.child_spawner.starting
-        assert await restarted.check(again) == 1
+        restarted, again, job = await cut_short_by_a_restart(hub, slurm)
+        resumed = restarted.spawn_soon(again)  # the REST API's start with {"user_options": null}
+        await until(lambda: again.child_spawner is not None and again.child_spawner.job_id == str(job))
+        assert len(slurm.submitted()) == 1  # nothing submitted again
+        assert again.orm_spawner.state["child_state"]["starting"] is True  # kept again, should the hub restart again
+        assert "kept_job" not in again.orm_spawner.state
+        slurm.start(job, "node1")
+        assert await again.child_spawner.accept_port(PORT, str(job)) is None
+        assert await resumed == ("node1", PORT)
+        assert again.child_spawner.slice.gpus == 2 and again.session_ended == ""
         await restarted.stop(again)
-        assert slurm.cancels == [(ME, job)] and slurm.record(job).state == "CANCELLED"
-        assert again.session_ended == (
-            f"Your session job {job} was still starting on partition gpu, waiting for Resources, when the portal "
-            "restarted, and a restarted portal cannot go on with a start: the job was cancelled and nothing of it "
-            "ran as a session. Your files are as they were; start your session again."), again.session_ended
+        assert slurm.cancels == [(ME, job)]
+
+    run(scenario())
+
+
+def test_a_kept_job_that_ended_before_its_session_was_resumed_is_told_in_words_and_nothing_else_is_cancelled(
+        hub, slurm):
+    async def scenario():
+        restarted, again, job = await cut_short_by_a_restart(hub, slurm)
+        slurm.end(job, "CANCELLED", reason="None")  # she cancelled it herself meanwhile
+        with pytest.raises(SpawnFailed) as failed:
+            await restarted.spawn(again)
+        message = f"Your session job {job}, queued when the portal restarted, is no longer waiting or running"
+        assert failed.value.jupyterhub_message.startswith(message) and failed.value.reason == "resume-gone", failed.value
+        assert again.session_ended.startswith(message), again.session_ended
+        assert len(slurm.submitted()) == 1 and slurm.cancels == []
+        assert "kept_job" not in again.orm_spawner.state  # her next start is a new one
+        starting = restarted.spawn_soon(again, form=GPU_FORM)
+        await submitted(slurm, 2)
+        starting.cancel()
+
+    run(scenario())
+
+
+def test_a_start_that_asks_for_another_slice_cancels_the_kept_job_and_submits_its_own(hub, slurm):
+    async def scenario():
+        restarted, again, job = await cut_short_by_a_restart(hub, slurm)
+        starting = restarted.spawn_soon(again, form={**GPU_FORM, "gpus.gpu": ["1"]})
+        second = await submitted(slurm, 2)
+        assert second != job
+        await until(lambda: (ME, job) in slurm.cancels)
+        assert slurm.record(job).state == "CANCELLED"
         starting.cancel()
 
     run(scenario())

@@ -10,7 +10,8 @@ own token.
 It is a JupyterHub service, as JupyterHub asks for endpoints of one's own since 3.1 (it deprecated
 ``JupyterHub.extra_handlers``): the hub starts it and stops it (a hub-managed service), gives it a
 token with its role (``read:servers``, ``admin:server_state``: users' sessions and their spawners'
-state), and it stops by itself when the hub that started it is gone, even killed outright.
+state; ``list:users`` and ``servers``, to start again the sessions a hub restart cut short:
+portal.hub.resume, run here as the hub comes back), and it stops by itself when the hub that started it is gone, even killed outright.
 
 - **Who asks** is the hub's word, asked per request (uncached: a revoked token is out at once), over
   TLS that trusts the hub's CA only: a token that may open that session of its own user
@@ -57,12 +58,14 @@ from .. import settings as settings_module
 from ..cluster.slurmclient import shared_client
 from ..settings import shown
 from ..userjson import extension_minutes, json_kind
+from . import resume
 
 NAME = "dsportal"  # the service's name: /services/dsportal/
 PREFIX = f"/services/{NAME}/"
 ROLE = "dsportal-service"
-# What it reads of the hub: a user's sessions with their spawners' state (the Slurm job, the profile).
-SCOPES = ["read:servers", "admin:server_state"]
+# What it reads of the hub: a user's sessions with their spawners' state (the Slurm job, the profile);
+# and, to start again the sessions a hub restart cut short (portal.hub.resume), users listed and sessions started.
+SCOPES = ["read:servers", "admin:server_state", "list:users", "servers"]
 MOST_BODY = 64 * 1024  # bytes of a request ({"minutes": N, "server": NAME} is far less)
 AT_ONCE = 4  # requests being worked on at once (each asks the hub twice and Slurm up to four times)
 MOST_CONNECTIONS = 256  # open at once (sessions ask rarely, AT_ONCE at a time); far below its file descriptors
@@ -118,7 +121,14 @@ class Hub:
 
     async def get(self, path: str, token: str) -> HTTPResponse:
         """GET the hub's API at ``path`` with ``token``; 599 where the hub did not answer."""
-        request = HTTPRequest(url_path_join(self.auth.api_url, path), headers={"Authorization": f"token {token}"},
+        return await self.call("GET", path, token=token)
+
+    async def call(self, method: str, path: str, body=None, token: str = "") -> HTTPResponse:
+        """``method`` at the hub's API ``path`` (with a JSON ``body``), with ``token`` or the service's
+        own; 599 where the hub did not answer."""
+        request = HTTPRequest(url_path_join(self.auth.api_url, path), method=method,
+                              headers={"Authorization": f"token {token or self.auth.api_token}"},
+                              body=None if body is None and method == "GET" else json.dumps(body),
                               ssl_options=self.ssl, request_timeout=30)
         try:
             return await AsyncHTTPClient().fetch(request, raise_error=False)
@@ -277,6 +287,7 @@ async def serve() -> None:
         log.warning("the hub that started this service is gone: stopping")
         return
     log.info("more walltime for sessions at %s%s", url.geturl(), PREFIX)
+    resuming = asyncio.ensure_future(resume.resume_kept(Hub()))  # noqa: F841 - held until the service stops
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -28,8 +28,6 @@ class SessionPortHandler(APIHandler):
         token = self.get_auth_token()
         spawners = list(getattr(user, "spawners", {}).values())
         spawner = next((s for s in spawners if s.api_token == token), None)
-        if spawner is None and not any(s.active for s in spawners):
-            raise web.HTTPError(403, "this token belongs to no session of yours")
         body = self.get_json_body()
         port, job_id = (body.get("port"), body.get("job_id", "")) if isinstance(body, dict) else (None, None)
         if (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535
@@ -37,6 +35,10 @@ class SessionPortHandler(APIHandler):
             raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}, not "
                                 f"{json_kind(body)}" + (f" with port {json_kind(port)} and job_id {json_kind(job_id)}"
                                                        if isinstance(body, dict) else ""))
+        if spawner is None:
+            spawner = self.resumed_start(spawners, str(job_id), token)
+        if spawner is None and not any(s.active for s in spawners):
+            raise web.HTTPError(403, "this token belongs to no session of yours")
         if spawner is None:
             # A running session whose spawner was rebuilt by a hub restart: it is not starting.
             refusal = "the session is running, not starting: port reports are accepted once"
@@ -53,6 +55,25 @@ class SessionPortHandler(APIHandler):
         self.record_first_activity(user, spawner)
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
+
+    def resumed_start(self, spawners, job_id: str, token: str):
+        """The spawner whose start takes over job ``job_id`` (a start a hub restart cut short, resumed by
+        portal.hub.resume), when this report comes with the token that job was submitted with: it becomes
+        the session's token again (JupyterHub's Spawner.api_token re-use: the start's new token is then
+        deleted, and the session's OAuth client takes the old one). Raises 503, for the job to ask again,
+        while that start has not begun. None: no such start."""
+        orm_token = self.get_token()
+        for spawner in spawners:
+            child = getattr(spawner, "child_spawner", None)
+            if str((getattr(spawner, "kept_job", None) or {}).get("job_id", "")) == job_id:
+                raise web.HTTPError(503, f"the hub is resuming this session (job {job_id}); ask again")
+            if (child is None or not job_id or str(child.job_id) != job_id or not child.starting
+                    or spawner.orm_spawner.server is None or orm_token is None
+                    or orm_token.note != f"Server at {spawner.orm_spawner.server.base_url}"):
+                continue
+            spawner.api_token = token
+            return spawner
+        return None
 
     def record_first_activity(self, user, spawner) -> None:
         """The session's server listens: its first activity. The idle clock

@@ -1,0 +1,70 @@
+"""portal.hub.resume: which sessions dsportal's service starts again after a hub restart, and how it asks.
+
+The hub's side (a queued job kept through the restart, taken over by the new start) is tested against a
+Slurm in memory in test_spawner_life.py and on the real demo in test_spawn.py (queued when the hub restarts);
+here, the service's reading of the hub's /users answer and its requests, against a recorder of them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from portal.hub import resume
+
+pytestmark = pytest.mark.quick
+
+KEPT = {"kept_job": {"job_id": "41", "slice": {"gpus": 1}}}
+
+
+def users(*servers_by_user: tuple[str, dict]) -> list[dict]:
+    return [{"name": name, "servers": servers} for name, servers in servers_by_user]
+
+
+def test_only_stopped_sessions_with_a_kept_job_are_started_again():
+    answer = users(
+        ("alice", {"": {"stopped": True, "pending": None, "state": KEPT},  # cut short by the restart
+                   "train": {"stopped": False, "pending": None, "state": {"child_state": {"job_id": "7"}}}}),
+        ("bob", {"": {"stopped": True, "pending": None, "state": {}}}),  # stopped, nothing kept
+        ("carol", {"x y": {"stopped": True, "pending": None, "state": KEPT},
+                   "again": {"stopped": False, "pending": "spawn", "state": KEPT}}),  # already being started
+    )
+    assert resume.kept_in(answer) == [("alice", ""), ("carol", "x y")]
+    for odd in (None, {}, [None], [{"name": "dave", "servers": []}], [{"servers": {"": None}}]):
+        assert resume.kept_in(odd) == []
+
+
+class Recorder:
+    """The hub's API as the service calls it: /users pages, then the starts."""
+
+    def __init__(self, pages: list[list[dict]], start_code: int = 202):
+        self.pages, self.start_code, self.calls = pages, start_code, []
+
+    async def call(self, method, path, body=None, token=""):
+        self.calls.append((method, path, body))
+        if method == "GET":
+            page = self.pages.pop(0) if self.pages else []
+            return SimpleNamespace(code=200, body=json.dumps(page).encode(), reason="OK")
+        return SimpleNamespace(code=self.start_code, body=b"", reason="Accepted")
+
+
+def test_the_service_starts_each_kept_session_with_her_stored_options_and_pages_through_the_users():
+    first = users(*[(f"user{i:03}", {}) for i in range(resume.PAGE - 1)], ("alice", {"": {"stopped": True, "state": KEPT}}))
+    second = users(("bob", {"a/b": {"stopped": True, "state": KEPT}}))
+    hub = Recorder([first, second])
+    asyncio.run(resume.resume_kept(hub, passes=(0,)))
+    assert hub.calls == [
+        ("GET", f"/users?include_stopped_servers=1&offset=0&limit={resume.PAGE}", None),
+        ("GET", f"/users?include_stopped_servers=1&offset={resume.PAGE}&limit={resume.PAGE}", None),
+        ("POST", "/users/alice/server", {"user_options": None}),  # None: the options she last chose
+        ("POST", "/users/bob/servers/a%2Fb", {"user_options": None}),
+    ]
+
+
+def test_a_start_the_hub_refuses_for_now_is_asked_again_at_the_next_pass():
+    kept = users(("alice", {"": {"stopped": True, "state": KEPT}}))
+    hub = Recorder([kept, kept], start_code=400)
+    asyncio.run(resume.resume_kept(hub, passes=(0, 0.01)))
+    assert [c for c in hub.calls if c[0] == "POST"] == [("POST", "/users/alice/server", {"user_options": None})] * 2
