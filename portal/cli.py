@@ -75,7 +75,7 @@ def cmd_hub(args) -> int:
     from .hub import stateversion
 
     try:  # never an older dsportal on a state a newer one ran (its database migrated forward)
-        before = stateversion.check_and_record(data_dir, version())
+        before = stateversion.check(data_dir, version())
     except stateversion.Downgrade as refused:
         print(f"dsportal hub: {refused}", file=sys.stderr)
         return 2
@@ -87,6 +87,8 @@ def cmd_hub(args) -> int:
     from .hub import upstream as hub_upstream
 
     hub_upstream.after_init_tornado_application(_start_garbage_collection)
+    # Recorded once set up on this state: a start that fails before leaves the rollback open.
+    hub_upstream.after_init_tornado_application(lambda hub: stateversion.record(data_dir, version()))
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
 
 

@@ -49,3 +49,27 @@ def test_dsportal_hub_stops_before_jupyterhub_loads(tmp_path, monkeypatch, capsy
     assert cli.main(["hub"]) == 2
     assert "dsportal hub: " + f"{tmp_path}/dsportal-version says dsportal 99.0 last ran this hub; this is dsportal " \
            "0.2.0, older" in capsys.readouterr().err
+
+
+def test_a_hub_that_fails_to_set_up_leaves_the_version_as_it_was_and_one_set_up_records_its_own(
+        tmp_path, monkeypatch):
+    """Recorded once set up (after JupyterHub's init_tornado_application), not as it starts: an upgraded hub that
+    fails to start leaves the rollback to the release before it open."""
+    import jupyterhub.app
+
+    from portal.hub import upstream
+
+    (tmp_path / "dsportal-version").write_text("0.2.0\n")
+    settings = SimpleNamespace(hub=SimpleNamespace(account=None, data_dir=tmp_path), source=tmp_path / "portal.yaml")
+    monkeypatch.setattr(cli, "production_settings", lambda args: settings)
+    monkeypatch.setattr(cli, "version", lambda: "0.3.0")
+    monkeypatch.setattr(cli, "_hub_config_file", lambda: str(tmp_path / "jupyterhub_config.py"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(upstream, "_AFTER_INIT", [])
+    monkeypatch.setattr(cli.gc, "disable", lambda: None)  # the hub's loading without the collector: not here
+    monkeypatch.setattr(jupyterhub.app, "main", lambda argv: 1)  # JupyterHub stopped before it was set up
+    assert cli.main(["hub"]) == 1
+    assert stateversion.recorded(tmp_path) == "0.2.0"
+    (record,) = [extension for extension in upstream._AFTER_INIT if extension is not cli._start_garbage_collection]
+    record(SimpleNamespace())  # what runs once JupyterHub's tornado application is made
+    assert stateversion.recorded(tmp_path) == "0.3.0"

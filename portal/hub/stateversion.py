@@ -3,9 +3,12 @@
 An upgrade moves the hub's state forward: JupyterHub migrates its database (alembic, forward only) and a
 newer dsportal may write what an older one does not know. Started again on that state, an older dsportal
 (a rollback of /opt/dsportal, a restore of an old environment beside a newer backup) would run on a
-database it does not know, and JupyterHub says so late or not at all. So the hub writes its version into
-``hub.data_dir/dsportal-version`` as it starts, and a hub older than the version recorded there refuses
-to start, in words (docs/how-to/take-a-security-release.md, docs/how-to/back-up-and-restore.md).
+database it does not know, and JupyterHub says so late or not at all. So a hub older than the version
+recorded in ``hub.data_dir/dsportal-version`` refuses to start, in words, and a hub records its own
+version there once it has set up on that state (its database opened and migrated, its sessions
+checked: after JupyterHub's init_tornado_application), not before: an upgraded hub that fails to
+start leaves the version as it was, so going back to the release before it still works
+(docs/how-to/take-a-security-release.md, docs/how-to/back-up-and-restore.md).
 """
 
 from __future__ import annotations
@@ -38,9 +41,16 @@ def recorded(data_dir: Path) -> str | None:
 
 
 def check_and_record(data_dir: Path, running: str) -> str | None:
-    """Refuse (Downgrade, in words) when ``data_dir`` records a newer dsportal than ``running``; else record
-    ``running`` there. Returns the version recorded before (None at a first start). A version that is not
-    one (a checkout run without being installed: "unknown") neither refuses nor is recorded."""
+    """check(), then record(): for a start that has nothing to set up in between."""
+    before = check(data_dir, running)
+    record(data_dir, running)
+    return before
+
+
+def check(data_dir: Path, running: str) -> str | None:
+    """Refuse (Downgrade, in words) when ``data_dir`` records a newer dsportal than ``running``. Returns the
+    version recorded (None at a first start). A version that is not one (a checkout run without being
+    installed: "unknown") never refuses."""
     data_dir = Path(data_dir)
     before = recorded(data_dir)
     mine = _parsed(running)
@@ -54,9 +64,14 @@ def check_and_record(data_dir: Path, running: str) -> str | None:
             f"database forward only), so it does not start. Install dsportal {before} or newer "
             "(docs/how-to/take-a-security-release.md), or restore the backup taken before the upgrade "
             "(docs/how-to/back-up-and-restore.md) together with the dsportal that wrote it.")
-    if before != running:
+    return before
+
+
+def record(data_dir: Path, running: str) -> None:
+    """``running`` as the dsportal that last ran on ``data_dir`` (a version that is not one is not recorded)."""
+    data_dir = Path(data_dir)
+    if _parsed(running) is not None and recorded(data_dir) != running:
         with tempfile.NamedTemporaryFile("w", dir=data_dir, prefix=f".{FILE}.", delete=False) as handle:
             handle.write(f"{running}\n")
         os.chmod(handle.name, 0o644)
         os.replace(handle.name, data_dir / FILE)
-    return before
