@@ -500,6 +500,7 @@ config["profiles"] = [{
 config["images"] = []
 config["templates"]["sources"] = [s for s in config["templates"]["sources"] if s["name"] == "dsportal"]
 config["data_mounts"] = []
+config["sharing"] = {"groups": ["datascience"]}  # alice may share her sessions (the upgrade trial shares one)
 yaml.safe_dump(config, sys.stdout, sort_keys=False)
 EOF
 }
@@ -753,8 +754,10 @@ state = alice.api('GET', f'/user/$USER_NAME/api/kernels/{kernel}').json()['execu
 print(f'[trial] sessions: the default session\'s kernel {kernel} {state}, counting in ~/busy-counter')
 assert state == 'busy', state
 open('$TRIAL/busy-kernel', 'w').write(kernel)
-alice.spawn({}, timeout=300, server='second')
-print('[trial] sessions: named session second ready')
+alice.spawn({'shared': True}, timeout=300, server='second')
+code = alice.api('POST', '/hub/api/share-codes/$USER_NAME/second')
+assert code.status_code in (200, 201), code.text
+print(f'[trial] sessions: named session second ready, started shareable and shared: share code {code.json()[\"id\"]}')
 response = alice.start_server({}, server='queued')
 assert response.status_code in (201, 202), response.text
 for _ in range(30):
@@ -811,6 +814,9 @@ counted = int(open('$TRIAL/shared/home/$USER_NAME/busy-counter').read())
 print(f'[trial] upgrade: the default session\'s kernel {kernel} still {state}; it counted from $counted to {counted} meanwhile')
 assert state == 'busy' and counted > $counted, (state, counted)
 print('[trial] upgrade: named session second: its kernel says job ' + alice.run_code('import os; print(os.environ[\"SLURM_JOB_ID\"])', server='second').strip())
+codes = alice.api('GET', '/hub/api/share-codes/$USER_NAME/second').json()
+codes = codes['items'] if isinstance(codes, dict) else codes
+print(f'[trial] upgrade: named session second: its share codes: {\", \".join(c[\"id\"] for c in codes) or \"none\"}')
 queued = servers.get('queued', {})
 print('[trial] upgrade: the session queued under the earlier release is ' + (f'started again by the upgraded hub (pending {queued.get(\"pending\")})' if queued else
       'gone from the hub (that release did not store a queued job\'s id; its job $queued_job still waits in Slurm)'))

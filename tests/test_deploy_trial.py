@@ -81,7 +81,7 @@ def previous_release() -> str | None:
 
 def test_upgrade_from_the_previous_release_with_sessions_running(tmp_path):
     """DSPORTAL_TRIAL_FROM=v0.2.0: the previous release deployed first (built from its tag, or its commit), alice's
-    sessions on it (one with a kernel busy, a named one, one waiting in the queue), then take-a-security-release.md
+    sessions on it (one with a kernel busy, a named one shared by a share code, one waiting in the queue), then take-a-security-release.md
     section 4 to this commit's wheel, then the backup and restore as above. The busy kernel counts on through the
     upgrade; the queued session is started again by the upgraded hub, which takes its job over, and serves once
     its job runs. About 3.5 minutes more."""
@@ -101,7 +101,9 @@ def test_upgrade_from_the_previous_release_with_sessions_running(tmp_path):
         log = log_path.read_text()
         tail = "\n".join(log.splitlines()[-60:])
         assert result.returncode == 0, tail
-        assert "[trial] upgrade: dsportal 0.2.0 -> dsportal " in log, tail
+        assert "[trial] upgrade: dsportal 0.2.0 -> dsportal " in log and "state's version 0.2.0\n" not in log, tail
+        shared = re.search(r"second ready, started shareable and shared: share code (\S+)", log)
+        assert shared and f"[trial] upgrade: named session second: its share codes: {shared.group(1)}\n" in log, tail
         assert re.search(r"the default session's kernel \S+ still busy; it counted from (\d+) to (\d+)", log), tail
         assert "[trial] upgrade: the hub lists (default) ready, queued pending spawn, second ready" in log, tail
         resumed = re.search(r"the queued session is ready [\d.]+ s after second stopped; its kernel says job (\d+) "
