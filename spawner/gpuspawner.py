@@ -34,6 +34,7 @@ from . import metrics
 ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
+TAKE_OVER_WAIT = 30.0  # seconds a start taking a kept job over waits for Slurm to list it (then: again later)
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
 # Seconds a stop waits for Slurm to take its cancel; a slurmctld down or hung gets it again in the background.
 STOP_WAITS_FOR_SLURM = 10.0
@@ -106,8 +107,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
     on_submitted = None  # called once sbatch returned the job's id (PartitionSpawner stores the state then)
     starting = False  # submitted, not yet serving: kept in the state, so that a restarted hub knows
-    kept = None  # {"job_id", "slice"}: a start the hub's startup check found still queued, to be resumed
+    kept = None  # {"job_id", "slice", "token_id"}: a start the hub's startup check found still queued, to be resumed
     resume_job_id = ""  # set by PartitionSpawner: this start takes over that queued job instead of submitting
+    token_id = 0  # the id (JupyterHub's orm.APIToken.id) of the token the starting job was submitted with
+    taken_over_token = -1  # while a start takes a kept job over: the token id its report may bring (0: unknown)
+    token_adopted = False  # that report came: the session's token is the job's own (PartitionSpawner.start_polling)
     # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
     session_environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
     log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
@@ -283,6 +287,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         state = super().get_state()
         if self.starting:  # a state stored between sbatch and the port report (PartitionSpawner._store_state)
             state["starting"] = True
+            if self.token_id:
+                state["token_id"] = self.token_id
         if self.slice is not None:
             state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
                               "walltime": self.slice.walltime, "shares": self.slice.shares}
@@ -291,6 +297,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def load_state(self, state):
         super().load_state(state)
         self.starting = state.get("starting") is True
+        self.token_id = state.get("token_id") if isinstance(state.get("token_id"), int) else 0
         if "slice" in state:  # as it was validated at the start, whatever the config says now
             self.slice = SessionSlice(profile=Profile.model_validate(self.profile), **state["slice"])
         elif self.job_id:  # a session started before slices were kept: its options, if still allowed
@@ -303,6 +310,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         super().clear_state()
         self.slice = None
         self.job = None
+        self.token_id = 0
         self.starting = False
 
     # ------------------------------------------------ batchspawner's job interface
@@ -603,7 +611,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         server), the job is kept, not cancelled, and PartitionSpawner keeps its id through JupyterHub's
         stop. dsportal's service then starts the session again (portal.hub.resume) and that start takes
         the job over (:meth:`_take_over_queued_job`): she keeps her place in the queue."""
-        self.kept = {"job_id": self.job_id, "slice": self.get_state().get("slice")}
+        self.kept = {"job_id": self.job_id, "slice": self.get_state().get("slice"), "token_id": self.token_id}
+        # On her home page until the session is started again (by the service, or by her: either takes it over).
+        self.last_end = (f"Your session job {self.job_id} was waiting in Slurm's queue when the portal restarted: it "
+                         "keeps its place, and the portal starts your session again by itself. Starting it yourself "
+                         "takes the same job over.")
         self.log.info("Session job %s of %s was starting (%s) when the hub restarted: kept, to be resumed",
                       self.job_id, self.user.name, getattr(status, "name", status))
         self.clear_state()  # nothing to cancel: JupyterHub's stop of this start finds no job
@@ -612,18 +624,31 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def _take_over_queued_job(self) -> None:
         """This start goes on with the session job an earlier hub process submitted (PartitionSpawner's
         kept job) rather than submit another: that job waits in the queue with its place, its token and
-        certificates from its submission. Only a job of this user's, of this profile, still queued or
-        running is taken over; otherwise she is told in words and nothing is cancelled."""
-        job_id, self.resume_job_id = self.resume_job_id, ""
-        job = await self.slurm.job(int(job_id), fresh_after=time.monotonic())
-        profile = self.slice.profile
-        if job is None or job.user != self.user.name or job.profile != profile.name or not (job.pending or job.running):
-            job = job if job is not None and job.user == self.user.name else None
-            ended = f" ({job.state})" if job is not None else ""
+        certificates from its submission. Only this session's job (this user's, its name, its profile),
+        still queued or running, is taken over; otherwise she is told in words, and a job of someone
+        else's, or of another of her sessions (a job id Slurm gave again after a reset), is left alone."""
+        job_id = self.resume_job_id
+        # Not wait_for: the shared squeue snapshot is awaited by others too, and is not waited out here.
+        lookup = asyncio.ensure_future(self.slurm.job(int(job_id), fresh_after=time.monotonic()))
+        if not (await asyncio.wait({lookup}, timeout=TAKE_OVER_WAIT))[0]:
+            lookup.cancel()
+            raise SpawnFailed(f"The cluster scheduler is not answering right now: your session job {job_id} keeps its "
+                              "place in the queue, and the portal tries again in a minute.",
+                              reason="scheduler-unavailable", status_code=503)
+        job = lookup.result()
+        self.resume_job_id = ""  # Slurm answered: taken over, or gone (a start Slurm could not answer tries again)
+        ours = job is not None and job.user == self.user.name and job.name == self.job_name
+        if not ours or not (job.pending or job.running) or job.profile != self.slice.profile.name:
+            ended = f" ({job.state})" if ours and not (job.pending or job.running) else ""
+            if ours and (job.pending or job.running):  # this session's, but for another profile: not waited for
+                self.slurm.cancel_soon(self.user.name, job.job_id)
+                ended = f" (it was for profile {job.profile}, and was cancelled)"
             self.last_end = (f"Your session job {job_id}, queued when the portal restarted, is no longer waiting or "
                              f"running{ended}: start your session again.")
             raise SpawnFailed(self.last_end, reason="resume-gone")
         self.job_id, self.job = str(job.job_id), job
+        self.token_id = max(0, self.taken_over_token)
+        profile = self.slice.profile
         self.launch_policy_json = self.launch_policy(profile.name)
         self.submitted_wall = float(job.submit_time or time.time())
         # The queue limit counts from the job's submission, not from this start.

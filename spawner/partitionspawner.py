@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+from jupyterhub import orm
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
@@ -71,6 +72,8 @@ class PartitionSpawner(WrapSpawner):
     validated = Any(None, help="(options, slice, mail address) of the last form the user sent, validated: its start "
                     "uses them.")
     certs_to_write = Any(None, help="(folder, {name: text}) of move_certs, for the start's submission to write.")
+    session_scopes = Any(None, help="The OAuth client scopes a start taking a kept job over gave its session "
+                         "(start_polling puts them back after JupyterHub's token re-use cleared them).")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -393,12 +396,14 @@ class PartitionSpawner(WrapSpawner):
 
     async def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
-        kept, self.kept_job = self.kept_job, {}
+        # A kept job (kept_job) stays recorded until this start takes it over or lets it go: a start that
+        # fails for now (the directory down, her session limit reached) leaves it for the next one.
+        kept = self.kept_job
         try:
             chosen, mail_user = await self.judge()
-        except Exception:
+        except RequestRefused:
             if kept:  # refused now (a profile withdrawn, a limit lowered): its queued job goes too
-                self._cancel_kept(kept, "its request is refused now")
+                await self._let_kept_go(kept, "its request is refused now")
                 self.session_ended = (f"Your session job {kept['job_id']}, queued when the portal restarted, was "
                                       "taken out of the queue: its request is refused now. Start your session again.")
             raise
@@ -410,25 +415,71 @@ class PartitionSpawner(WrapSpawner):
             self.child_spawner = None
         self.select_profile(chosen.profile.name)
         self.construct_child()
-        self.child_spawner.slice = chosen  # validated once: the child submits exactly this
-        self.child_spawner.mail_user = mail_user
-        self.child_spawner.submit_certs, self.certs_to_write = self.certs_to_write, None
-        self.child_spawner.on_submitted = self._store_state
-        if kept:
-            if kept.get("slice") == self.child_spawner.get_state().get("slice"):
-                self.child_spawner.resume_job_id = str(kept["job_id"])
-            else:  # she asked for another slice since: that job is not hers to wait for any more
-                self._cancel_kept(kept, "a start asked for another slice")
-        return await self.child_spawner.start()
+        child = self.child_spawner
+        child.slice = chosen  # validated once: the child submits exactly this
+        child.mail_user = mail_user
+        child.submit_certs, self.certs_to_write = self.certs_to_write, None
+        child.on_submitted = self._store_state
+        child.taken_over_token, child.token_adopted, self.session_scopes = -1, False, None
+        if kept and kept.get("slice") == child.get_state().get("slice"):
+            child.resume_job_id = str(kept["job_id"])
+            child.taken_over_token = int(kept.get("token_id") or 0)
+            # JupyterHub resets the session's OAuth client's scopes when it takes the job's token back:
+            # put back in start_polling, right after.
+            client = self.orm_spawner.oauth_client if self.orm_spawner is not None else None
+            self.session_scopes = list(client.allowed_scopes) if client is not None else None
+        elif kept:  # she asked for another slice since: that job is not the one she waits for any more
+            await self._let_kept_go(kept, "a start asked for another slice")
+        try:
+            return await child.start()
+        except BaseException:
+            if child.taken_over_token >= 0 and not child.resume_job_id:  # Slurm answered about the kept job
+                self.kept_job = {}
+                if child.taken_over_token > 0 and not child.token_adopted:
+                    self._forget_token(child.taken_over_token)  # the kept job's token: nothing uses it now
+            raise
 
-    def _cancel_kept(self, kept: dict, why: str) -> None:
-        """Take a kept job (kept_job) out of the queue, for a start that will not take it over; the cancel
-        goes on in the background until Slurm takes it (as the user: only a job of hers is cancelled)."""
+    def start_polling(self):
+        """JupyterHub calls this right after a start returned and it took the session's token back (its
+        Spawner.api_token re-use, jupyterhub/user.py), which leaves the session's OAuth client with no
+        scopes: a taken-over job's session gets back those the start gave it (its sharing ones)."""
+        child = self.child_spawner
+        if child is not None and child.token_adopted and self.session_scopes is not None:
+            client = self.orm_spawner.oauth_client if self.orm_spawner is not None else None
+            if client is not None and list(client.allowed_scopes) != self.session_scopes:
+                self.log.info("Session of %s took its job's token back: its OAuth client's scopes put back (%s, were %s)",
+                              self.user.name, self.session_scopes, list(client.allowed_scopes))
+                client.allowed_scopes = self.session_scopes
+                object_session(client).commit()
+        self.session_scopes = None
+        super().start_polling()
+
+    async def _let_kept_go(self, kept: dict, why: str) -> None:
+        """Take a kept job (kept_job) out of the queue, for a start that will not take it over, and revoke
+        its token; only that session's job (her name for it in Slurm: a job id Slurm gave again after a reset
+        may be another's, or another of hers). The cancel goes on in the background until Slurm takes it."""
+        self.kept_job = {}
+        self._forget_token(int(kept.get("token_id") or 0))
+        slurm = SlurmGPUSpawner.shared_client(self.config)
         job_id = int(kept["job_id"])
+        job = await slurm.job(job_id, fresh_after=time.monotonic())
+        name = f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
+        if job is None or job.user != self.user.name or job.name != name or job.finished:
+            return
         self.log.info("Session job %s of %s, kept through a hub restart, is cancelled: %s", job_id, self.user.name, why)
-        SlurmGPUSpawner.shared_client(self.config).cancel_soon(self.user.name, job_id).add_done_callback(
+        slurm.cancel_soon(self.user.name, job_id).add_done_callback(
             lambda done: done.cancelled() or not done.exception() or self.log.warning(
                 "scancel %s of %s failed: %s", job_id, self.user.name, done.exception()))
+
+    def _forget_token(self, token_id: int) -> None:
+        """Revoke the API token ``token_id`` of this user (a kept job's, which nothing will use)."""
+        session = object_session(self.orm_spawner) if self.orm_spawner is not None else None
+        if not token_id or session is None:
+            return
+        token = session.get(orm.APIToken, token_id)
+        if token is not None and token.user is not None and token.user.name == self.user.name:
+            session.delete(token)
+            session.commit()
 
     def _store_state(self) -> None:
         """The session's job in the hub's database as soon as sbatch returns. JupyterHub stores a spawner's
@@ -438,6 +489,11 @@ class PartitionSpawner(WrapSpawner):
         if session is None:
             return
         try:
+            child = self.child_spawner
+            if child.taken_over_token >= 0:  # a kept job taken over: recorded as this start's own
+                self.kept_job = {}
+            elif self.api_token and (token := orm.APIToken.find(session, self.api_token)) is not None:
+                child.token_id = token.id  # the token this job was submitted with (a restart's take-over checks it)
             self.orm_spawner.state = self.get_state()
             session.commit()
         except SQLAlchemyError as error:  # the start goes on: JupyterHub stores the state once it returns

@@ -54,8 +54,9 @@ def test_the_service_starts_each_kept_session_with_her_stored_options_and_pages_
     first = users(*[(f"user{i:03}", {}) for i in range(resume.PAGE - 1)], ("alice", {"": {"stopped": True, "state": KEPT}}))
     second = users(("bob", {"a/b": {"stopped": True, "state": KEPT}}))
     hub = Recorder([first, second])
-    asyncio.run(resume.resume_kept(hub, passes=(0,)))
-    assert hub.calls == [
+    asyncio.run(resume.resume_kept(hub, pauses=(0.01,), pause_most=0.01, resume_for=5))
+    assert hub.calls[-1] == ("GET", f"/users?include_stopped_servers=1&offset=0&limit={resume.PAGE}", None)
+    assert hub.calls[:-1] == [
         ("GET", f"/users?include_stopped_servers=1&offset=0&limit={resume.PAGE}", None),
         ("GET", f"/users?include_stopped_servers=1&offset={resume.PAGE}&limit={resume.PAGE}", None),
         ("POST", "/users/alice/server", {"user_options": None}),  # None: the options she last chose
@@ -63,8 +64,17 @@ def test_the_service_starts_each_kept_session_with_her_stored_options_and_pages_
     ]
 
 
-def test_a_start_the_hub_refuses_for_now_is_asked_again_at_the_next_pass():
+def test_a_start_the_hub_refuses_for_now_is_asked_again_at_the_next_pass_until_none_is_left():
     kept = users(("alice", {"": {"stopped": True, "state": KEPT}}))
-    hub = Recorder([kept, kept], start_code=400)
-    asyncio.run(resume.resume_kept(hub, passes=(0, 0.01)))
-    assert [c for c in hub.calls if c[0] == "POST"] == [("POST", "/users/alice/server", {"user_options": None})] * 2
+    hub = Recorder([kept, kept, kept], start_code=400)  # then none left: the service stops asking
+    asyncio.run(resume.resume_kept(hub, pauses=(0.01,), pause_most=0.01, resume_for=5))
+    assert [c for c in hub.calls if c[0] == "POST"] == [("POST", "/users/alice/server", {"user_options": None})] * 3
+    assert len([c for c in hub.calls if c[0] == "GET"]) == 4
+
+
+def test_the_service_gives_up_after_its_time_and_says_so(caplog):
+    kept = users(("alice", {"": {"stopped": True, "state": KEPT}}))
+    hub = Recorder([kept] * 100, start_code=429)
+    asyncio.run(resume.resume_kept(hub, pauses=(0.01,), pause_most=0.01, resume_for=0.05))
+    assert 2 <= len([c for c in hub.calls if c[0] == "POST"]) < 100
+    assert "still not started again after 0 s" in caplog.text

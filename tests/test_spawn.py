@@ -167,10 +167,13 @@ def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_j
     alice.wait_ready(timeout=180)
     assert [(j["job_id"], j["job_state"]) for j in active_jobs("alice")] == [(job_id, "RUNNING")]
     assert "uid" in alice.run_code("print('uid')")
+    # Her browser logs in to it (the session's OAuth client keeps its scopes through the token's re-use).
+    lab = alice.web.get(f"{HUB}/user/alice/lab")
+    assert lab.status_code == 200 and lab.url.endswith("/user/alice/lab"), (lab.status_code, lab.url)
     log = (demo.paths().log / "hub.log").read_text().split("JupyterHub is now running")[-1]
     assert f"Session job {job_id} of alice, kept through a hub restart, taken over (PENDING)" in log
     assert "server specified its own API token that's not in the database" not in log
-    assert "still starting" not in alice.web.get(f"{HUB}/hub/home").text
+    assert "was waiting in Slurm's queue when the portal restarted" not in alice.web.get(f"{HUB}/hub/home").text
 
 
 def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):

@@ -110,6 +110,9 @@ class Hub:
     def __init__(self, slurm: FakeSlurm, conf: str, db=None):
         self.slurm, self.conf = slurm, conf
         self.db = db or orm.new_session_factory("sqlite:///:memory:")()
+        if self.db.query(orm.OAuthClient).filter_by(identifier="jupyterhub").one_or_none() is None:
+            self.db.add(orm.OAuthClient(identifier="jupyterhub"))  # the hub's own: every token names a client
+            self.db.commit()
         self.config = hub_config(conf)
         self.users: dict[str, User] = {}
 
@@ -153,7 +156,8 @@ class Hub:
                 self.db.commit()
             spawner.user_options = options
             spawner.clear_state()
-            spawner.api_token = f"token-of-{spawner.user.name}-{spawner.name}"
+            api_token = spawner.api_token = orm.APIToken.new(user=spawner.user.orm_user, note=f"Server at {orm_server.base_url}",
+                                                               scopes=["inherit"])
             spawner._start_pending = True
             try:
                 host, port = await asyncio.wait_for(spawner.start(), timeout=spawner.start_timeout)
@@ -162,6 +166,11 @@ class Hub:
                 await self.stop(spawner)
                 raise
             server.ip, server.port = host, port
+            if spawner.api_token != api_token:  # the spawner took a token of its own back: the new one is dropped
+                self.db.delete(orm.APIToken.find(self.db, api_token))
+                assert orm.APIToken.find(self.db, spawner.api_token).user.name == spawner.user.name
+            self.db.commit()
+            spawner.start_polling()
             spawner._start_pending = False
             spawner.orm_spawner.state = spawner.get_state()
             self.db.commit()
@@ -703,8 +712,11 @@ async def cut_short_by_a_restart(hub: Hub, slurm: FakeSlurm, form: dict = GPU_FO
     assert await restarted.check(again) == 1  # JupyterHub records no server for it...
     await restarted.stop(again)
     assert slurm.cancels == [] and slurm.record(job).state == "PENDING"  # ...and its job keeps its place
-    assert again.orm_spawner.state["kept_job"]["job_id"] == str(job), again.orm_spawner.state
-    assert again.session_ended == ""
+    kept = again.orm_spawner.state["kept_job"]
+    assert kept["job_id"] == str(job) and kept["token_id"] > 0, again.orm_spawner.state  # the job's token, by id
+    assert again.session_ended == (  # her home page, until the session is started again
+        f"Your session job {job} was waiting in Slurm's queue when the portal restarted: it keeps its place, and "
+        "the portal starts your session again by itself. Starting it yourself takes the same job over.")
     return restarted, again, job
 
 
@@ -718,7 +730,7 @@ def test_a_session_still_queued_when_the_hub_restarts_is_resumed_and_takes_over_
         await until(lambda: again.child_spawner is not None and again.child_spawner.job_id == str(job))
         assert len(slurm.submitted()) == 1  # nothing submitted again
         assert again.orm_spawner.state["child_state"]["starting"] is True  # kept again, should the hub restart again
-        assert "kept_job" not in again.orm_spawner.state
+        assert "kept_job" not in again.orm_spawner.state and again.session_ended == ""
         slurm.start(job, "node1")
         assert await again.child_spawner.accept_port(PORT, str(job)) is None
         assert await resumed == ("node1", PORT)
@@ -744,6 +756,44 @@ def test_a_kept_job_that_ended_before_its_session_was_resumed_is_told_in_words_a
         starting = restarted.spawn_soon(again, form=GPU_FORM)
         await submitted(slurm, 2)
         starting.cancel()
+
+    run(scenario())
+
+
+def test_a_start_refused_for_now_keeps_the_kept_job_for_the_next_start(hub, slurm, monkeypatch):
+    """A start that fails for now (here the directory not answering her e-mail address) lets the kept job keep
+    its place: only a request refused for good lets it go."""
+    async def scenario():
+        restarted, again, job = await cut_short_by_a_restart(hub, slurm)
+
+        async def directory_down(options):
+            raise SpawnFailed("Your e-mail address could not be looked up", reason="directory-unavailable",
+                              status_code=503)
+
+        monkeypatch.setattr(again, "mail_user_for", directory_down)
+        with pytest.raises(SpawnFailed):
+            await restarted.spawn(again)
+        monkeypatch.undo()
+        assert slurm.cancels == [] and slurm.record(job).state == "PENDING"
+        assert again.orm_spawner.state["kept_job"]["job_id"] == str(job), again.orm_spawner.state
+        resumed = restarted.spawn_soon(again)
+        await until(lambda: again.child_spawner is not None and again.child_spawner.job_id == str(job))
+        assert len(slurm.submitted()) == 1
+        resumed.cancel()
+
+    run(scenario())
+
+
+def test_a_kept_job_id_that_slurm_gave_another_job_is_neither_taken_over_nor_cancelled(hub, slurm):
+    """After a Slurm reset a job id comes round again: a job of someone else's, or another of her own jobs, with
+    the kept id is left alone, and she is told her queued job is gone."""
+    async def scenario():
+        restarted, again, job = await cut_short_by_a_restart(hub, slurm)
+        record = slurm.record(job)
+        record.name = f"dsportal-{ME}:other"  # now the job of another of her sessions
+        with pytest.raises(SpawnFailed) as failed:
+            await restarted.spawn(again)
+        assert failed.value.reason == "resume-gone" and slurm.cancels == [] and record.state == "PENDING"
 
     run(scenario())
 

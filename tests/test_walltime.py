@@ -104,7 +104,7 @@ def test_more_walltime_is_a_jupyterhub_service_not_a_deprecated_setting():
     assert Path(service["environment"]["DSPORTAL_CONFIG"]).is_absolute()
     assert service["environment"]["DSPORTAL_SERVICE_BIND"] == "https://dsportal-login:8082"
     assert {"name": "dsportal-service", "services": ["dsportal"],
-            "scopes": ["read:servers", "admin:server_state", "list:users", "servers"]} in hub["roles"]
+            "scopes": ["read:servers", "admin:server_state", "list:users", "start:servers"]} in hub["roles"]
     assert hub["session_url"] == "https://dsportal-login:8082/services/dsportal/"  # the hub's address, over TLS
 
 

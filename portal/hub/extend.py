@@ -10,7 +10,7 @@ own token.
 It is a JupyterHub service, as JupyterHub asks for endpoints of one's own since 3.1 (it deprecated
 ``JupyterHub.extra_handlers``): the hub starts it and stops it (a hub-managed service), gives it a
 token with its role (``read:servers``, ``admin:server_state``: users' sessions and their spawners'
-state; ``list:users`` and ``servers``, to start again the sessions a hub restart cut short:
+state; ``list:users`` and ``start:servers``, to start again the sessions a hub restart cut short:
 portal.hub.resume, run here as the hub comes back), and it stops by itself when the hub that started it is gone, even killed outright.
 
 - **Who asks** is the hub's word, asked per request (uncached: a revoked token is out at once), over
@@ -65,7 +65,7 @@ PREFIX = f"/services/{NAME}/"
 ROLE = "dsportal-service"
 # What it reads of the hub: a user's sessions with their spawners' state (the Slurm job, the profile);
 # and, to start again the sessions a hub restart cut short (portal.hub.resume), users listed and sessions started.
-SCOPES = ["read:servers", "admin:server_state", "list:users", "servers"]
+SCOPES = ["read:servers", "admin:server_state", "list:users", "start:servers"]
 MOST_BODY = 64 * 1024  # bytes of a request ({"minutes": N, "server": NAME} is far less)
 AT_ONCE = 4  # requests being worked on at once (each asks the hub twice and Slurm up to four times)
 MOST_CONNECTIONS = 256  # open at once (sessions ask rarely, AT_ONCE at a time); far below its file descriptors

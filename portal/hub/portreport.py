@@ -35,8 +35,9 @@ class SessionPortHandler(APIHandler):
             raise web.HTTPError(400, "expected {'port': <1-65535>, 'job_id': <the session's Slurm job id>}, not "
                                 f"{json_kind(body)}" + (f" with port {json_kind(port)} and job_id {json_kind(job_id)}"
                                                        if isinstance(body, dict) else ""))
+        taking_over = None
         if spawner is None:
-            spawner = self.resumed_start(spawners, str(job_id), token)
+            spawner = taking_over = self.resumed_start(user, spawners, str(job_id))
         if spawner is None and not any(s.active for s in spawners):
             raise web.HTTPError(403, "this token belongs to no session of yours")
         if spawner is None:
@@ -46,6 +47,11 @@ class SessionPortHandler(APIHandler):
             session = getattr(spawner, "child_spawner", None) or spawner
             accept = getattr(session, "accept_port", None)
             refusal = await accept(port, str(job_id)) if accept else "not a dsportal session"
+        if taking_over is not None and not refusal:
+            # The job's own token, the one it was submitted with, is the session's again: JupyterHub drops
+            # the start's new one once start() returns (Spawner.api_token re-use, jupyterhub/user.py).
+            taking_over.api_token = token
+            taking_over.child_spawner.token_adopted = True
         if refusal:
             self.log.warning("Refused port report %s from %s for %s: %s", port, self.request.remote_ip,
                              user.name, refusal)
@@ -56,23 +62,29 @@ class SessionPortHandler(APIHandler):
         self.set_status(201)
         self.finish(json.dumps({"message": "port registered"}))
 
-    def resumed_start(self, spawners, job_id: str, token: str):
-        """The spawner whose start takes over job ``job_id`` (a start a hub restart cut short, resumed by
-        portal.hub.resume), when this report comes with the token that job was submitted with: it becomes
-        the session's token again (JupyterHub's Spawner.api_token re-use: the start's new token is then
-        deleted, and the session's OAuth client takes the old one). Raises 503, for the job to ask again,
-        while that start has not begun. None: no such start."""
+    def resumed_start(self, user, spawners, job_id: str):
+        """The spawner whose start takes over job ``job_id`` (a start a hub restart cut short, started again
+        by portal.hub.resume), when this report comes with the token that job was submitted with (its id,
+        kept in the state; for a job submitted before ids were kept, a token of that session's, by the
+        note JupyterHub gives them). Raises 503, for the job to ask again, while that start has not begun
+        (the session is recorded with the job kept, in the hub's database: a stopped session's spawner may
+        not be loaded). None: no such start."""
+        if not job_id.isdigit():
+            return None
         orm_token = self.get_token()
         for spawner in spawners:
             child = getattr(spawner, "child_spawner", None)
-            if str((getattr(spawner, "kept_job", None) or {}).get("job_id", "")) == job_id:
-                raise web.HTTPError(503, f"the hub is resuming this session (job {job_id}); ask again")
-            if (child is None or not job_id or str(child.job_id) != job_id or not child.starting
-                    or spawner.orm_spawner.server is None or orm_token is None
-                    or orm_token.note != f"Server at {spawner.orm_spawner.server.base_url}"):
+            if child is None or str(child.job_id) != job_id or not child.starting or child.taken_over_token < 0:
                 continue
-            spawner.api_token = token
-            return spawner
+            if orm_token is None or orm_token.user is None or orm_token.user.name != user.name:
+                return None
+            if child.taken_over_token:
+                return spawner if orm_token.id == child.taken_over_token else None
+            server = spawner.orm_spawner.server if spawner.orm_spawner is not None else None
+            return spawner if server is not None and orm_token.note == f"Server at {server.base_url}" else None
+        for orm_spawner in user.orm_user.orm_spawners.values():
+            if str(((orm_spawner.state or {}).get("kept_job") or {}).get("job_id", "")) == job_id:
+                raise web.HTTPError(503, f"the hub is starting this session again (job {job_id}); ask again")
         return None
 
     def record_first_activity(self, user, spawner) -> None:

@@ -9,23 +9,29 @@ chose (``{"user_options": null}``). That start takes the job over (SlurmGPUSpawn
 _take_over_queued_job): she keeps her place in the queue, and the job's server is let in with the
 token it was submitted with (portal.hub.portreport).
 
-The service asks at its start and a few more times in its first minutes (PASSES): JupyterHub's check
-of its sessions may still be going on when it serves (init_spawners_timeout), and a start the hub
-refuses for now (a stop still pending, too many starts at once) is asked again. The hub's answer to
-each start is logged; a start refused outright (her request no longer allowed) is told to her on her
-home page by the spawner, and its job is cancelled there.
+The service asks at its start and again, with growing pauses, while any is left (for up to an hour):
+JupyterHub's check of its sessions may still be going on when it serves (init_spawners_timeout), and a
+start the hub refuses for now (a stop still pending, too many starts at once, load shed) is asked again.
+Up to AT_ONCE starts are asked for at once. The hub's answer to each start is logged; a start refused
+outright (her request no longer allowed) is told to her on her home page by the spawner, which lets
+its job go. Until her session is started again, her home page says her job keeps its place and that
+starting it herself takes it over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from urllib.parse import quote
 
 log = logging.getLogger("dsportal.resume")
 
-PASSES = (0, 5, 15, 30, 60, 120)  # seconds after the service starts
+PAUSES = (5, 10, 20, 40)  # seconds between passes, then PAUSE_MOST each, while sessions are left to start
+PAUSE_MOST = 60
+RESUME_FOR = 3600  # seconds after the service starts: then what is left is logged (her page says so already)
+AT_ONCE = 8  # starts asked for at once (each waits up to the hub's slow_spawn_timeout for its answer)
 PAGE = 200  # users per request (JupyterHub's api_page_max_limit default)
 
 
@@ -42,13 +48,14 @@ def kept_in(users: list) -> list[tuple[str, str]]:
     return found
 
 
-async def kept_sessions(hub) -> list[tuple[str, str]]:
+async def kept_sessions(hub) -> list[tuple[str, str]] | None:
+    """Every session with a kept job; None where the hub did not answer (asked again at the next pass)."""
     found, offset = [], 0
     while True:
         response = await hub.call("GET", f"/users?include_stopped_servers=1&offset={offset}&limit={PAGE}")
         if response.code != 200:
-            log.warning("Could not list the sessions to resume (%s): asked again later", response.code)
-            return found
+            log.warning("Could not list the sessions to start again (%s): asked again later", response.code)
+            return None
         users = json.loads(response.body)
         found += kept_in(users)
         if len(users) < PAGE:
@@ -56,25 +63,45 @@ async def kept_sessions(hub) -> list[tuple[str, str]]:
         offset += PAGE
 
 
-async def resume(hub, user: str, name: str) -> None:
+async def resume(hub, user: str, name: str) -> bool:
+    """Start ``user``'s session ``name`` again; whether the hub took the start (201, 202)."""
     path = f"/users/{quote(user, safe='')}/" + (f"servers/{quote(name, safe='')}" if name else "server")
     response = await hub.call("POST", path, {"user_options": None})
     said = response.body.decode(errors="replace")[:300] if response.body else response.reason
     if response.code in (201, 202):
         log.info("Session %s/%s, cut short by a hub restart, started again: it takes over its queued job",
                  user, name)
-    else:
-        log.warning("Session %s/%s, cut short by a hub restart, not started again yet (%s: %s)",
-                    user, name, response.code, said)
+        return True
+    log.warning("Session %s/%s, cut short by a hub restart, not started again yet (%s: %s)",
+                user, name, response.code, said)
+    return False
 
 
-async def resume_kept(hub, passes=PASSES) -> None:
-    """Start again every session cut short by the hub's restart, at each of ``passes`` (seconds)."""
-    started = asyncio.get_running_loop().time()
-    for at in passes:
-        await asyncio.sleep(max(0.0, started + at - asyncio.get_running_loop().time()))
+async def resume_kept(hub, pauses=PAUSES, pause_most: float = PAUSE_MOST, resume_for: float = RESUME_FOR) -> None:
+    """Start again every session cut short by the hub's restart: a pass at once, then after each pause
+    (``pauses``, then ``pause_most``) while any is left, for ``resume_for`` seconds. A start the hub refuses
+    for now (a stop still pending, too many starts at once, the hub shedding load) is asked again at the
+    next pass; one refused for good is told on her page by the spawner, which lets its job go."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + resume_for
+    at_once = asyncio.Semaphore(AT_ONCE)
+
+    async def one(user: str, name: str) -> bool:
+        async with at_once:
+            return await resume(hub, user, name)
+
+    for attempt in itertools.count():
         try:
-            for user, name in await kept_sessions(hub):
-                await resume(hub, user, name)
+            left = await kept_sessions(hub)
+            if left is not None and not left:
+                return
+            if left:
+                await asyncio.gather(*(one(user, name) for user, name in left))
         except Exception:  # the next pass asks again; the service's own work goes on
             log.exception("Resuming sessions cut short by the hub's restart failed; asked again later")
+        pause = pauses[attempt] if attempt < len(pauses) else pause_most
+        if loop.time() + pause > until:
+            log.warning("Sessions cut short by the hub's restart are still not started again after %.0f s: "
+                        "each user's page says to start it (that start takes the queued job over)", resume_for)
+            return
+        await asyncio.sleep(pause)
