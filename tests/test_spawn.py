@@ -176,6 +176,34 @@ def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_j
     assert "was waiting in Slurm's queue when the portal restarted" not in alice.web.get(f"{HUB}/hub/home").text
 
 
+def test_a_session_whose_job_starts_while_the_hub_is_down_is_taken_over_when_it_comes_back(alice, portal):
+    """The job runs while the hub is down: its server asks the hub for its port again until the hub answers,
+    is told to ask again (503) until the restarted hub has started the session again, and is then let in."""
+    from portal.cluster import demo
+    from test_long_queue import every_gpu_held
+
+    with every_gpu_held("bob") as holder:
+        assert alice.start_server({"profile": "gpu", "gpus": 1}).status_code == 202
+        deadline = time.monotonic() + 60
+        while not (queued := [j for j in active_jobs("alice") if j["job_state"] == "PENDING"]):
+            assert time.monotonic() < deadline, active_jobs("alice")
+            time.sleep(0.5)
+        job_id = queued[0]["job_id"]
+        demo.stop_hub()
+        subprocess.run(["scancel", str(holder)], check=True)  # the GPUs come free while the hub is down
+        deadline = time.monotonic() + 60
+        while [j["job_state"] for j in active_jobs("alice")] != ["RUNNING"]:
+            assert time.monotonic() < deadline, active_jobs("alice")
+            time.sleep(0.5)
+        time.sleep(5)  # its server is up and asking the hub that is not there
+        demo.ensure_hub()
+    alice.wait_ready(timeout=180)
+    assert [(j["job_id"], j["job_state"]) for j in active_jobs("alice")] == [(job_id, "RUNNING")]
+    assert "uid" in alice.run_code("print('uid')")
+    log = (demo.paths().log / "hub.log").read_text().split("JupyterHub is now running")[-1]
+    assert f"Session job {job_id} of alice, kept through a hub restart, taken over (RUNNING)" in log, log[-3000:]
+
+
 def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):
     """JupyterHub alone would wait http_timeout (60 s) for the dead server; Slurm already knows."""
     from portal.cluster import demo
