@@ -250,6 +250,16 @@ def check_firewall() -> Result:
                   f"cluster hosts: {', '.join(hosts) if hosts else 'none named (users reach no other host)'}")
 
 
+def hub_ports_of(hub) -> tuple[set[int], set[int]]:
+    """(the ports the sessions reach on the hub's host: its API and dsportal's service; the port only that
+    host needs: the proxy's API, where it is not on loopback), from portal.yaml's ``hub``."""
+    for_sessions = {urlparse(hub.hub_bind_url).port or 8081}
+    if hub.service_port:
+        for_sessions.add(hub.service_port)
+    proxy_api = urlparse(hub.proxy_api_url)
+    return for_sessions, set() if _loopback(proxy_api.hostname) else {proxy_api.port or 8001}
+
+
 def check_hub_ports(settings) -> Result | None:
     """On the hub's host (the login node): the node firewall lets only the compute nodes and this host reach
     the hub's API and dsportal's service, and only this host the proxy's API (docs/how-to/deploy.md, section
@@ -257,12 +267,7 @@ def check_hub_ports(settings) -> Result | None:
     guarded = firewall.guarded_ports()
     if guarded is None:
         return None
-    hub = settings.hub
-    for_sessions = {urlparse(hub.hub_bind_url).port or 8081}
-    if hub.service_port:
-        for_sessions.add(hub.service_port)
-    proxy_api = urlparse(hub.proxy_api_url)
-    local_only = set() if _loopback(proxy_api.hostname) else {proxy_api.port or 8001}
+    for_sessions, local_only = hub_ports_of(settings.hub)
     open_ports = sorted((for_sessions - set(guarded["hub_ports"]) - set(guarded["local_ports"]))
                         | (local_only - set(guarded["local_ports"])))
     if open_ports:

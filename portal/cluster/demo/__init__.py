@@ -49,7 +49,7 @@ def up(config_path: Path | None = None, with_hub: bool = True, images_later: boo
     ensure_accounts()  # Unix accounts first: Slurm's associations name them
     ensure_mta()  # Slurm's mail (MailProg) delivered to the accounts' mailboxes
     ensure_slurm()
-    ensure_firewall()
+    ensure_firewall(config_path)
     ensure_private_processes()
     ensure_ldap()
     ensure_images(config_path, build=not images_later)

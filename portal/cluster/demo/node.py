@@ -10,14 +10,19 @@ from .base import directory, say
 from .network import LOGIN_ADDRESS, address, namespace, node_names
 
 
-def ensure_firewall() -> None:
+def ensure_firewall(config_path: str | None = None) -> None:
     """The node firewall on every host of the cluster, the login node included (users have shells
-    there), with the demo's accounts as portal users (see portal/cluster/firewall.py). Renewed on
-    every `make demo`: one atomic nft transaction, and it holds no state worth keeping."""
+    there), with the demo's accounts as portal users (see portal/cluster/firewall.py). On the login
+    node it also guards the hub's ports as docs/how-to/deploy.md section 6 does: the hub's API and
+    dsportal's service answer only the compute nodes and this host, a proxy API not on loopback only
+    this host. Renewed on every `make demo`: one atomic nft transaction, and it holds no state worth
+    keeping."""
     uids = sorted(int(u["uid"]) for u in directory()["users"])
     cluster = [LOGIN_ADDRESS, *(address(node) for node in node_names())]
+    hub_ports, local_ports = _hub_ports(config_path)
     try:
-        firewall.up(uids, cluster)
+        firewall.up(uids, cluster, hub_ports=hub_ports, local_ports=local_ports,
+                    compute=[address(node) for node in node_names()])
         for node in node_names():
             firewall.up(uids, cluster, namespace(node))
         say(f"node firewall on the login node and {', '.join(node_names())}: TCP services of the {len(uids)} demo "
@@ -25,6 +30,15 @@ def ensure_firewall() -> None:
     except firewall.FirewallUnavailable as error:
         say(f"node firewall unavailable ({error}): users' TCP ports stay reachable from other users' "
              "processes (sessions' /proxy/ and files are still private)")
+
+
+def _hub_ports(config_path: str | None) -> tuple[list[int], list[int]]:
+    """(the hub's ports for the sessions, the ports for this host only) of the demo's portal.yaml."""
+    from ... import settings as settings_module
+    from ..check import hub_ports_of
+
+    for_sessions, local_only = hub_ports_of(settings_module.load(config_path).hub)
+    return sorted(for_sessions), sorted(local_only)
 
 
 def remove_firewall() -> None:
