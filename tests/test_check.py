@@ -20,6 +20,8 @@ def test_check_passes_on_the_demo_cluster(portal):
                  "node firewall", "job confinement", "private /tmp", "private processes", "notebook schedules",
                  "terminal", "R kernel", "git"):
         assert f"[ok] {name}" in result.stdout
+    assert "[ok] Slurm release: slurmctld 22.05.8, this host's commands 22.05.8: dsportal's cluster suite passed on " \
+           "Slurm 22.05" in result.stdout, result.stdout
     # The demo's login node guards the hub's ports as deploy.md section 6 does: the compute nodes and itself only.
     nodes = ", ".join(network.address(node) for node in ("node1", "node2", "node3"))
     assert f"[ok] hub's ports: 8081, 8082 answer only this host and {nodes}" in result.stdout, result.stdout

@@ -21,7 +21,7 @@ from ..templatesources import notebooks
 from . import firewall, hubaccount
 from .images import runtime_command
 from .slurmclient import CATCHING_UP, SlurmCommands
-from .slurmparse import SlurmError, gpus_and_shards
+from .slurmparse import SlurmError, describe_releases, gpus_and_shards
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
@@ -44,6 +44,11 @@ def check_slurm(settings) -> list[Result]:
     except SlurmError as error:
         return [Result("Slurm controller", False, f"not reachable: {error}")]
     results = [Result("Slurm controller", True, f"answers; partitions {', '.join(found) or 'none'}")]
+    try:
+        detail, warning = describe_releases(*SlurmCommands.from_settings(settings).releases())
+        results.append(Result("Slurm release", True, detail, warning=warning))
+    except SlurmError as error:
+        results.append(Result("Slurm release", True, f"not known ({error})", warning=True))
     for profile in settings.profiles:
         ok = profile.partition in found
         detail = "exists" if ok else f"partition {profile.partition!r} not in sinfo ({', '.join(found)})"

@@ -45,6 +45,7 @@ from .slurmparse import (
     newest_by_job,
     parse_config,
     parse_job_id,
+    parse_release,
     parse_sacct,
     parse_scontrol_jobs,
     parse_sinfo_json,
@@ -548,6 +549,16 @@ class SlurmCommands:
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict (slurm.conf and cgroup.conf, as slurmctld has them)."""
         return parse_config(self.run([self.tool("scontrol"), "show", "config"]))
+
+    def releases(self) -> tuple[str | None, str | None]:
+        """(slurmctld's version, this host's commands' version), e.g. ("22.05.8", "22.05.8"); None where not
+        found. Raises where slurmctld does not answer."""
+        controller = parse_release(self.config().get("SLURM_VERSION", ""))
+        try:
+            commands = parse_release(self.run([self.tool("sinfo"), "--version"]))
+        except SlurmError:
+            commands = None
+        return controller, commands
 
 
 CATCHING_UP = 100  # records slurmctld holds for slurmdbd, at least, before its answers are called behind

@@ -412,3 +412,41 @@ def array_task_ids(text: str) -> list[int]:
         if first.isdigit() and (not last or last.isdigit()) and (not step or step.isdigit() and int(step) > 0):
             numbers += range(int(first), int(last or first) + 1, int(step or 1))
     return numbers
+
+
+# ------------------------------------------------------------------------------------------ releases
+# The Slurm releases on which dsportal's whole cluster suite (make test) passed, with the date of the run:
+# docs/reference/compatibility.md has each run. Where releases differ, the Slurm layer (this module and
+# slurmclient.py) speaks to the release it finds; `dsportal check` names it, and says when no run has used it.
+TESTED_RELEASES = {"22.05": "2026-12-06"}
+_RELEASE = re.compile(r"\b(\d{2})\.(\d{2})\.(\d+)\b")
+
+
+def parse_release(text: str) -> str | None:
+    """"22.05.8" from ``sinfo --version``'s "slurm 22.05.8" (or scontrol show config's SLURM_VERSION); None."""
+    found = _RELEASE.search(text or "")
+    return ".".join(found.groups()) if found else None
+
+
+def release_line(version: str) -> str:
+    """The release of a version: "22.05" of "22.05.8"."""
+    return ".".join(version.split(".")[:2])
+
+
+def describe_releases(controller: str | None, commands: str | None) -> tuple[str, bool]:
+    """(the words of `dsportal check`, whether they are a warning) for slurmctld's version and this host's
+    commands' version (either None where it was not found)."""
+    if controller is None:
+        return ("slurmctld did not say its version (scontrol show config: SLURM_VERSION)", True)
+    line = release_line(controller)
+    said = f"slurmctld {controller}" + (f", this host's commands {commands}" if commands else "")
+    if commands and release_line(commands) != line:
+        return (f"{said}: this host's commands are of another release than slurmctld; install the cluster's own "
+                "release on this host (Slurm's commands talk to slurmctld of their own release and at most two "
+                "older)", True)
+    if line in TESTED_RELEASES:
+        return (f"{said}: dsportal's cluster suite passed on Slurm {line} ({TESTED_RELEASES[line]}, "
+                "docs/reference/compatibility.md)", False)
+    tested = ", ".join(sorted(TESTED_RELEASES))
+    return (f"{said}: no run of dsportal's tests has used Slurm {line} yet (only {tested}): try it on a test "
+            "cluster first (docs/reference/compatibility.md)", True)
