@@ -367,9 +367,60 @@ class LdapSettings(_Model):
     ca_file: Path | None = Field(
         None, description="PEM file of the CA certificates that sign the LDAP server's certificate; empty: the "
         "system's. With TLS the server's certificate and name are always checked: passwords go to no impostor.")
+    failover_servers: list[str] = Field(
+        default_factory=list, description="More LDAP servers (host, or host:port; the same TLS and CA), tried in "
+        "order when server_address does not answer: replicas of the same directory.")
     bind_dn_template: list[str] = Field(
-        min_length=1, description="DN templates a login binds as, tried in order; {username} is replaced by the "
-        "escaped account name, e.g. uid={username},ou=people,dc=example,dc=org.")
+        default_factory=list, description="DN templates a login binds as, tried in order; {username} is replaced by "
+        "the escaped account name, e.g. uid={username},ou=people,dc=example,dc=org. Empty: the user's entry is "
+        "searched for instead (search_base), as Active Directory and FreeIPA need.")
+    search_base: str = Field(
+        "", description="Where a login searches for the user's entry (e.g. ou=people,dc=example,dc=org; Active "
+        "Directory: cn=Users,dc=example,dc=org), binding first as search_bind_dn; then it binds as the DN found with "
+        "the user's password. Empty: no search, bind_dn_template is used.")
+    user_attribute: str = Field(
+        "uid", pattern=r"^[A-Za-z][A-Za-z0-9-]*$", description="The attribute the search matches the name typed "
+        "against, which is also her Unix account name: uid (OpenLDAP, FreeIPA) or sAMAccountName (Active Directory).")
+    search_bind_dn: str = Field(
+        "", description="The service account a login's search binds as (e.g. uid=dsportal,cn=sysaccounts,cn=etc,"
+        "dc=example,dc=org; Active Directory: CN=dsportal,OU=Service Accounts,DC=example,DC=org). Empty: an "
+        "anonymous search.")
+    search_bind_password_file: Path | None = Field(
+        None, description="The service account's password, alone in a file of the hub's account, mode 0600.")
+    group_search_filter: str = Field(
+        "", description="How a login finds whether the user is in an allowed group ({userdn}: her DN, {uid}: her "
+        "name). Empty: ldapauthenticator's (member, uniqueMember or memberUid). Nested groups: Active Directory's "
+        "(member:1.2.840.113556.1.4.1941:={userdn}).")
+
+    @model_validator(mode="after")
+    def _bind_or_search(self):
+        if not self.bind_dn_template and not self.search_base:
+            raise ValueError("set bind_dn_template (the DN a login binds as) or search_base (where the user's entry "
+                             "is searched for)")
+        if self.search_bind_dn and not self.search_bind_password_file:
+            raise ValueError("search_bind_dn needs search_bind_password_file: the file holding its password")
+        if self.search_bind_password_file and not self.search_bind_password_file.is_absolute():
+            raise ValueError(f"search_bind_password_file {str(self.search_bind_password_file)!r} must be an "
+                             "absolute path")
+        for server in self.failover_servers:
+            host, _, port = server.rpartition(":") if ":" in server else (server, "", "")
+            if not (host or server).strip() or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+                raise ValueError(f"failover server {server!r} is not host or host:port")
+        return self
+
+    def servers(self) -> list[tuple[str, int]]:
+        """(host, port) of server_address, then of each failover server (their port: server_port unless given)."""
+        found = [(self.server_address, self.server_port)]
+        for server in self.failover_servers:
+            host, _, port = server.rpartition(":")
+            found.append((host, int(port)) if host and port.isdigit() else (server, self.server_port))
+        return found
+
+    def search_password(self) -> str | None:
+        """The service account's password (read_secret: its file must be the hub account's alone); None without."""
+        if not self.search_bind_password_file:
+            return None
+        return read_secret(self.search_bind_password_file, "ldap.search_bind_password_file")
     allowed_groups: list[str] = Field(
         default_factory=list, description="Group DNs whose members may log in (empty: any account)."
     )

@@ -2,9 +2,9 @@
 
 Looked up when the form is shown and again when the session is submitted, not kept from the login:
 an address changed in the directory counts from the next start, and no secret is needed to keep
-it in JupyterHub's encrypted auth_state. The entry is read anonymously at the DN the login binds
-to (ldap.bind_dn_template), with the login's timeouts, on a worker thread: a hung LDAP server
-never stalls the hub's event loop.
+it in JupyterHub's encrypted auth_state. The entry is read where the login finds it (at
+ldap.bind_dn_template, or searched under ldap.search_base as the search's service account), with
+the login's timeouts, on a worker thread: a hung LDAP server never stalls the hub's event loop.
 """
 
 from __future__ import annotations
@@ -25,21 +25,18 @@ class DirectoryUnavailable(RuntimeError):
 
 
 def _connection(ldap: LdapSettings) -> ldap3.Connection:
-    """An anonymous connection with the login's TLS strategy and timeouts."""
+    """A connection with the login's servers, TLS strategy and timeouts, bound as the search's service
+    account (ldap.search_bind_dn), else anonymously."""
     connection = ldapconnect.open_connection(ldap)
-    connection.bind()
+    ldapconnect.bind_for_search(connection, ldap)
     return connection
 
 
 def _first_address(connection: ldap3.Connection, ldap: LdapSettings, username: str) -> str | None:
-    """The first `mail` value of the first entry a bind DN template names for ``username``."""
-    for template in ldap.bind_dn_template:
-        found = connection.search(template.format(username=username), "(objectClass=*)",
-                                  search_scope=ldap3.BASE, attributes=[MAIL_ATTRIBUTE])
-        if found and connection.entries:
-            values = connection.entries[0].entry_attributes_as_dict.get(MAIL_ATTRIBUTE) or []
-            return str(values[0]) if values else None
-    return None
+    """The first `mail` value of the user's entry, found as her login finds it."""
+    entry = ldapconnect.find_user(connection, ldap, username, [MAIL_ATTRIBUTE])
+    values = (entry.entry_attributes_as_dict.get(MAIL_ATTRIBUTE) or []) if entry is not None else []
+    return str(values[0]) if values else None
 
 
 def address_in_directory(ldap: LdapSettings, username: str) -> str | None:
@@ -48,6 +45,8 @@ def address_in_directory(ldap: LdapSettings, username: str) -> str | None:
         connection = _connection(ldap)
     except (LDAPException, OSError) as error:
         raise DirectoryUnavailable(f"the directory (LDAP) did not answer ({error})") from None
+    except ValueError as error:  # SettingsError: the service account's password file
+        raise DirectoryUnavailable(f"the portal cannot read the directory ({error})") from None
     try:
         return _first_address(connection, ldap, username)
     except (LDAPException, OSError) as error:

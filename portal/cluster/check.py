@@ -78,18 +78,20 @@ def check_nodes(settings) -> list[Result]:
 
 def check_ldap(settings) -> Result:
     ldap = settings.ldap
-    where = f"{ldap.server_address}:{ldap.server_port}"
+    where = ", ".join(f"{host}:{port}" for host, port in ldap.servers())
     try:
         conn = ldapconnect.open_connection(ldap, connect_timeout=5, receive_timeout=5)
-        if not conn.bind():
-            return Result("LDAP", False, f"bind to {where} refused: {conn.result.get('description')}")
+        if not ldapconnect.bind_for_search(conn, ldap):
+            who = f"as {ldap.search_bind_dn}" if ldap.search_bind_dn else "anonymously"
+            return Result("LDAP", False, f"bind {who} to {where} refused: {conn.result.get('description')}")
         missing = [g for g in ldap.allowed_groups if not conn.search(g, "(objectClass=*)", search_scope=ldap3.BASE)]
         conn.unbind()
     except Exception as error:  # noqa: BLE001 - any failure is the report's content
         return Result("LDAP", False, f"{where}: {error}")
     if missing:
         return Result("LDAP", False, f"bind ok, but allowed group(s) not found: {', '.join(missing)}")
-    return Result("LDAP", True, f"bind to {where} works; {len(ldap.allowed_groups)} allowed group(s) found")
+    how = f"search under {ldap.search_base} as {ldap.search_bind_dn or 'anonymous'}" if ldap.search_base else "bind"
+    return Result("LDAP", True, f"{how} to {where} works; {len(ldap.allowed_groups)} allowed group(s) found")
 
 
 # Asked as an ordinary account, in the user environment: what a session would find.

@@ -15,7 +15,7 @@ import concurrent.futures
 import math
 import re
 
-from ldap3.core.exceptions import LDAPCommunicationError, LDAPResponseTimeoutError
+from ldap3.core.exceptions import LDAPCommunicationError, LDAPResponseTimeoutError, LDAPServerPoolExhaustedError
 from ldapauthenticator import LDAPAuthenticator
 from tornado import web
 from traitlets import Float, Integer, List, Unicode
@@ -36,6 +36,14 @@ class LoginServiceUnavailable(web.HTTPError):
 
     def __init__(self):
         super().__init__(503, NOT_ANSWERING)
+
+
+class SearchAccountRefused(RuntimeError):
+    """The directory refused the search's service account (ldap.search_bind_dn): no login can work."""
+
+
+MISCONFIGURED = ("The login service is not working right now: the portal's own account at the directory (LDAP) "
+                 "was refused. Your password was not checked; please tell your admin.")
 
 
 class TooManyFailedLogins(web.HTTPError):
@@ -112,6 +120,8 @@ class PortalAuthenticator(LDAPAuthenticator):
                            help=_about(LoginThrottleSettings, "account_window")).tag(config=True)
     account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help=_about(LoginThrottleSettings, "account_lock")).tag(config=True)
 
+    failover_servers = List(Unicode(), help=_about(LdapSettings, "failover_servers") + " (host:port each)").tag(
+        config=True)
     sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the hub's groups, set from each "
                           "user's Unix groups at her login (Authenticator.manage_groups).").tag(config=True)
 
@@ -129,9 +139,15 @@ class PortalAuthenticator(LDAPAuthenticator):
         return super().normalize_username(username.strip())
 
     def get_connection(self, userdn, password):
-        """ldapauthenticator's connection, with connect and receive timeouts."""
-        return upstream.ldap_connection(self, userdn, password, self.connect_timeout,
-                                        max(1, math.ceil(self.receive_timeout)))  # ldap3: whole seconds
+        """ldapauthenticator's connection, with connect and receive timeouts, to the first of the servers that
+        answers. The search's service account refused is the portal's fault, not the user's: said as such."""
+        servers = [(self.server_address, self.server_port)]
+        servers += [(host, int(port)) for host, _, port in (s.rpartition(":") for s in self.failover_servers)]
+        connection = upstream.ldap_connection(self, userdn, password, self.connect_timeout,
+                                              max(1, math.ceil(self.receive_timeout)), servers)  # ldap3: whole seconds
+        if connection is None and self.lookup_dn and userdn == self.lookup_dn_search_user and userdn:
+            raise SearchAccountRefused(userdn)
+        return connection
 
     def _check_in_thread(self, data):
         # The parent's coroutine never awaits: run it to the end on this worker thread.
@@ -169,7 +185,13 @@ class PortalAuthenticator(LDAPAuthenticator):
         check = asyncio.get_running_loop().run_in_executor(self._pool, self._check_in_thread, data)
         try:
             answer = await asyncio.wait_for(check, self.login_timeout)
-        except (TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, OSError) as error:
+        except SearchAccountRefused as error:
+            self.log.error("LDAP login of %r not checked: the directory refused the search account %s (its password, "
+                           "ldap.search_bind_password_file?)", data.get("username"), error)
+            metrics.LOGINS.labels("ldap_unavailable").inc()
+            raise web.HTTPError(503, MISCONFIGURED) from None
+        except (TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, LDAPServerPoolExhaustedError,
+                OSError) as error:
             self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()
@@ -189,10 +211,20 @@ def configure_ldap(c, settings) -> None:
     c.JupyterHub.authenticator_class = PortalAuthenticator
     c.LDAPAuthenticator.server_address = ldap.server_address
     c.LDAPAuthenticator.server_port = ldap.server_port
+    c.PortalAuthenticator.failover_servers = [f"{host}:{port}" for host, port in ldap.servers()[1:]]
     c.LDAPAuthenticator.tls_strategy = ldap.tls_strategy
     c.LDAPAuthenticator.tls_kwargs = ldap.tls_kwargs()  # ldap3's default checks no certificate at all
     c.LDAPAuthenticator.bind_dn_template = list(ldap.bind_dn_template)
     c.LDAPAuthenticator.allowed_groups = list(ldap.allowed_groups)
+    if ldap.group_search_filter:
+        c.LDAPAuthenticator.group_search_filter = ldap.group_search_filter
+    if ldap.search_base:  # ldapauthenticator's look-up of the user's DN, as the service account
+        c.LDAPAuthenticator.lookup_dn = True
+        c.LDAPAuthenticator.user_search_base = ldap.search_base
+        c.LDAPAuthenticator.user_attribute = ldap.user_attribute
+        c.LDAPAuthenticator.lookup_dn_user_dn_attribute = ldap.user_attribute  # her account name: the login's
+        c.LDAPAuthenticator.lookup_dn_search_user = ldap.search_bind_dn or None
+        c.LDAPAuthenticator.lookup_dn_search_password = ldap.search_password()  # its file: the hub account's alone
     c.PortalAuthenticator.connect_timeout = ldap.connect_timeout
     c.PortalAuthenticator.receive_timeout = ldap.receive_timeout
     c.PortalAuthenticator.login_timeout = ldap.login_timeout

@@ -159,14 +159,16 @@ def _judges_server_requests() -> bool:
 
 
 # ------------------------------------------------------------------ ldapauthenticator
-def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int):
+def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int,
+                    servers: list[tuple[str, int]] | None = None):
     """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts,
-    its server as ldapconnect.new_server makes it (none of its schema read)."""
+    its server (or ``servers``, tried in order: ldapconnect.new_servers) as ldapconnect makes them (none
+    of their schema read)."""
     use_ssl = authenticator.tls_strategy == TlsStrategy.on_connect
     auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if authenticator.tls_strategy == TlsStrategy.before_bind
                  else ldap3.AUTO_BIND_NO_TLS)
-    server = ldapconnect.new_server(authenticator.server_address, authenticator.server_port, use_ssl,
-                                    authenticator.tls_kwargs, connect_timeout)
+    server = ldapconnect.new_servers(servers or [(authenticator.server_address, authenticator.server_port)], use_ssl,
+                                     authenticator.tls_kwargs, connect_timeout)
     try:
         return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
                                 receive_timeout=receive_timeout)
