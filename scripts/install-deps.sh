@@ -21,7 +21,8 @@ packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev proc
           postgresql  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
           exim4-daemon-light bsd-mailx  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
           make dpkg-dev  # scrontab, built from Debian's source (scripts/build-scrontab.sh)
-          r-cran-irkernel)  # the sessions' R kernel (portal/session/tools.py)
+          r-cran-irkernel  # the sessions' R kernel (portal/session/tools.py)
+          samba samba-ad-dc samba-ad-provision)  # Active Directory for tests/test_ldap_ad.py (never started as a service)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
@@ -32,8 +33,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   log=/var/log/dsportal-install-apt.log
   say "apt-get install: ${#missing[@]} packages (log: $log)"
   export DEBIAN_FRONTEND=noninteractive
+  # Samba's daemons stay off this machine: tests/test_ldap_ad.py runs its own domain controller in a network
+  # namespace. A policy-rc.d (where none is there) keeps the packages' scripts from starting smbd and nmbd.
+  no_start=""
+  if [[ " ${missing[*]} " == *" samba "* ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && no_start=1
+  fi
   { apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"; } > "$log" 2>&1 ||
-    { tail -n 30 "$log"; echo "[install] apt-get failed: see $log" >&2; exit 1; }
+    { [ -z "$no_start" ] || rm -f /usr/sbin/policy-rc.d; tail -n 30 "$log"; echo "[install] apt-get failed: see $log" >&2; exit 1; }
+  if [ -n "$no_start" ]; then
+    rm -f /usr/sbin/policy-rc.d
+    systemctl disable smbd nmbd winbind samba-ad-dc > /dev/null 2>&1 || true
+  fi
 fi
 
 mkdir -p "$PREFIX"

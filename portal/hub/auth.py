@@ -15,7 +15,12 @@ import concurrent.futures
 import math
 import re
 
-from ldap3.core.exceptions import LDAPCommunicationError, LDAPResponseTimeoutError, LDAPServerPoolExhaustedError
+from ldap3.core.exceptions import (
+    LDAPCommunicationError,
+    LDAPResponseTimeoutError,
+    LDAPServerPoolExhaustedError,
+    LDAPStartTLSError,
+)
 from ldapauthenticator import LDAPAuthenticator
 from tornado import web
 from traitlets import Float, Integer, List, Unicode
@@ -191,7 +196,7 @@ class PortalAuthenticator(LDAPAuthenticator):
             metrics.LOGINS.labels("ldap_unavailable").inc()
             raise web.HTTPError(503, MISCONFIGURED) from None
         except (TimeoutError, LDAPCommunicationError, LDAPResponseTimeoutError, LDAPServerPoolExhaustedError,
-                OSError) as error:
+                LDAPStartTLSError, OSError) as error:
             self.log.error("LDAP login of %r failed: the server did not answer (%s: %s)",
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()

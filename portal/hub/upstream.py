@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import ssl
 
 import batchspawner.api  # noqa: F401  (registers its own port handler on import; replace_api_handler takes its place)
@@ -24,7 +25,7 @@ from jupyterhub.apihandlers import default_handlers
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.apihandlers.users import UserServerAPIHandler
 from jupyterhub.app import JupyterHub
-from ldap3.core.exceptions import LDAPBindError
+from ldap3.core.exceptions import LDAPStartTLSError
 from ldapauthenticator import LDAPAuthenticator
 from ldapauthenticator.ldapauthenticator import TlsStrategy
 
@@ -161,20 +162,38 @@ def _judges_server_requests() -> bool:
 # ------------------------------------------------------------------ ldapauthenticator
 def ldap_connection(authenticator, userdn, password, connect_timeout: float, receive_timeout: int,
                     servers: list[tuple[str, int]] | None = None):
-    """ldapauthenticator's ``get_connection`` (its code, 2.0.2), with connect and receive timeouts,
-    its server (or ``servers``, tried in order: ldapconnect.new_servers) as ldapconnect makes them (none
-    of their schema read)."""
+    """ldapauthenticator's ``get_connection`` (2.0.2: a bound connection, or None where the bind is refused),
+    with connect and receive timeouts, its server (or ``servers``, tried in order: ldapconnect.new_servers)
+    as ldapconnect makes them (none of their schema read). Opened, StartTLS'd and bound step by step, as
+    ldap3's auto_bind does, so that a refused bind's reason (Active Directory says why) reaches the log."""
     use_ssl = authenticator.tls_strategy == TlsStrategy.on_connect
-    auto_bind = (ldap3.AUTO_BIND_TLS_BEFORE_BIND if authenticator.tls_strategy == TlsStrategy.before_bind
-                 else ldap3.AUTO_BIND_NO_TLS)
     server = ldapconnect.new_servers(servers or [(authenticator.server_address, authenticator.server_port)], use_ssl,
                                      authenticator.tls_kwargs, connect_timeout)
-    try:
-        return ldap3.Connection(server, user=userdn, password=password, auto_bind=auto_bind,
-                                receive_timeout=receive_timeout)
-    except LDAPBindError as error:
-        authenticator.log.debug("Failed to bind %s: %s", userdn, error)
-        return None
+    connection = ldap3.Connection(server, user=userdn, password=password, receive_timeout=receive_timeout)
+    connection.open(read_server_info=False)  # raises where no server answers, or its certificate is refused
+    if authenticator.tls_strategy == TlsStrategy.before_bind and not connection.start_tls(read_server_info=False):
+        connection.unbind()
+        raise LDAPStartTLSError(f"StartTLS refused: {connection.result}")
+    if connection.bind(read_server_info=False):
+        return connection
+    # The user sees "Invalid username or password" whatever the reason; the admin reads it here.
+    reason = ad_bind_reason(str((connection.result or {}).get("message", "")))
+    authenticator.log.info("LDAP refused the bind of %s%s", userdn, f": {reason}" if reason else "")
+    connection.unbind()
+    return None
+
+
+# Active Directory's reasons for a refused bind (the "data NNN" of its diagnostic message; Samba's too).
+AD_BIND_REASONS = {"525": "no such user", "52e": "wrong password", "530": "not allowed to log in at this time",
+                   "531": "not allowed to log in from this workstation", "532": "password expired",
+                   "533": "account disabled", "701": "account expired", "773": "password must be changed",
+                   "775": "account locked out"}
+
+
+def ad_bind_reason(message: str) -> str:
+    """Active Directory's reason for a refused bind, in words (``data 533`` -> account disabled), else ''."""
+    found = re.search(r"\bdata ([0-9a-f]{3})\b", message or "")
+    return f"{AD_BIND_REASONS.get(found.group(1), 'refused')} (AD data {found.group(1)})" if found else ""
 
 
 def ldap_login(authenticator, data):
