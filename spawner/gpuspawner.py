@@ -23,7 +23,7 @@ from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, 
 from portal import defaults, sessionvars
 from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for
-from portal.settings import Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
+from portal.settings import DataMount, Image, Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
 from portal.templating import render
 from portal.userjson import unix_groups
@@ -124,19 +124,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     submit_as = Unicode(defaults.SUBMIT_AS, help=_about(SlurmSettings, "submit_as")).tag(config=True)
     squeue_interval = Float(defaults.SQUEUE_INTERVAL, help=_about(SlurmSettings, "squeue_interval")).tag(config=True)
 
-    profile = Dict(help="The partition profile (portal.settings.Profile fields) sessions run on.").tag(
-        config=True
-    )
+    # portal.yaml's own models, validated once as the hub loaded it: never dumped and validated again here.
+    profile = Instance(Profile, allow_none=True, help="The partition profile sessions run on.").tag(config=True)
 
-    images = List(help="Image catalog (portal.settings.Image fields); each profile's share become kernels.").tag(
-        config=True
-    )
-    data_mounts = List(help="Folders bound into every container kernel (portal.settings.DataMount).").tag(
-        config=True
-    )
+    images = List(Instance(Image), help="Image catalog; each profile's share become kernels.").tag(config=True)
+    data_mounts = List(Instance(DataMount), help="Folders bound into every container kernel.").tag(config=True)
 
     launch_profiles = List(
-        help="Profiles (portal.settings.Profile fields) the session's job launcher may use: the user's own."
+        Instance(Profile), help="Profiles the session's job launcher may use: the user's own."
     ).tag(config=True)
 
     templates = Dict(
@@ -211,7 +206,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def slice_from_options(self) -> SessionSlice:
         """The slice the user's options ask for on this spawner's profile (RequestError if not allowed)."""
         options = self.user_options or {}
-        return slice_for(Profile.model_validate(self.profile), options.get("gpus"), options.get("walltime"))
+        return slice_for(self.profile, options.get("gpus"), options.get("walltime"))
 
     @property
     def job_name(self) -> str:
@@ -246,10 +241,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     def kernel_catalog(self, profile: str) -> str:
         """JSON for the kernelspecs the job writes (portal.session.singleuser): this profile's images, the data mounts."""
-        images = [i for i in self.images if not i.get("profiles") or profile in i["profiles"]]
+        images = [i.model_dump(mode="json") for i in self.images if not i.profiles or profile in i.profiles]
         if not images:
             return ""
-        return json.dumps({"images": images, "data_mounts": self.data_mounts}, separators=(",", ":"))
+        return json.dumps({"images": images, "data_mounts": [m.model_dump(mode="json") for m in self.data_mounts]},
+                          separators=(",", ":"))
 
     def launch_policy(self, chosen_profile: str) -> str:
         """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
@@ -267,7 +263,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
         if self.service_url:
             env[sessionvars.SERVICE_URL] = self.service_url
-        env[sessionvars.TOOLS] = json.dumps({"offered": Profile.model_validate(self.profile).tools,
+        env[sessionvars.TOOLS] = json.dumps({"offered": self.profile.tools,
                                              "code_server": self.code_server, "r_repository": self.r_repository},
                                             separators=(",", ":"))
         if limit := self.idle_limit():
@@ -299,7 +295,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.starting = state.get("starting") is True
         self.token_id = state.get("token_id") if isinstance(state.get("token_id"), int) else 0
         if "slice" in state:  # as it was validated at the start, whatever the config says now
-            self.slice = SessionSlice(profile=Profile.model_validate(self.profile), **state["slice"])
+            self.slice = SessionSlice(profile=self.profile, **state["slice"])
         elif self.job_id:  # a session started before slices were kept: its options, if still allowed
             try:
                 self.slice = self.slice_from_options()
@@ -523,7 +519,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             finally:
                 self.awaiting_port = False
         except SpawnFailed as failure:
-            metrics.SPAWN_FAILURES.labels(self.profile.get("name", ""), failure.reason).inc()
+            metrics.SPAWN_FAILURES.labels(self.profile.name if self.profile else "", failure.reason).inc()
             raise
 
     async def _until_port_or(self, seconds: float) -> None:
@@ -545,7 +541,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if status == JobStatus.PENDING and time.monotonic() - self.submitted_at > self.queue_limit():
                 raise self._queued_too_long()  # JupyterHub's stop() then takes the job out of the queue
             await self._until_port_or(self.startup_poll_interval)
-        metrics.SPAWN_PENDING.labels(self.profile.get("name", "")).observe(time.monotonic() - self.submitted_at)
+        metrics.SPAWN_PENDING.labels(self.profile.name if self.profile else "").observe(
+            time.monotonic() - self.submitted_at)
 
         self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.

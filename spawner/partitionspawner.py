@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 from jupyterhub import orm
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import object_session
-from traitlets import Any, Dict, Float, Integer, List, Unicode, default, directional_link, observe
+from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
 from portal import defaults
@@ -51,12 +50,13 @@ SHARING_SCOPES = ("shares!server", "read:users:name", "read:groups:name")
 
 
 class PartitionSpawner(WrapSpawner):
-    profiles = List(help="Partition profiles (portal.settings.Profile fields) offered to users.").tag(config=True)
+    # portal.yaml's own models, validated once as the hub loaded it: never dumped and validated again here.
+    profiles = List(Instance(Profile), help="Partition profiles offered to users.").tag(config=True)
     default_profile = Unicode(help="Profile used when a request names none.").tag(config=True)
     resources_interval = Float(defaults.RESOURCES_INTERVAL, help=_about(SlurmSettings, "resources_interval")).tag(config=True)
-    ldap = Dict(help="The portal's LDAP settings (portal.settings.LdapSettings fields): where the user's e-mail "
-                "address (her entry's `mail`) is read for Slurm's mail when her session starts. Empty: no e-mail.").tag(
-        config=True)
+    ldap = Instance(LdapSettings, allow_none=True, help="The portal's LDAP settings: where the user's e-mail "
+                    "address (her entry's `mail`) is read for Slurm's mail when her session starts. None: no "
+                    "e-mail.").tag(config=True)
 
     sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the browser tokens of a session whose "
                           "owner is in one of them may manage its shares (portal.hub.sharing).").tag(config=True)
@@ -97,15 +97,15 @@ class PartitionSpawner(WrapSpawner):
         options): the profile's time in Slurm's queue (the child withdraws a job that waits longer,
         in words), then the time to come up once it runs."""
         name = (change["new"] or {}).get("profile") or self.default_profile
-        profile = next((p for p in self.profiles if p.get("name") == name), None)
+        profile = next((p for p in self.profiles if p.name == name), None)
         if profile is None:  # an unknown profile: start() refuses it at once
             self.start_timeout = self.boot_timeout
             return
-        self.start_timeout = parse_walltime(profile["queue_limit"]) + self.boot_timeout  # model_dump()ed: always there
+        self.start_timeout = parse_walltime(profile.queue_limit) + self.boot_timeout
 
     # ------------------------------------------------------------------ profiles
     def profile_models(self) -> list[Profile]:
-        return [Profile.model_validate(p) for p in self.profiles]
+        return list(self.profiles)
 
     def user_profiles(self) -> list[Profile]:
         groups = unix_groups(self.user.name)
@@ -136,7 +136,7 @@ class PartitionSpawner(WrapSpawner):
 
     def count_refusal(self, options) -> None:
         asked = options.get("profile") if isinstance(options, dict) else None
-        known = {p["name"] for p in self.profiles}  # a label never takes what a user typed
+        known = {p.name for p in self.profiles}  # a label never takes what a user typed
         metrics.SPAWN_FAILURES.labels(asked if isinstance(asked, str) and asked in known else "(other)",
                                       "invalid-request").inc()
 
@@ -145,7 +145,7 @@ class PartitionSpawner(WrapSpawner):
         """The user's address in LDAP, unchecked; None without one (or without LDAP settings)."""
         if not self.ldap:
             return None
-        return await mailaddress.lookup(LdapSettings.model_validate(self.ldap), self.user.name)
+        return await mailaddress.lookup(self.ldap, self.user.name)
 
     async def mail_user_for(self, options: dict) -> str:
         """The --mail-user of a request that asks for mail (validated options), else ''."""
@@ -216,14 +216,14 @@ class PartitionSpawner(WrapSpawner):
         (a new demo's, say): the form says so, and their kernels show it on the launcher."""
         catalog = self.config.SlurmGPUSpawner.get("images") or []
         found = {}
-        for image in catalog if isinstance(catalog, list) else []:
+        for image in catalog if isinstance(catalog, list) else []:  # portal.settings.Image models (hub/config.py)
             try:
-                detail = building_detail(SimpleNamespace(**image))
+                detail = building_detail(image)
             except Exception as error:  # noqa: BLE001 - a note of the form: the form itself must render
-                self.log.warning("could not tell whether image %s is being built: %s", image.get("name"), error)
+                self.log.warning("could not tell whether image %s is being built: %s", image.name, error)
                 continue
             if detail:
-                found.setdefault(image["display_name"], detail)
+                found.setdefault(image.display_name, detail)
         return list(found.items())
 
     def last_choice(self) -> dict:
@@ -320,8 +320,7 @@ class PartitionSpawner(WrapSpawner):
         self.child_profile = name
         self.child_class = SlurmGPUSpawner
         # The job launcher of the session may use every profile this user may (same rules).
-        self.child_config = {"profile": profile.model_dump(),
-                             "launch_profiles": [p.model_dump() for p in self.user_profiles()]}
+        self.child_config = {"profile": profile, "launch_profiles": self.user_profiles()}
 
     def construct_child(self):
         """wrapspawner's construct_child, without handing the child the hub's database session
@@ -349,6 +348,9 @@ class PartitionSpawner(WrapSpawner):
 
     def get_state(self):
         state = super().get_state()
+        # The child's profile as the session started with it (wrapspawner keeps child_config in the state): JSON.
+        state["child_conf"] = {key: [v.model_dump(mode="json") for v in value] if isinstance(value, list)
+                               else value.model_dump(mode="json") for key, value in self.child_config.items()}
         state["profile"] = self.child_profile
         if self.session_ended:
             state["session_ended"] = self.session_ended
@@ -357,7 +359,14 @@ class PartitionSpawner(WrapSpawner):
         return state
 
     def load_state(self, state):
-        super().load_state(state)
+        # Read back from the hub's database, once per session as the hub starts (never again in memory).
+        stored = state.get("child_conf") or {}
+        child_conf = {}
+        if isinstance(stored.get("profile"), dict):
+            child_conf["profile"] = Profile.model_validate(stored["profile"])
+        if isinstance(stored.get("launch_profiles"), list):
+            child_conf["launch_profiles"] = [Profile.model_validate(p) for p in stored["launch_profiles"]]
+        super().load_state({**state, "child_conf": child_conf})
         self.session_ended = state.get("session_ended", "")
         kept = state.get("kept_job")
         self.kept_job = kept if isinstance(kept, dict) and str(kept.get("job_id", "")).isdigit() else {}

@@ -65,7 +65,7 @@ PORT = 8888
 def hub_config(conf: str) -> Config:
     """What portal/hub/config.py sets of the spawners, for these profiles; squeue read every 20 ms."""
     c = Config()
-    c.PartitionSpawner.profiles = [p.model_dump() for p in PROFILES]
+    c.PartitionSpawner.profiles = list(PROFILES)
     c.PartitionSpawner.default_profile = "gpu"
     c.Spawner.start_timeout = START_TIMEOUT
     c.Spawner.http_timeout = 5

@@ -140,10 +140,10 @@ def configure(c, settings=None) -> None:
     # More walltime for a running session: dsportal's service, which the hub starts and stops (extend.py).
     c.SlurmGPUSpawner.service_url = extend.configure(c, settings)
     c.JupyterHub.spawner_class = PartitionSpawner
-    c.PartitionSpawner.profiles = [p.model_dump() for p in settings.profiles]
+    c.PartitionSpawner.profiles = list(settings.profiles)  # the models themselves: validated once, here
     c.PartitionSpawner.default_profile = settings.profile().name
     c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
-    c.PartitionSpawner.ldap = settings.ldap.model_dump(mode="json")  # the user's e-mail address, for Slurm's mail
+    c.PartitionSpawner.ldap = settings.ldap  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
     # Starts beyond the limit: HTTP 429 with Retry-After, nothing submitted; the form and the REST API say
     # so in the portal's words (pacing.spawn_limit_words).
@@ -174,8 +174,8 @@ def configure(c, settings=None) -> None:
     c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
     c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
     c.SlurmGPUSpawner.mediator = str(settings.slurm.mediator)
-    c.SlurmGPUSpawner.images = [i.model_dump(mode="json") for i in settings.images]
-    c.SlurmGPUSpawner.data_mounts = [m.model_dump(mode="json") for m in settings.data_mounts]
+    c.SlurmGPUSpawner.images = list(settings.images)
+    c.SlurmGPUSpawner.data_mounts = list(settings.data_mounts)
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
     c.SlurmGPUSpawner.squeue_interval = settings.slurm.squeue_interval
     c.Spawner.poll_interval = hub.poll_interval
