@@ -16,13 +16,17 @@ from .settings import LdapSettings
 # hub's CPU, for type checks of attribute names the portal spells itself; values come back as text
 # either way.
 SERVER_INFO = ldap3.NONE
+# A pool of servers where none answers: ldap3 would sleep POOLING_LOOP_TIMEOUT (10 s) before giving up.
+ldap3.set_config_parameter("POOLING_LOOP_TIMEOUT", 0)
 
 
 def new_server(address: str, port: int, use_ssl: bool, tls_kwargs: dict, connect_timeout: float) -> ldap3.Server:
     """The LDAP server as the portal's connections see it (these and the hub's logins): its
     certificate checked as ``tls_kwargs`` say, a connect timeout, none of its schema read."""
+    # No referral is followed (allowed_referral_hosts empty, auto_referrals off on every connection): ldap3 would
+    # bind again, with the same password, at any host a referral names, with TLS unchecked or none.
     return ldap3.Server(address, port=port, use_ssl=use_ssl, tls=ldap3.Tls(**tls_kwargs),
-                        connect_timeout=connect_timeout, get_info=SERVER_INFO)
+                        connect_timeout=connect_timeout, get_info=SERVER_INFO, allowed_referral_hosts=[])
 
 
 def new_servers(servers: list[tuple[str, int]], use_ssl: bool, tls_kwargs: dict,
@@ -39,7 +43,7 @@ def open_connection(ldap: LdapSettings, connect_timeout: float | None = None,
     server = new_servers(ldap.servers(), ldap.tls_strategy == "on_connect", ldap.tls_kwargs(),
                          connect_timeout or ldap.connect_timeout)
     receive = max(1, math.ceil(receive_timeout or ldap.receive_timeout))  # ldap3: whole seconds
-    connection = ldap3.Connection(server, auto_bind=False, receive_timeout=receive)
+    connection = ldap3.Connection(server, auto_bind=False, receive_timeout=receive, auto_referrals=False)
     connection.open()
     if ldap.tls_strategy == "before_bind":
         connection.start_tls()

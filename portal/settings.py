@@ -402,18 +402,24 @@ class LdapSettings(_Model):
         if self.search_bind_password_file and not self.search_bind_password_file.is_absolute():
             raise ValueError(f"search_bind_password_file {str(self.search_bind_password_file)!r} must be an "
                              "absolute path")
+        if self.bind_dn_template and self.search_base:
+            raise ValueError("set bind_dn_template (the DN a login binds as) or search_base (where the user's entry "
+                             "is searched for), not both")
         for server in self.failover_servers:
-            host, _, port = server.rpartition(":") if ":" in server else (server, "", "")
-            if not (host or server).strip() or (port and not (port.isdigit() and 0 < int(port) < 65536)):
-                raise ValueError(f"failover server {server!r} is not host or host:port")
+            if not re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?", server):
+                raise ValueError(f"failover server {server!r} is not host, host:port, [IPv6] or [IPv6]:port")
         return self
 
     def servers(self) -> list[tuple[str, int]]:
         """(host, port) of server_address, then of each failover server (their port: server_port unless given)."""
         found = [(self.server_address, self.server_port)]
         for server in self.failover_servers:
-            host, _, port = server.rpartition(":")
-            found.append((host, int(port)) if host and port.isdigit() else (server, self.server_port))
+            if server.startswith("["):
+                host, _, rest = server[1:].partition("]")
+                found.append((host, int(rest[1:]) if rest.startswith(":") else self.server_port))
+            else:
+                host, _, port = server.rpartition(":")
+                found.append((host, int(port)) if host and port.isdigit() else (server, self.server_port))
         return found
 
     def search_password(self) -> str | None:

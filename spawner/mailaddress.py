@@ -28,7 +28,9 @@ def _connection(ldap: LdapSettings) -> ldap3.Connection:
     """A connection with the login's servers, TLS strategy and timeouts, bound as the search's service
     account (ldap.search_bind_dn), else anonymously."""
     connection = ldapconnect.open_connection(ldap)
-    ldapconnect.bind_for_search(connection, ldap)
+    if not ldapconnect.bind_for_search(connection, ldap):
+        connection.unbind()
+        raise DirectoryUnavailable("the directory (LDAP) refused the portal's own account; please tell your admin")
     return connection
 
 
@@ -45,8 +47,8 @@ def address_in_directory(ldap: LdapSettings, username: str) -> str | None:
         connection = _connection(ldap)
     except (LDAPException, OSError) as error:
         raise DirectoryUnavailable(f"the directory (LDAP) did not answer ({error})") from None
-    except ValueError as error:  # SettingsError: the service account's password file
-        raise DirectoryUnavailable(f"the portal cannot read the directory ({error})") from None
+    except ValueError:  # SettingsError (the service account's password file): the admin's `dsportal check` says which
+        raise DirectoryUnavailable("the portal cannot read its own directory settings; please tell your admin") from None
     try:
         return _first_address(connection, ldap, username)
     except (LDAPException, OSError) as error:

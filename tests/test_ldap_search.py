@@ -29,7 +29,8 @@ from spawner import mailaddress
 BASE = "dc=site,dc=test"
 SERVICE = f"cn=dsportal,ou=services,{BASE}"
 GROUP = f"cn=datascience,ou=groups,{BASE}"
-PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", SERVICE: "service-secret"}
+PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", SERVICE: "service-secret", "portalsvc": "svc-in-staff",
+             "\uff44\uff41\uff56\uff45": "look-alike"}  # the last: "dave" in full-width letters
 
 pytestmark = pytest.mark.skipif(not shutil.which("slapd", path="/usr/sbin:/usr/bin"), reason="needs slapd (make deps)")
 
@@ -72,7 +73,7 @@ olcSuffix: {BASE}
 olcDbDirectory: {{state}}/data
 olcAccess: {{{{0}}}}to attrs=userPassword by self write by anonymous auth by * none
 olcAccess: {{{{1}}}}to dn.subtree="ou=groups,{BASE}" by users read by * none
-olcAccess: {{{{2}}}}to * by dn.exact="{SERVICE}" read by self read by * none
+olcAccess: {{{{2}}}}to * by dn.exact="{SERVICE}" read by dn.exact="uid=portalsvc,ou=staff,{BASE}" read by self read by * none
 """
 
 
@@ -80,13 +81,15 @@ def directory() -> str:
     entries = [f"dn: {BASE}\nobjectClass: dcObject\nobjectClass: organization\no: site\ndc: site"]
     for unit in ("staff", "services", "groups"):
         entries.append(f"dn: ou={unit},{BASE}\nobjectClass: organizationalUnit\nou: {unit}")
+    # a second service account, among the users (as on many AD sites), may read them too
     entries.append(f"dn: {SERVICE}\nobjectClass: organizationalRole\nobjectClass: simpleSecurityObject\n"
                    f"cn: dsportal\nuserPassword: {ssha(PASSWORDS[SERVICE])}")
-    for uid, name in ((2001, "alice"), (2002, "bob")):
+    for uid, name in ((2001, "alice"), (2002, "bob"), (2003, "portalsvc"), (2004, "\uff44\uff41\uff56\uff45")):
         entries.append(f"dn: uid={name},ou=staff,{BASE}\nobjectClass: inetOrgPerson\nobjectClass: posixAccount\n"
                        f"uid: {name}\ncn: {name.title()} Example\nsn: Example\nuidNumber: {uid}\ngidNumber: {uid}\n"
                        f"homeDirectory: /home/{name}\nmail: {name}@site.test\nuserPassword: {ssha(PASSWORDS[name])}")
-    entries.append(f"dn: {GROUP}\nobjectClass: groupOfNames\ncn: datascience\nmember: uid=alice,ou=staff,{BASE}")
+    entries.append(f"dn: {GROUP}\nobjectClass: groupOfNames\ncn: datascience\nmember: uid=alice,ou=staff,{BASE}\n"
+                   f"member: uid=portalsvc,ou=staff,{BASE}\nmember: uid=\uff44\uff41\uff56\uff45,ou=staff,{BASE}")
     return "\n\n".join(entries) + "\n"
 
 
@@ -208,3 +211,35 @@ def test_her_mail_address_and_the_check_use_the_service_account(slapd, password_
     result = check_ldap(SimpleNamespace(ldap=ldap))
     assert result.ok and result.detail == (f"search under ou=staff,{BASE} as {SERVICE} to 127.0.0.1:{slapd} works; "
                                            "1 allowed group(s) found"), result.detail
+
+
+def test_the_search_account_among_the_users_and_look_alike_names_log_nobody_in(slapd, tmp_path):
+    """The service account's own name typed at the login page is refused as a wrong password is (counted by the
+    throttle, never the 'portal's own account' 503 that would tell a guesser whether the guess was right); an
+    entry whose name only matches the one typed (full-width letters, which OpenLDAP's uid matching folds) is
+    not the account typed: her sessions would run as that name."""
+    password_file = tmp_path / "svc"
+    password_file.write_text(PASSWORDS["portalsvc"])
+    password_file.chmod(0o600)
+    ldap = search_settings(slapd, password_file, search_bind_dn=f"uid=portalsvc,ou=staff,{BASE}")
+    assert name_of(login(ldap, "alice", PASSWORDS["alice"])) == "alice"
+    assert login(ldap, "portalsvc", "a guess") is None  # a wrong guess: no 503 that tells it apart
+    assert login(ldap, "portalsvc", PASSWORDS["portalsvc"]) is None  # nor does the right one log in
+    assert login(ldap, "dave", PASSWORDS["\uff44\uff41\uff56\uff45"]) is None
+
+
+def test_no_referral_is_followed_and_failover_servers_are_parsed():
+    from portal import ldapconnect
+    from portal.hub.auth import ldap_server
+
+    server = ldapconnect.new_server("127.0.0.1", 389, False, {}, 3)
+    assert server.allowed_referral_hosts == []
+    assert ldap_server("[2001:db8::5]:636", 389) == ("2001:db8::5", 636)
+    assert ldap_server("[2001:db8::5]", 389) == ("2001:db8::5", 389)
+    assert ldap_server("ldap2.example.org:3269", 389) == ("ldap2.example.org", 3269)
+    ldap = LdapSettings(search_base=BASE, failover_servers=["[2001:db8::5]:636", "b.example.org", "c:3269"])
+    assert ldap.servers()[1:] == [("2001:db8::5", 636), ("b.example.org", 389), ("c", 3269)]
+    with pytest.raises(ValueError, match="not both"):
+        LdapSettings(search_base=BASE, bind_dn_template=["uid={username},ou=x"])
+    with pytest.raises(ValueError, match="is not host, host:port"):
+        LdapSettings(search_base=BASE, failover_servers=["ldap://x"])

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import math
 import re
+import threading
 
 from ldap3.core.exceptions import (
     LDAPCommunicationError,
@@ -41,6 +42,23 @@ class LoginServiceUnavailable(web.HTTPError):
 
     def __init__(self):
         super().__init__(503, NOT_ANSWERING)
+
+
+_search = threading.local()  # set while resolve_username binds as the search's service account
+
+
+def _dn(dn: str) -> str:
+    """A DN compared as LDAP does for these: case and blanks around separators aside."""
+    return ",".join(part.strip().lower() for part in str(dn).split(","))
+
+
+def ldap_server(server: str, port: int) -> tuple[str, int]:
+    """(host, port) of "host", "host:port", "[IPv6]" or "[IPv6]:port"."""
+    if server.startswith("["):
+        host, _, rest = server[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else port
+    host, _, given = server.rpartition(":")
+    return (host, int(given)) if host and given.isdigit() else (server, port)
 
 
 class SearchAccountRefused(RuntimeError):
@@ -145,14 +163,35 @@ class PortalAuthenticator(LDAPAuthenticator):
 
     def get_connection(self, userdn, password):
         """ldapauthenticator's connection, with connect and receive timeouts, to the first of the servers that
-        answers. The search's service account refused is the portal's fault, not the user's: said as such."""
+        answers. The search's service account refused (its bind in resolve_username, whatever the DN: a user who
+        types its name never gets this answer) is the portal's fault, not the user's: said as such."""
         servers = [(self.server_address, self.server_port)]
-        servers += [(host, int(port)) for host, _, port in (s.rpartition(":") for s in self.failover_servers)]
+        servers += [ldap_server(server, self.server_port) for server in self.failover_servers]
         connection = upstream.ldap_connection(self, userdn, password, self.connect_timeout,
                                               max(1, math.ceil(self.receive_timeout)), servers)  # ldap3: whole seconds
-        if connection is None and self.lookup_dn and userdn == self.lookup_dn_search_user and userdn:
-            raise SearchAccountRefused(userdn)
+        if connection is None and getattr(_search, "binding", False):
+            raise SearchAccountRefused(userdn or "anonymous")
         return connection
+
+    def resolve_username(self, username_supplied_by_user):
+        """ldapauthenticator's look-up of the user's DN as the service account, refusing (as a wrong password
+        is) an entry whose name is not the one typed (a directory matching look-alikes or spaces would hand
+        the login another person's account: her sessions run as that name) and the service account itself."""
+        _search.binding = True
+        try:
+            username, userdn = super().resolve_username(username_supplied_by_user)
+        finally:
+            _search.binding = False
+        if userdn is None:
+            return None, None
+        if str(username).lower() != username_supplied_by_user.lower():
+            self.log.warning("Login of %r refused: the directory's entry is %r (%s), not that name",
+                             username_supplied_by_user, username, userdn)
+            return None, None
+        if self.lookup_dn_search_user and _dn(userdn) == _dn(self.lookup_dn_search_user):
+            self.log.warning("Login of %r refused: that is the portal's own search account", username_supplied_by_user)
+            return None, None
+        return username, userdn
 
     def _check_in_thread(self, data):
         # The parent's coroutine never awaits: run it to the end on this worker thread.

@@ -169,7 +169,8 @@ def ldap_connection(authenticator, userdn, password, connect_timeout: float, rec
     use_ssl = authenticator.tls_strategy == TlsStrategy.on_connect
     server = ldapconnect.new_servers(servers or [(authenticator.server_address, authenticator.server_port)], use_ssl,
                                      authenticator.tls_kwargs, connect_timeout)
-    connection = ldap3.Connection(server, user=userdn, password=password, receive_timeout=receive_timeout)
+    connection = ldap3.Connection(server, user=userdn, password=password, receive_timeout=receive_timeout,
+                                  auto_referrals=False)  # no bind elsewhere with her password (ldapconnect)
     connection.open(read_server_info=False)  # raises where no server answers, or its certificate is refused
     if authenticator.tls_strategy == TlsStrategy.before_bind and not connection.start_tls(read_server_info=False):
         connection.unbind()
