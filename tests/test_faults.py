@@ -7,6 +7,7 @@ once slurmdbd is back they reach it and `dsportal usage` counts the session star
 
 from __future__ import annotations
 
+import html
 import os
 import subprocess
 import time
@@ -80,3 +81,52 @@ def test_sdiag_s_backlog_is_read_and_nothing_else_is_taken_for_it():
     assert parse_dbd_backlog(out) == 5
     assert parse_dbd_backlog("Agent queue size:     7\n") is None  # slurmctld's own agent, not slurmdbd's
     assert parse_dbd_backlog("") is None
+
+
+DB_OUTAGE = 30  # seconds the hub's MariaDB is down
+
+
+def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recovers_without_a_restart(alice, portal):
+    """The hub's MariaDB stopped for 30 s, then started again. Meanwhile her pages and API calls get 503 with
+    words (JupyterHub alone sent the browser to the login page, as if logged out, and told her token it was
+    invalid: 403), her running session answers through the proxy throughout, and once the database is back
+    the same hub (no restart) answers again and her session is the same job."""
+    from portal.cluster.demo import accounting
+    from portal.cluster.demo.base import paths, stop_pid
+    from portal.cluster.demo.hub import hub_pidfile
+    from portal.hub.databasedown import WORDS
+
+    alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    job = [j["job_id"] for j in active_jobs("alice")]
+    assert alice.api("GET", "/user/alice/api/status").status_code == 200  # the session knows her token now
+    hub_pid = hub_pidfile().read_text().strip()
+    pidfile = paths().root / "mariadb-run" / "mariadb.pid"
+    stop_pid(pidfile, "MariaDB", wait=30)
+    down = time.monotonic()
+    seen = {"api": set(), "page": set(), "session": set()}
+    try:
+        while time.monotonic() - down < DB_OUTAGE:
+            api = alice.api("GET", "/hub/api/users/alice")
+            seen["api"].add(api.status_code)
+            if api.status_code == 503:
+                assert api.json()["message"] == WORDS, api.text
+            page = alice.web.get(f"{alice.hub_origin}/hub/home", allow_redirects=False, timeout=15)
+            seen["page"].add(page.status_code)
+            if page.status_code == 503:
+                assert WORDS in html.unescape(page.text), page.text[-2000:]
+            seen["session"].add(alice.api("GET", "/user/alice/api/status").status_code)
+            time.sleep(2)
+    finally:
+        accounting.ensure_accounting()  # MariaDB (and slurmdbd, if it stopped) again
+    back = time.monotonic()
+    while (api := alice.api("GET", "/hub/api/users/alice")).status_code != 200:
+        assert time.monotonic() - back < 60, (api.status_code, api.text)
+        time.sleep(0.5)
+    recovered = time.monotonic() - back
+    print(f"hub's database down {back - down:.1f} s: API {sorted(seen['api'])}, pages {sorted(seen['page'])}, "
+          f"her session {sorted(seen['session'])}; answering again {recovered:.1f} s after MariaDB was back")
+    assert seen["api"] == {503} and seen["page"] == {503}, seen  # never a login page, never "invalid credentials"
+    assert seen["session"] == {200}, seen
+    assert alice.web.get(f"{alice.hub_origin}/hub/home", timeout=15).status_code == 200
+    assert hub_pidfile().read_text().strip() == hub_pid  # the same hub: no restart
+    assert [j["job_id"] for j in active_jobs("alice")] == job and "uid" in alice.run_code("print('uid')")

@@ -51,7 +51,7 @@ HUB_APPLIES = """
 import json
 from traitlets.config import Config
 from types import SimpleNamespace
-from portal.hub import origins, pacing, portreport, proxywatch, routeowner, sharing, upstream, useroptions
+from portal.hub import databasedown, origins, pacing, portreport, proxywatch, routeowner, sharing, upstream, useroptions
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
 c = Config(); c.JupyterHub.template_vars = {}
@@ -60,6 +60,7 @@ useroptions.judge_before_storing()
 portreport.install_port_handler()
 pacing.install(pacing.Pacer())
 proxywatch.install()
+databasedown.install()
 routeowner.check_sessions_by_their_certificate()
 print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and not p.applied()]))
 """
@@ -392,6 +393,7 @@ def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
     its module asks stands_aside() (or, in a kernel, checks its fingerprints itself)."""
     standing_aside = {"paced-new-work": "portal/hub/pacing.py", "unshareable-share-refused": "portal/hub/sharing.py",
                       "proxy-restart-routes": "portal/hub/proxywatch.py",
+                      "database-down-503": "portal/hub/databasedown.py",
                       "api-activity": "portal/session/upstream.py", "tensorboard-info-file": "portal/session/tensorboards.py",
                       "kernel-launcher": "portal/session/kernels.py",
                       "tensorboard-magic": "portal/session/magics.py"}

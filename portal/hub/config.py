@@ -17,7 +17,19 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from . import extend, loadshed, metrics, pacing, proxyservice, proxywatch, sessions, sharing, upstream, useroptions
+from . import (
+    databasedown,
+    extend,
+    loadshed,
+    metrics,
+    pacing,
+    proxyservice,
+    proxywatch,
+    sessions,
+    sharing,
+    upstream,
+    useroptions,
+)
 from .auth import configure_ldap
 from .origins import configure_user_origins
 from .portreport import install_port_handler
@@ -110,6 +122,7 @@ def configure(c, settings=None) -> None:
         if hub.proxy_token_file:
             c.ConfigurableHTTPProxy.auth_token = proxyservice.read_token(hub.proxy_token_file)
         proxywatch.install()  # a proxy restarted by systemd gets every session's route back within seconds
+    databasedown.install()  # the hub's database not answering: 503 in words, nobody logged out
     configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)

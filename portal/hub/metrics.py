@@ -31,6 +31,9 @@ SLURM_SECONDS = Histogram(
     "dsportal_slurm_command_seconds", "How long the hub's Slurm client commands took.", ["command"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
+DATABASE_UNAVAILABLE = Counter(
+    "dsportal_database_unavailable", "Requests answered 503 because the hub's database did not answer the look-up "
+    "of their user (portal/hub/databasedown.py).")
 REQUESTS_SHED = Counter(
     "dsportal_requests_shed", "Reads that could wait (page views, polling) answered 429 while the hub's event loop "
     "lagged (portal/hub/loadshed.py).")

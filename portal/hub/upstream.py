@@ -209,6 +209,47 @@ def connection_address(request):
     return getattr(getattr(request.connection, "context", None), "address", None)
 
 
+def answer_503_when_the_database_fails(words: str, counted) -> None:
+    """JupyterHub's handlers answer 503 ``words`` (``counted()`` each time) where the database fails the look-up of
+    the request's user, instead of going on as if nobody were logged in (PATCHES database-down-503)."""
+    from jupyterhub.handlers.base import BaseHandler
+    from sqlalchemy.exc import DBAPIError
+    from tornado import web
+
+    if _database_down_applied():
+        return
+    get_current_user, prepare = BaseHandler.get_current_user, BaseHandler.prepare
+
+    async def get_current_user_or_remember(self):
+        try:
+            return await get_current_user(self)
+        except DBAPIError as error:  # the database did not answer: not "nobody is logged in"
+            self._dsportal_database_error = error
+            raise
+
+    async def prepare_or_503(self):
+        try:
+            await prepare(self)  # JupyterHub's: it logs the error and rolls its session back
+        except web.HTTPError:  # e.g. the XSRF check of a user it could not look up
+            if getattr(self, "_dsportal_database_error", None) is None:
+                raise
+        if getattr(self, "_dsportal_database_error", None) is not None:
+            counted()
+            raise web.HTTPError(503, words)
+
+    get_current_user_or_remember.original = get_current_user
+    prepare_or_503.original = prepare
+    prepare_or_503.dsportal_database_down = True
+    BaseHandler.get_current_user = get_current_user_or_remember
+    BaseHandler.prepare = prepare_or_503
+
+
+def _database_down_applied() -> bool:
+    from jupyterhub.handlers.base import BaseHandler
+
+    return getattr(BaseHandler.prepare, "dsportal_database_down", False)
+
+
 # ------------------------------------------------------------------ the checklist
 def _pins_session_certificates() -> bool:
     return getattr(jupyterhub.user.make_ssl_context, "pins_session_certificates", False)
@@ -289,6 +330,15 @@ PATCHES = [
           lambda: any(getattr(extend, "watches_proxy", False) for extend in _AFTER_INIT),
           hook="JupyterHub checking an external proxy's routes every few seconds (or when the proxy says it "
           "restarted), apart from last_activity_interval"),
+    Patch("database-down-503", "portal/hub/databasedown.py",
+          "jupyterhub.handlers.base.BaseHandler.get_current_user and BaseHandler.prepare (wrapped)", JUPYTERHUB,
+          "6.1.1", "where the hub's database does not answer the look-up of a request's user, JupyterHub goes on as if "
+          "nobody were logged in: browsers are sent to the login page, API clients told their token is invalid (403); "
+          "the portal answers 503 in words instead. Standing aside: JupyterHub's own answer",
+          (Definition("jupyterhub.handlers.base", "BaseHandler.prepare", "76f2c75d18a69a15"),
+           Definition("jupyterhub.handlers.base", "BaseHandler.get_current_user", "29ae7ac5243a75fd")),
+          lambda: _database_down_applied(),
+          hook="JupyterHub answering 503 when its database fails the look-up of a request's user"),
     Patch("port-report-handler", "portal/hub/portreport.py",
           "jupyterhub.apihandlers.default_handlers: batchspawner's /api/batchspawner handler replaced",
           "batchspawner", "1.3.0", "batchspawner's handler sets any attribute a job sends on its spawner and "
