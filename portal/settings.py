@@ -317,7 +317,13 @@ class HubSettings(_Model):
 class SlurmSettings(_Model):
     """How the hub reaches Slurm: its client commands, the mediator it runs as users, how often it asks."""
 
-    conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF).")
+    conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF). Empty or left out: none "
+                              "(a configless cluster: the commands find slurmctld themselves).")
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _empty_conf_is_none(cls, value):
+        return None if isinstance(value, str) and not value.strip() else value
     bin_dir: Path = Field(Path(defaults.SLURM_BIN_DIR), description="The folder of Slurm's client commands "
                           "(sbatch, squeue, sinfo, scancel, sacct), for the hub, the mediator and the admin's commands.")
     submit_as: Literal["runuser", "sudo"] = Field(

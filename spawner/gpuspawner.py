@@ -21,7 +21,15 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
 from portal import defaults, sessionvars
-from portal.cluster.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, refusal_hint, shared_client
+from portal.cluster.slurmclient import (
+    Job,
+    Slurm,
+    SlurmError,
+    SlurmUnavailable,
+    home_full,
+    refusal_hint,
+    shared_client,
+)
 from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for
 from portal.settings import DataMount, Image, Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
@@ -330,6 +338,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             raise SpawnFailed(f"The cluster scheduler is not answering right now, please retry in a minute ({error})",
                               reason="scheduler-unavailable", status_code=503) from None
         except SlurmError as error:
+            if home_full(str(error)):
+                raise SpawnFailed("Your home folder is full: the session's files (its log and certificates, under "
+                                  f"{self._expand(self.log_dir)}) cannot be written ({error}). Free some space, or ask "
+                                  "your admin for more, then start again. Nothing was submitted.",
+                                  reason="home-full", status_code=507) from None
             hint = refusal_hint(str(error), profile.account, profile.qos)
             raise SpawnFailed(f"Slurm refused the session job: {error}{hint}", reason="submit-refused",
                               status_code=400) from None

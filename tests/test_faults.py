@@ -130,3 +130,56 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     assert alice.web.get(f"{alice.hub_origin}/hub/home", timeout=15).status_code == 200
     assert hub_pidfile().read_text().strip() == hub_pid  # the same hub: no restart
     assert [j["job_id"] for j in active_jobs("alice")] == job and "uid" in alice.run_code("print('uid')")
+
+
+FULL_USER = "member300"  # a department member no other test uses: her home becomes a 1 MB file system here
+
+
+@pytest.fixture
+def small_home():
+    """member300's home on a 1 MB tmpfs of her own (a quota's or a small file system's ENOSPC), her files copied
+    in; her real home back at the end."""
+    import pwd
+
+    entry = pwd.getpwnam(FULL_USER)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=1m,uid={entry.pw_uid},gid={entry.pw_gid},mode=0700", "tmpfs",
+                    entry.pw_dir], check=True)
+    try:
+        yield entry.pw_dir
+    finally:
+        subprocess.run(["umount", "-l", entry.pw_dir], check=True)
+
+
+def fill(home: str) -> None:
+    """Her home full: a file as her that takes what is left."""
+    subprocess.run(["runuser", "-u", FULL_USER, "--", "sh", "-c", f"head -c 2000000 /dev/zero > {home}/filler"],
+                   capture_output=True)
+
+
+def test_a_full_home_says_so_at_the_start_and_a_save_never_truncates_the_notebook(portal, small_home):
+    from conftest import HUB
+    from hubclient import HubUser
+
+    member = HubUser(HUB, FULL_USER).must_login(f"{FULL_USER}-demo")
+    fill(small_home)
+    refused = member.start_server({"profile": "cpu", "walltime": "00:30:00"})
+    assert refused.status_code == 507, (refused.status_code, refused.text)
+    words = refused.json()["message"]
+    assert words.startswith("Your home folder is full: the session's files") and "Nothing was submitted." in words
+    assert not active_jobs(FULL_USER)
+    # Space again: her session starts; then her home fills while she works.
+    os.remove(f"{small_home}/filler")
+    member.spawn({"profile": "cpu", "walltime": "00:30:00"})
+    notebook = {"type": "notebook", "content": {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "kept"}],
+                                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}}
+    assert member.api("PUT", f"/user/{FULL_USER}/api/contents/work.ipynb", json=notebook).status_code in (200, 201)
+    saved = open(f"{small_home}/work.ipynb", "rb").read()
+    fill(small_home)
+    notebook["content"]["cells"][0]["source"] = "changed " * 5000
+    failed = member.api("PUT", f"/user/{FULL_USER}/api/contents/work.ipynb", json=notebook)
+    assert failed.status_code == 507, (failed.status_code, failed.text)
+    assert failed.json()["message"] == ("Your home folder is full: work.ipynb was not saved, and the copy on disk is "
+                                        "your last save, whole. Free some space (or ask your admin for more), then "
+                                        "save again.")
+    assert open(f"{small_home}/work.ipynb", "rb").read() == saved  # her last save, whole
+    member.stop_server()

@@ -49,16 +49,18 @@ def test_what_a_profile_leaves_out_is_switched_off_by_jupyters_own_settings(tmp_
     config = session_tools.write_config(tmp_path, Tools(frozenset({"r"})))
     server = json.loads((config / "jupyter_server_config.json").read_text())["ServerApp"]
     off = {"jupyter_server_ydoc": False, "jupyter_server_fileid": False}  # live co-editing: shareable sessions only
-    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False, "nbdime": False, **off}}
+    contents = {"contents_manager_class": "portal.session.contents.ContentsManager"}  # a full home said in words
+    assert server == {"terminals_enabled": False, "jpserver_extensions": {"jupyterlab_git": False, "nbdime": False, **off},
+                      **contents}
     page = json.loads((config / "labconfig" / "page_config.json").read_text())
     assert page == {"disabledExtensions": {"@jupyterlab/git": True, "nbdime-jupyterlab": True,
                                            "@jupyter/collaboration-extension": True, "@jupyter/docprovider-extension": True}}
     everything = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)))
     assert json.loads((everything / "jupyter_server_config.json").read_text()) == \
-        {"ServerApp": {"terminals_enabled": True, "jpserver_extensions": off}}
+        {"ServerApp": {"terminals_enabled": True, "jpserver_extensions": off, **contents}}
     shared = session_tools.write_config(tmp_path, Tools(frozenset(session_tools.TOOLS)), shareable=True)
     assert json.loads((shared / "jupyter_server_config.json").read_text()) == {
-        "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True)}}
+        "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True), **contents}}
     assert json.loads((shared / "labconfig" / "page_config.json").read_text()) == {"disabledExtensions": {}}
     assert session_tools.sharing_groups({"DSPORTAL_SHARING": '{"groups": ["ml-lab", "Bad Name", 3]}'}) == ["ml-lab"]
     assert session_tools.sharing_groups({"DSPORTAL_SHARING": "{nope"}) == session_tools.sharing_groups({}) == []

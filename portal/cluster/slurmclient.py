@@ -41,6 +41,7 @@ from .slurmparse import (
     array_task_ids,
     bounded_tail,
     checked_output,
+    home_full as home_full,  # imported from here by spawner/
     job_gpus as job_gpus,  # imported from here by portal/session/
     newest_by_job,
     parse_config,

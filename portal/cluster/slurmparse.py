@@ -53,6 +53,15 @@ def refusal_hint(message: str, account: str | None = None, qos: str | None = Non
     return ""
 
 
+_FULL = re.compile(r"\[Errno (28|122)\]|No space left on device|Disk quota exceeded")
+
+
+def home_full(message: str) -> bool:
+    """Whether a submission failed because the user's folders are full: the mediator, writing her session's
+    files as her (its log folder, its certificates in ~/.dsportal), was told ENOSPC or EDQUOT."""
+    return bool(_FULL.search(message or ""))
+
+
 @dataclass(frozen=True)
 class Job:
     job_id: int
@@ -442,8 +451,8 @@ def describe_releases(controller: str | None, commands: str | None) -> tuple[str
     said = f"slurmctld {controller}" + (f", this host's commands {commands}" if commands else "")
     if commands and release_line(commands) != line:
         return (f"{said}: this host's commands are of another release than slurmctld; install the cluster's own "
-                "release on this host (Slurm's commands talk to slurmctld of their own release and at most two "
-                "older)", True)
+                "release on this host (slurmctld accepts commands of its own release and up to two older ones, "
+                "three from 24.11, never newer)", True)
     if line in TESTED_RELEASES:
         return (f"{said}: dsportal's cluster suite passed on Slurm {line} ({TESTED_RELEASES[line]}, "
                 "docs/reference/compatibility.md)", False)

@@ -124,7 +124,9 @@ def write_config(folder: Path, tools: Tools, shareable: bool = False) -> Path:
     co-editing and judges guests; any other neither imports nor serves them."""
     config = folder / "config"
     (config / "labconfig").mkdir(parents=True, exist_ok=True)
-    server: dict = {"terminals_enabled": tools.offers("terminal"), "jpserver_extensions": {}}
+    server: dict = {"terminals_enabled": tools.offers("terminal"), "jpserver_extensions": {},
+                    # jupyter_server's own, saying a full home in words (portal/session/contents.py)
+                    "contents_manager_class": "portal.session.contents.ContentsManager"}
     if not tools.offers("git"):
         server["jpserver_extensions"].update(dict.fromkeys(GIT_SERVER_EXTENSIONS, False))
     server["jpserver_extensions"].update(dict.fromkeys(COLLABORATION_SERVER_EXTENSIONS, shareable))
