@@ -65,6 +65,7 @@ def test_a_hub_that_fails_to_set_up_leaves_the_version_as_it_was_and_one_set_up_
     monkeypatch.setattr(cli, "version", lambda: "0.3.0")
     monkeypatch.setattr(cli, "_hub_config_file", lambda: str(tmp_path / "jupyterhub_config.py"))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DSPORTAL_CONFIG", str(tmp_path / "portal.yaml"))  # `dsportal hub` exports it: restored after
     monkeypatch.setattr(upstream, "_AFTER_INIT", [])
     monkeypatch.setattr(cli.gc, "disable", lambda: None)  # the hub's loading without the collector: not here
     monkeypatch.setattr(jupyterhub.app, "main", lambda argv: 1)  # JupyterHub stopped before it was set up
