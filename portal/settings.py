@@ -67,6 +67,15 @@ class SettingsError(ValueError):
     """portal.yaml is missing, unreadable or invalid; the message names each bad key."""
 
 
+def ldap_server(server: str, port: int) -> tuple[str, int]:
+    """(host, port) of "host", "host:port", "[IPv6]" or "[IPv6]:port" (``port`` where none is given)."""
+    if server.startswith("["):
+        host, _, rest = server[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else port
+    host, _, given = server.rpartition(":")
+    return (host, int(given)) if host and given.isdigit() else (server, port)
+
+
 def read_secret(path: Path, what: str) -> str:
     """The secret in a file portal.yaml names (``what``: 'the database password file'), refused unless
     it is a plain file only its owner (the hub's account) can read."""
@@ -418,15 +427,8 @@ class LdapSettings(_Model):
 
     def servers(self) -> list[tuple[str, int]]:
         """(host, port) of server_address, then of each failover server (their port: server_port unless given)."""
-        found = [(self.server_address, self.server_port)]
-        for server in self.failover_servers:
-            if server.startswith("["):
-                host, _, rest = server[1:].partition("]")
-                found.append((host, int(rest[1:]) if rest.startswith(":") else self.server_port))
-            else:
-                host, _, port = server.rpartition(":")
-                found.append((host, int(port)) if host and port.isdigit() else (server, self.server_port))
-        return found
+        return [(self.server_address, self.server_port),
+                *(ldap_server(server, self.server_port) for server in self.failover_servers)]
 
     def search_password(self) -> str | None:
         """The service account's password (read_secret: its file must be the hub account's alone); None without."""

@@ -107,6 +107,11 @@ def _about(model, key: str) -> str:
     return f"portal.yaml's {section}.{key}: {model.model_fields[key].description}"
 
 
+def session_job_name(user: str, server: str) -> str:
+    """The Slurm job name of ``user``'s session ``server`` (session.sbatch.j2's job_name)."""
+    return f"dsportal-{user}" + (f":{server}" if server else "")
+
+
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     """Each trait that mirrors a portal.yaml key is named after it (session.X -> X, slurm.X -> slurm_X or X;
     session_environment, as JupyterHub's Spawner has an environment of its own) and takes its help from the
@@ -220,7 +225,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def job_name(self) -> str:
         """``dsportal-<user>`` for her default session, ``dsportal-<user>:<name>`` for a named one (server
         names are JupyterHub 6's safe slugs: lowercase letters, digits and single hyphens)."""
-        return f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
+        return session_job_name(self.user.name, self.name)
 
     def job_script(self, chosen: SessionSlice) -> str:
         env_prefix = self.session_environment.rstrip("/")

@@ -42,7 +42,7 @@ from portal.userjson import unix_groups
 
 from . import certs, mailaddress, metrics
 from .form import options_from_form
-from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about
+from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about, session_job_name
 
 # What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
 # them with each holder's rights: only the owner's carry them).
@@ -472,8 +472,8 @@ class PartitionSpawner(WrapSpawner):
         slurm = SlurmGPUSpawner.shared_client(self.config)
         job_id = int(kept["job_id"])
         job = await slurm.job(job_id, fresh_after=time.monotonic())
-        name = f"dsportal-{self.user.name}" + (f":{self.name}" if self.name else "")
-        if job is None or job.user != self.user.name or job.name != name or job.finished:
+        if job is None or job.user != self.user.name or job.name != session_job_name(self.user.name, self.name) \
+                or job.finished:
             return
         self.log.info("Session job %s of %s, kept through a hub restart, is cancelled: %s", job_id, self.user.name, why)
         slurm.cancel_soon(self.user.name, job_id).add_done_callback(

@@ -29,7 +29,7 @@ from traitlets import Float, Integer, List, Unicode
 from spawner.certs import USERS_DOMAIN
 
 from .. import defaults
-from ..settings import LdapSettings, LoginThrottleSettings, human_duration
+from ..settings import LdapSettings, LoginThrottleSettings, human_duration, ldap_server
 from ..userjson import unix_groups
 from . import metrics, upstream
 from .loginthrottle import LoginThrottle
@@ -50,15 +50,6 @@ _search = threading.local()  # set while resolve_username binds as the search's 
 def _dn(dn: str) -> str:
     """A DN compared as LDAP does for these: case and blanks around separators aside."""
     return ",".join(part.strip().lower() for part in str(dn).split(","))
-
-
-def ldap_server(server: str, port: int) -> tuple[str, int]:
-    """(host, port) of "host", "host:port", "[IPv6]" or "[IPv6]:port"."""
-    if server.startswith("["):
-        host, _, rest = server[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else port
-    host, _, given = server.rpartition(":")
-    return (host, int(given)) if host and given.isdigit() else (server, port)
 
 
 class SearchAccountRefused(RuntimeError):
@@ -255,7 +246,7 @@ def configure_ldap(c, settings) -> None:
     c.JupyterHub.authenticator_class = PortalAuthenticator
     c.LDAPAuthenticator.server_address = ldap.server_address
     c.LDAPAuthenticator.server_port = ldap.server_port
-    c.PortalAuthenticator.failover_servers = [f"{host}:{port}" for host, port in ldap.servers()[1:]]
+    c.PortalAuthenticator.failover_servers = list(ldap.failover_servers)  # read by settings.ldap_server
     c.LDAPAuthenticator.tls_strategy = ldap.tls_strategy
     c.LDAPAuthenticator.tls_kwargs = ldap.tls_kwargs()  # ldap3's default checks no certificate at all
     c.LDAPAuthenticator.bind_dn_template = list(ldap.bind_dn_template)
