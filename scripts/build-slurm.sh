@@ -81,14 +81,8 @@ fi
 # --- the source: Debian's source package of $suite, through a private apt state, cached ------------
 src_cache=$CACHE/$suite
 mkdir -p "$src_cache"
-state=$(mktemp -d)
-trap 'rm -rf "$state"' EXIT
-mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/prefs"
-echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR $suite main" > "$state/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o "Dir::Etc::SourceParts=$state/parts"
-          -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache"
-          -o "Dir::Etc::Preferences=$state/prefs/none" -o "Dir::Etc::PreferencesParts=$state/prefs"
-          -o "APT::Sandbox::User=root")
+source "$(dirname "$0")/private-apt.sh"
+private_apt deb-src "$suite"
 # The record kept beside the files (name and SHA256 of each, from the signed index) lets a later run
 # without the network build from the cache.
 record=$src_cache/slurm-wlm.sources

@@ -51,14 +51,8 @@ for entry in "${PINNED[@]}"; do
   missing+=("$spec")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  state=$(mktemp -d)
-  trap 'rm -rf "$state"' EXIT
-  mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/parts" "$state/prefs"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR unstable main" > "$state/sources.list"
-  apt_opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o "Dir::Etc::SourceParts=$state/parts"
-            -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache"
-            -o "Dir::Etc::Preferences=$state/prefs/none" -o "Dir::Etc::PreferencesParts=$state/prefs"
-            -o "APT::Sandbox::User=root")
+  source "$(dirname "$0")/private-apt.sh"
+  private_apt deb unstable
   say "apt-get download ${missing[*]} (Debian unstable)"
   apt-get "${apt_opts[@]}" update -q >/dev/null
   if ! (cd "$CACHE" && apt-get "${apt_opts[@]}" download "${missing[@]}" >/dev/null); then

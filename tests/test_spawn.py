@@ -141,7 +141,7 @@ def test_hub_restart_keeps_running_sessions(alice, portal):
     assert "uid" in alice.run_code("print('uid')")
 
 
-def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_job_runs(alice, portal):
+def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_job_runs(alice, bob, portal):
     """JupyterHub stores a spawner's state once its start returns, and cannot go on with a start after a restart:
     the job's id is stored as sbatch returns, the restarted hub keeps the queued job, and dsportal's service starts
     the session again, taking that job over (portal.hub.resume): same job, her place in the queue kept, and it
@@ -163,6 +163,12 @@ def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_j
             assert time.monotonic() < deadline, model  # started again by the service within a minute
             time.sleep(0.5)
         assert [j["job_id"] for j in active_jobs("alice")] == [job_id]  # the same job, nothing submitted again
+        # A stranger who knows her job's id reports a port for it with his own token, while her session is
+        # started again and waits for that report: refused, and nothing of her start changes.
+        bobs = requests.post(f"{HUB}/hub/api/batchspawner", json={"port": 8888, "job_id": job_id},
+                             headers={"Authorization": f"token {bob.token}"}, timeout=30)
+        assert bobs.status_code == 403, bobs.text
+        assert alice.model()["pending"] == "spawn"
     # The GPUs are free: the kept job runs, and its server is let in with the token it was submitted with.
     alice.wait_ready(timeout=180)
     assert [(j["job_id"], j["job_state"]) for j in active_jobs("alice")] == [(job_id, "RUNNING")]
