@@ -3,7 +3,8 @@
 - profiles and who may use them (by the user's Unix groups): :func:`may_use`;
 - the slice a session or a job's node gets (GPUs, and CPUs and memory per GPU, walltime): :func:`slice_for`;
 - how long a field may be, measured before anything reads or stores it: :func:`check_length`;
-- a spawn request (the form or the hub REST API's ``user_options``): :func:`parse_options`;
+- a spawn request (the form or the hub REST API's ``user_options``), judged once into a frozen
+  :class:`SessionRequest`: :func:`judge_request`;
 - what a user may launch from her session (:class:`LaunchPolicy`: the profiles, images and data
   mounts that are hers, handed by the hub to the session) and a multi-node job request, typed
   (:class:`JobRequest`) and checked against it (:func:`plan_job`).
@@ -24,7 +25,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from . import defaults
-from .sessionvars import LAUNCH_POLICY
 from .settings import (
     DataMount,
     Image,
@@ -195,6 +195,34 @@ def parse_options(options: dict, profiles: list[Profile], user_groups: set[str],
     return slice_for(profile, options.get("gpus"), options.get("walltime"))
 
 
+@dataclass(frozen=True)
+class SessionRequest:
+    """A spawn request, judged: the slice the session holds and what else it asked for. Made once, where the
+    request enters the hub (the form, the REST API: spawner.partitionspawner.PartitionSpawner.judged), and
+    handed on as it is to the job's script and the session."""
+
+    slice: SessionSlice
+    mail: bool = False  # Slurm mails her when the session starts
+    shared: bool = False  # started shareable (portal.session.sharing)
+    mail_user: str = ""  # her address (from the directory), once looked up: the job's --mail-user
+
+    @property
+    def profile(self) -> Profile:
+        return self.slice.profile
+
+
+def judge_request(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str,
+                  sharing_groups: list[str]) -> SessionRequest:
+    """The one judge of a spawn request (the form's fields read into options, or the REST API's
+    ``user_options``): a :class:`SessionRequest`, or RequestError with the reason."""
+    chosen = parse_options(options, profiles, user_groups, default_profile)
+    shared = wants_sharing(options)
+    if shared and not user_groups & set(sharing_groups):
+        raise RequestError("you may not share sessions: your admin allows sharing only within "
+                           f"{', '.join(sharing_groups) or 'no group'}; start it without sharing")
+    return SessionRequest(slice=chosen, mail=wants_mail(options), shared=shared)
+
+
 def wants_mail(options: dict) -> bool:
     """Whether the request asks for Slurm's e-mail when the session starts (option ``mail``: true/false)."""
     asked = options.get("mail", False)
@@ -237,13 +265,6 @@ class LaunchPolicy(BaseModel):
 
     def to_env(self) -> str:
         return self.model_dump_json(exclude_defaults=False)
-
-    @classmethod
-    def from_env(cls, environ=None) -> LaunchPolicy:
-        raw = (environ if environ is not None else os.environ).get(LAUNCH_POLICY)
-        if not raw:
-            raise RequestError("this session has no job launch policy (it was not started by dsportal's hub)")
-        return cls.model_validate_json(raw)
 
     def profile(self, name: str | None) -> Profile:
         wanted = name or self.default_profile

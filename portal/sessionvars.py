@@ -5,17 +5,10 @@ names through portal/templating.py as ``vars``); the session reads them (portal/
 No imports: every side, the session's start included, may read this module for nothing.
 """
 
-# Set by the hub for the session's Jupyter server.
-ACTIVITY_INTERVAL = "DSPORTAL_ACTIVITY_INTERVAL"  # seconds between the session's activity reports
-GPU_BUSY_PERCENT = "DSPORTAL_GPU_BUSY_PERCENT"  # GPU utilisation from which the slice's GPUs count as in use
-IDLE_LIMIT = "DSPORTAL_IDLE_LIMIT"  # seconds: the profile's idle limit for this slice
-SAVE_AHEAD = "DSPORTAL_SAVE_AHEAD"  # seconds: Slurm signals the walltime's end this long before it (--signal)
-LAUNCH_POLICY = "DSPORTAL_LAUNCH_POLICY"  # JSON: the profiles, images, mounts the job launcher may use (rules.LaunchPolicy)
-TOOLS = "DSPORTAL_TOOLS"  # JSON: what the profile offers besides notebooks (portal.session.tools.Tools)
-TEMPLATES = "DSPORTAL_TEMPLATES"  # JSON: the template sources this user sees (templatesources.Spec)
-SHARING = "DSPORTAL_SHARING"  # JSON: the sharing groups of the session's owner (portal.session.sharing); absent: not shareable
-REPORT_WAIT = "DSPORTAL_REPORT_WAIT"  # seconds: the hub's limit for this start; its port report waits as long
-SERVICE_URL = "DSPORTAL_SERVICE_URL"  # dsportal's JupyterHub service (more walltime: portal.hub.extend)
+# Set by the hub for the session's Jupyter server: everything it tells the session, as one JSON spec
+# (portal.sessionspec.SessionSpec: activity interval, idle limit, walltime's warning, port report's wait,
+# dsportal's service, tools, job launch policy, sharing groups, template sources).
+SESSION = "DSPORTAL_SESSION"
 
 # Set by the session's batch script (templates/session.sbatch.j2).
 KERNEL_CATALOG = "DSPORTAL_KERNEL_CATALOG"  # JSON: the profile's images and data mounts, for kernelspecs

@@ -504,6 +504,9 @@ class JobSettings(_Model):
         return value
 
 
+TOOLS = ("terminal", "r", "vscode", "git")  # what a profile may offer besides notebooks (portal.session.tools)
+
+
 class Profile(_Model):
     """A partition as offered to users: what a session there may ask for."""
 
@@ -549,8 +552,8 @@ class Profile(_Model):
     queue_limit: str = Field(
         "08:00:00", description="How long (HH:MM:SS) a session may wait in Slurm's queue before the portal "
         "withdraws it and tells the user; then hub.start_timeout more to come up once it runs.")
-    tools: list[Literal["terminal", "r", "vscode", "git"]] = Field(
-        ["terminal", "r", "vscode", "git"], description="What a session offers besides Python notebooks, each "
+    tools: list[Literal[TOOLS]] = Field(
+        list(TOOLS), description="What a session offers besides Python notebooks, each "
         "inside its job as the user: JupyterLab's terminal, an R kernel (Debian's r-cran-irkernel on the nodes), "
         "VS Code in the browser (code-server on a private unix socket, started from the launcher) and git in "
         "JupyterLab's sidebar (jupyterlab-git). One not installed on the nodes is left out; `dsportal check` "

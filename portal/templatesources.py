@@ -1,4 +1,4 @@
-"""The template sources a user sees: handed by the hub to each session (``sessionvars.TEMPLATES``).
+"""The template sources a user sees: handed by the hub to each session (portal.sessionspec's ``templates``).
 
 The spawner (hub) builds a :class:`Spec` from portal.yaml's ``templates`` section and the
 user's groups; the session (portal/session/nbtemplates.py) publishes it, and the admin's
@@ -7,14 +7,10 @@ checks list the same notebooks.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import sessionvars
-
-SPEC_ENV = sessionvars.TEMPLATES
 _SKIPPED = {".ipynb_checkpoints", "__pycache__"}
 
 
@@ -47,15 +43,11 @@ class Spec:
         return cls(folder=templates.get("folder", "templates"), copies=templates.get("copies", "notebooks"),
                    sources=sources)
 
-    def to_env(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+    def as_dict(self) -> dict:
+        return asdict(self)
 
     @classmethod
-    def from_env(cls, environ=None) -> Spec | None:
-        raw = (environ if environ is not None else os.environ).get(SPEC_ENV)
-        if not raw:
-            return None
-        data = json.loads(raw)
+    def from_dict(cls, data: dict) -> Spec:
         return cls(folder=data["folder"], copies=data["copies"], sources=[Source(**s) for s in data["sources"]])
 
     def source(self, name: str) -> Source:

@@ -30,7 +30,8 @@ from portal.cluster.slurmclient import (
     refusal_hint,
     shared_client,
 )
-from portal.rules import LaunchPolicy, RequestError, SessionSlice, share_name, slice_for
+from portal.rules import LaunchPolicy, SessionRequest, SessionSlice, share_name
+from portal.sessionspec import SessionSpec
 from portal.settings import DataMount, Image, Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
 from portal.templatesources import Spec
 from portal.templating import render
@@ -175,11 +176,13 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
     submitting = Any(None, help="asyncio.Event set once the start's sbatch has returned (or failed).")
-    launch_policy_json = Unicode("", help="The session's launch policy (sessionvars.LAUNCH_POLICY), made at submit.")
+    session_json = Unicode("", help="What the session job is told (portal.sessionspec, sessionvars.SESSION): made at "
+                           "submit.")
     service_url = Unicode("", help="dsportal's JupyterHub service as sessions reach it (portal.hub.extend).").tag(
         config=True)
-    mail_user = Unicode("", help="The user's address for Slurm's mail when the job starts (--mail-type=BEGIN), "
-                        "checked by PartitionSpawner; '' for no mail.")
+    request = Instance(SessionRequest, allow_none=True,
+                       help="The start's request, judged once where it entered the hub (PartitionSpawner.judged): "
+                       "what the job's script and the session's environment are made from.")
     last_end = Unicode("", help="Why the session ended without a stop through the portal; PartitionSpawner keeps it "
                        "in the hub's state for the user's next page.")
     submit_certs = Any(None, help="(folder, {name: text}): the session's certificates, written by the submission's "
@@ -216,18 +219,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     def _expand(self, template: str) -> str:
         return template.format(home=self.home, user=self.user.name)
 
-    def slice_from_options(self) -> SessionSlice:
-        """The slice the user's options ask for on this spawner's profile (RequestError if not allowed)."""
-        options = self.user_options or {}
-        return slice_for(self.profile, options.get("gpus"), options.get("walltime"))
-
     @property
     def job_name(self) -> str:
         """``dsportal-<user>`` for her default session, ``dsportal-<user>:<name>`` for a named one (server
         names are JupyterHub 6's safe slugs: lowercase letters, digits and single hyphens)."""
         return session_job_name(self.user.name, self.name)
 
-    def job_script(self, chosen: SessionSlice) -> str:
+    def job_script(self, request: SessionRequest) -> str:
+        chosen = request.slice
         env_prefix = self.session_environment.rstrip("/")
         command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         return render(
@@ -247,7 +246,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             umask=self.umask,
             command=command + self.get_args(),
             catalog=self.kernel_catalog(chosen.profile.name),
-            mail_user=self.mail_user,
+            mail_user=request.mail_user,
             # Not for a walltime that is hardly longer: Slurm would signal it as it starts.
             save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else 0,
         )
@@ -260,35 +259,30 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return json.dumps({"images": images, "data_mounts": [m.model_dump(mode="json") for m in self.data_mounts]},
                           separators=(",", ":"))
 
-    def launch_policy(self, chosen_profile: str) -> str:
-        """JSON for the session's job launcher (DSPORTAL_LAUNCH_POLICY): the profiles this user
-        may use, the images and data mounts. Live node limits the session reads itself."""
-        policy = LaunchPolicy(profiles=self.launch_profiles or [self.profile], default_profile=chosen_profile,
-                              images=self.images, data_mounts=self.data_mounts, environment=self.session_environment)
-        return policy.to_env()
+    def session_spec(self) -> SessionSpec:
+        """What the session job is told (portal.sessionspec): made at submit, from the judged request and the
+        settings; the session validates it once as it starts."""
+        groups = unix_groups(self.user.name)
+        shared = self.sharing_groups and self.request is not None and self.request.shared  # started shareable
+        templates = Spec.for_user(self.templates, groups) if self.templates.get("sources") else None
+        return SessionSpec(
+            activity_interval=self.activity_interval, gpu_busy_percent=self.gpu_busy_percent,
+            idle_limit=self.idle_limit() or 0, save_ahead=self.save_ahead, report_wait=int(self.start_timeout),
+            service_url=self.service_url,
+            tools={"offered": self.profile.tools, "code_server": self.code_server, "r_repository": self.r_repository},
+            # the job launcher: the profiles this user may use, the images and data mounts (live node limits the
+            # session reads itself)
+            launch_policy=LaunchPolicy(profiles=self.launch_profiles or [self.profile],
+                                       default_profile=self.profile.name, images=self.images,
+                                       data_mounts=self.data_mounts, environment=self.session_environment),
+            # the sharing groups she is a Unix member of now (portal.hub.sharing)
+            sharing_groups=sorted(groups & set(self.sharing_groups)) if shared else [],
+            templates=templates.as_dict() if templates is not None else None)
 
     def get_env(self):
         env = super().get_env()
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
-        env[sessionvars.ACTIVITY_INTERVAL] = str(self.activity_interval)
-        env[sessionvars.SAVE_AHEAD] = str(self.save_ahead)
-        env[sessionvars.REPORT_WAIT] = str(int(self.start_timeout))
-        env[sessionvars.GPU_BUSY_PERCENT] = str(self.gpu_busy_percent)
-        if self.service_url:
-            env[sessionvars.SERVICE_URL] = self.service_url
-        env[sessionvars.TOOLS] = json.dumps({"offered": self.profile.tools,
-                                             "code_server": self.code_server, "r_repository": self.r_repository},
-                                            separators=(",", ":"))
-        if limit := self.idle_limit():
-            env[sessionvars.IDLE_LIMIT] = str(limit)
-        if self.launch_policy_json:
-            env[sessionvars.LAUNCH_POLICY] = self.launch_policy_json
-        if self.sharing_groups and (self.user_options or {}).get("shared") is True:  # started shareable
-            # the sharing groups she is a Unix member of now (portal.hub.sharing)
-            if groups := sorted(unix_groups(self.user.name) & set(self.sharing_groups)):
-                env[sessionvars.SHARING] = json.dumps({"groups": groups}, separators=(",", ":"))
-        if self.templates.get("sources"):
-            env[sessionvars.TEMPLATES] = Spec.for_user(self.templates, unix_groups(self.user.name)).to_env()
+        env[sessionvars.SESSION] = self.session_json
         return env
 
     # ------------------------------------------------------- the hub's state
@@ -309,29 +303,28 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.token_id = state.get("token_id") if isinstance(state.get("token_id"), int) else 0
         if "slice" in state:  # as it was validated at the start, whatever the config says now
             self.slice = SessionSlice(profile=self.profile, **state["slice"])
-        elif self.job_id:  # a session started before slices were kept: its options, if still allowed
-            try:
-                self.slice = self.slice_from_options()
-            except (RequestError, ValueError):
-                self.slice = None  # kept running, without an idle limit
+        # (a session started before slices were kept, by 0.1.0: kept running, without an idle limit)
 
     def clear_state(self):
         super().clear_state()
         self.slice = None
+        self.request = None
         self.job = None
         self.token_id = 0
         self.starting = False
 
     # ------------------------------------------------ batchspawner's job interface
     async def submit_batch_script(self):
+        if self.request is None:  # fails closed: only PartitionSpawner, which judges the request, starts this one
+            raise SpawnFailed("This session was started without a judged request: start it again from the spawn "
+                              "page.", reason="not-judged", status_code=400)
+        self.slice = self.request.slice
         try:
-            if self.slice is None:  # started without PartitionSpawner, which validates the request
-                self.slice = self.slice_from_options()
-            script = self.job_script(self.slice)
-        except (RequestError, ValueError) as error:
+            script = self.job_script(self.request)
+        except ValueError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
         profile = self.slice.profile
-        self.launch_policy_json = self.launch_policy(profile.name)
+        self.session_json = self.session_spec().to_env()
         self.submitted_wall = time.time()
         try:
             # sbatch hands its umask to slurmstepd, which creates the job's log with it.
@@ -663,8 +656,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             raise SpawnFailed(self.last_end, reason="resume-gone")
         self.job_id, self.job = str(job.job_id), job
         self.token_id = max(0, self.taken_over_token)
-        profile = self.slice.profile
-        self.launch_policy_json = self.launch_policy(profile.name)
         self.submitted_wall = float(job.submit_time or time.time())
         # The queue limit counts from the job's submission, not from this start.
         self.submitted_at = time.monotonic() - max(0.0, time.time() - self.submitted_wall)

@@ -13,7 +13,10 @@ leaves on JupyterHub 6 filled in here:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections import OrderedDict
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from jupyterhub import orm
@@ -27,14 +30,13 @@ from portal.cluster.images import building_detail
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import (
     RequestError,
-    SessionSlice,
+    SessionRequest,
+    judge_request,
     may_use,
-    parse_options,
     plain_mail_address,
     share_name,
     slice_for,
     wants_mail,
-    wants_sharing,
 )
 from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
 from portal.templating import render
@@ -47,6 +49,16 @@ from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about, se
 # What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
 # them with each holder's rights: only the owner's carry them).
 SHARING_SCOPES = ("shares!server", "read:users:name", "read:groups:name")
+
+# The last request each user's options were judged into, with what it was judged against (the profiles, her
+# groups, the default profile, the sharing groups): the start that follows the form or the REST API's request
+# takes it as it is, not judged again, while all of that is the same. At most JUDGED_USERS users are remembered.
+JUDGED_USERS = 4096
+_judged: OrderedDict[str, tuple[tuple, str, SessionRequest]] = OrderedDict()
+
+
+def _options_key(options) -> str:
+    return json.dumps(options, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 class PartitionSpawner(WrapSpawner):
@@ -69,8 +81,6 @@ class PartitionSpawner(WrapSpawner):
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
     boot_timeout = Integer(help="The configured start_timeout: the time to come up once Slurm runs the job (the "
                            "spawner's own start_timeout adds the profile's time in the queue).")
-    validated = Any(None, help="(options, slice, mail address) of the last form the user sent, validated: its start "
-                    "uses them.")
     certs_to_write = Any(None, help="(folder, {name: text}) of move_certs, for the start's submission to write.")
     session_scopes = Any(None, help="The OAuth client scopes a start taking a kept job over gave its session "
                          "(start_polling puts them back after JupyterHub's token re-use cleared them).")
@@ -111,28 +121,37 @@ class PartitionSpawner(WrapSpawner):
         groups = unix_groups(self.user.name)
         return [p for p in self.profile_models() if may_use(p, groups)]
 
-    def validated_slice(self, options: dict) -> SessionSlice:
+    def judged(self, options: dict) -> SessionRequest:
+        """The request ``options`` make, judged by the rules (portal.rules.judge_request, called here alone), or
+        RequestRefused with the reason. A request is judged where it enters the hub (the form: options_from_form;
+        the REST API: portal/hub/useroptions.py, before JupyterHub stores it); the start that follows takes that
+        judgement (the user's spawners share it: the rules are hers and the portal's, not a session's)."""
+        key = _options_key(options)
+        against = (self.profile_models(), unix_groups(self.user.name),
+                   self.default_profile or self.profile_models()[0].name, list(self.sharing_groups))
+        known = _judged.get(self.user.name)
+        if known is not None and known[1] == key and known[0] == against:
+            return known[2]
         try:
-            groups = unix_groups(self.user.name)
-            chosen = parse_options(options or {}, self.profile_models(), groups,
-                                   self.default_profile or self.profile_models()[0].name)
-            if wants_sharing(options or {}) and not groups & set(self.sharing_groups):
-                raise RequestError("you may not share sessions: your admin allows sharing only within "
-                                   f"{', '.join(self.sharing_groups) or 'no group'}; start it without sharing")
-            return chosen
+            request = judge_request(options or {}, *against)
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
+        self._remember(against, key, request)
+        return request
 
-    def judge_options(self, options: dict, start: bool = True) -> SessionSlice:
-        """The slice ``options`` ask for if the rules allow them, else RequestRefused (HTTP 400 and the
-        reason; counted as a refused start when ``start``). The hub asks before JupyterHub stores a
-        REST API request's options (portal/hub/useroptions.py): the user's spawners share the rules."""
-        try:
-            return self.validated_slice(options)
-        except RequestRefused:
-            if start:
-                self.count_refusal(options)
-            raise
+    def _remember(self, against: tuple, key: str, request: SessionRequest) -> None:
+        _judged[self.user.name] = (against, key, request)
+        _judged.move_to_end(self.user.name)
+        while len(_judged) > JUDGED_USERS:
+            _judged.popitem(last=False)
+
+    async def request_for(self, options: dict) -> SessionRequest:
+        """The judged request, with her e-mail address when it asks for Slurm's mail (looked up each time: the
+        form's check, then its start's, which puts the address in the job)."""
+        request = self.judged(options)
+        if address := await self.mail_user_for(options):  # '' without mail
+            request = replace(request, mail_user=address)
+        return request
 
     def count_refusal(self, options) -> None:
         asked = options.get("profile") if isinstance(options, dict) else None
@@ -233,7 +252,7 @@ class PartitionSpawner(WrapSpawner):
         if not options:
             return {}
         try:
-            chosen = self.validated_slice(options)
+            chosen = self.judged(options).slice
         except RequestRefused:
             return {}
         gpus = f"1/{chosen.profile.gpu_shares}" if chosen.shares else chosen.gpus
@@ -261,10 +280,9 @@ class PartitionSpawner(WrapSpawner):
             options = options_from_form(formdata)
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        # Refuse now, before JupyterHub stores the options: the form comes back with the message.
-        chosen = self.validated_slice(options)
-        self.check_session_limit(chosen.profile)
-        self.validated = (options, chosen, await self.mail_user_for(options))
+        # Judged now, before JupyterHub stores the options: a refusal brings the form back with the message.
+        request = await self.request_for(options)
+        self.check_session_limit(request.profile)
         return options
 
     # ------------------------------------------------- several sessions per user
@@ -379,18 +397,14 @@ class PartitionSpawner(WrapSpawner):
         super().clear_state()
         self.child_profile = ""
 
-    async def judge(self) -> tuple[SessionSlice, str]:
-        """The start's request checked (the form's, validated when it was sent; else the options the start
-        was given, judged again, or those of an earlier start, which a start without options reuses) and
-        the profile's session limit counted: (slice, mail address). Raises with the reason; nothing is
-        made for a request that is refused. JupyterHub makes a session's certificates before start():
-        create_certs asks first (no key made, no store record left for a refused request), start()
-        again (cheap: the options are those judged)."""
+    async def judge(self) -> SessionRequest:
+        """The start's request (that of the form or the REST API, judged as it came in; else the options of an
+        earlier start, which a start without options reuses, judged now) and the profile's session limit
+        counted. Raises with the reason; nothing is made for a request that is refused. JupyterHub makes a
+        session's certificates before start(): create_certs asks first (no key made, no store record left for a
+        refused request), start() again (the same judgement)."""
         try:
-            form, chosen, mail_user = self.validated or (None, None, "")
-            if form is None or form != self.user_options:  # the REST API's, or stored ones: not seen here yet
-                chosen = self.validated_slice(self.user_options)
-                mail_user = await self.mail_user_for(self.user_options)
+            request = await self.request_for(self.user_options)
         except RequestRefused:
             self.count_refusal(self.user_options)
             # JupyterHub keeps a start's options as the defaults of the next start (a plain one reuses
@@ -399,9 +413,8 @@ class PartitionSpawner(WrapSpawner):
                 self.orm_spawner.user_options = {}
                 session.commit()
             raise
-        self.check_session_limit(chosen.profile)
-        self.validated = (self.user_options, chosen, mail_user)
-        return chosen, mail_user
+        self.check_session_limit(request.profile)
+        return request
 
     async def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
@@ -409,24 +422,22 @@ class PartitionSpawner(WrapSpawner):
         # fails for now (the directory down, her session limit reached) leaves it for the next one.
         kept = self.kept_job
         try:
-            chosen, mail_user = await self.judge()
+            request = await self.judge()
         except RequestRefused:
             if kept:  # refused now (a profile withdrawn, a limit lowered): its queued job goes too
                 await self._let_kept_go(kept, "its request is refused now")
                 self.session_ended = (f"Your session job {kept['job_id']}, queued when the portal restarted, was "
                                       "taken out of the queue: its request is refused now. Start your session again.")
             raise
-        self.validated = None
         # The limit was counted after judge's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
         self.session_ended = ""
-        if self.child_spawner is not None and self.child_profile != chosen.profile.name:
+        if self.child_spawner is not None and self.child_profile != request.profile.name:
             self.child_spawner = None
-        self.select_profile(chosen.profile.name)
+        self.select_profile(request.profile.name)
         self.construct_child()
         child = self.child_spawner
-        child.slice = chosen  # validated once: the child submits exactly this
-        child.mail_user = mail_user
+        child.request, child.slice = request, request.slice  # judged once: the child submits exactly this
         child.submit_certs, self.certs_to_write = self.certs_to_write, None
         child.on_submitted = self._store_state
         child.taken_over_token, child.token_adopted, self.session_scopes = -1, False, None

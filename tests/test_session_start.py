@@ -72,7 +72,8 @@ with socket.socket() as probe:
     probe.bind(("127.0.0.1", 0))
     hub_port = probe.getsockname()[1]
 os.environ.update({"JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api", "JUPYTERHUB_API_TOKEN": "t",
-                   "SLURM_JOB_ID": "42", sessionvars.REPORT_PORT: "1", sessionvars.REPORT_WAIT: sys.argv[1]})
+                   "SLURM_JOB_ID": "42", sessionvars.REPORT_PORT: "1",
+                   sessionvars.SESSION: json.dumps({"report_wait": float(sys.argv[1])})})
 logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
 
 class Server:  # what report() reads of the ServerApp
@@ -194,3 +195,21 @@ def test_the_sessions_tls_to_its_hub_trusts_the_hubs_ca_only(tmp_path):
     assert out.returncode == 0, out.stderr
     [hub] = out.stdout.splitlines()
     assert hub.startswith("True 1 ok TLSv1.3 | refused "), hub  # one context, one CA; another CA's certificate refused
+
+
+def test_a_session_whose_spec_is_not_the_hubs_does_not_start():
+    """What the hub tells the session (portal.sessionspec, one variable) is validated as the session starts: one
+    that does not validate (a key the hub never writes, a tool it does not know, a group name no group has)
+    stops the start in one line, before any of the session runs on it."""
+    for spec in ('{"idle_limit": -1}', '{"tools": {"offered": ["rstudio"]}}', '{"sharing_groups": ["a b"]}',
+                 '{"run_as": "root"}', "not json"):
+        out = subprocess.run([sys.executable, "-c", "from portal.session.singleuser import check_spec; check_spec()"],
+                             capture_output=True, text=True, cwd=REPO, timeout=60,
+                             env={**os.environ, "DSPORTAL_SESSION": spec})
+        assert out.returncode == 1, (spec, out)
+        assert out.stdout.startswith("dsportal: the session cannot start: DSPORTAL_SESSION is not a session spec of "
+                                     "dsportal's hub: "), (spec, out.stdout)
+    fine = subprocess.run([sys.executable, "-c", "from portal.session.singleuser import check_spec; check_spec()"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "DSPORTAL_SESSION": '{"idle_limit": 3600}'})
+    assert fine.returncode == 0 and fine.stdout == "", fine

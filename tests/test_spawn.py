@@ -203,6 +203,10 @@ def test_a_session_whose_job_starts_while_the_hub_is_down_is_taken_over_when_it_
             time.sleep(0.5)
         time.sleep(5)  # its server is up and asking the hub that is not there
         demo.ensure_hub()
+    deadline = time.monotonic() + 60
+    while "" not in alice.model()["servers"]:  # started again by the service within a minute
+        assert time.monotonic() < deadline, alice.model()
+        time.sleep(0.5)
     alice.wait_ready(timeout=180)
     assert [(j["job_id"], j["job_state"]) for j in active_jobs("alice")] == [(job_id, "RUNNING")]
     assert "uid" in alice.run_code("print('uid')")

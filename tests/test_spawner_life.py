@@ -26,7 +26,7 @@ from jupyterhub.objects import Server
 from traitlets.config import Config
 
 from fakeslurm import FakeSlurm, client_key, sbatch_options
-from portal import sessionvars
+from portal import sessionspec, sessionvars
 from portal.cluster.slurmclient import SlurmUnavailable, share_client
 from portal.settings import Profile
 from spawner import gpuspawner
@@ -144,7 +144,7 @@ class Hub:
             if form is not None:
                 options = await spawner.options_from_form(form)
             elif options is not None:
-                self.spawner("", spawner.user.name).judge_options(options)
+                self.spawner("", spawner.user.name).judged(options)
             orm_server = orm.Server(base_url=f"{spawner.user.base_url}{spawner.name}/".replace("//", "/"))
             self.db.add(orm_server)
             self.db.commit()
@@ -318,6 +318,76 @@ def test_options_judged_only_at_the_start_are_refused_there_and_not_kept_for_the
     run(scenario())
 
 
+def test_a_request_is_judged_once_where_it_enters_and_its_start_submits_that_judgement(hub, slurm, monkeypatch):
+    """The form's request is judged by options_from_form, the REST API's before JupyterHub stores it; the
+    certificates' check and the start take that judgement as it is (portal.rules.judge_request, once each)."""
+    from portal import rules
+    from spawner import partitionspawner
+
+    judged = []
+
+    def counted(options, *against):
+        judged.append(dict(options))
+        return rules.judge_request(options, *against)
+
+    monkeypatch.setattr(partitionspawner, "judge_request", counted)
+
+    async def scenario():
+        for form, options in ((GPU_FORM, None), (None, {"profile": "cpu", "walltime": "01:00:00"})):
+            judged.clear()
+            spawner = hub.spawner("one" if form else "two")
+            starting = hub.spawn_soon(spawner, form=form, options=options)
+            job = await submitted(slurm, len(slurm.submitted()) + 1)
+            assert len(judged) == 1, judged  # the entry's judgement only: the start took it
+            request = spawner.child_spawner.request
+            assert request is not None and request.slice is spawner.child_spawner.slice
+            assert slurm.submissions[-1].sbatch.get("--gres") == (f"gpu:{request.slice.gpus}" if request.slice.gpus
+                                                                 else None)
+            slurm.start(job, "node1")
+            assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+            await starting
+            await hub.stop(spawner)
+
+    run(scenario())
+
+
+def test_a_judgement_is_taken_again_only_for_the_same_options_rules_and_groups(hub, slurm, monkeypatch):
+    """A judgement is reused only while what it was made from is the same: other options, or her groups changed
+    (she left a group a profile is reserved for), are judged anew."""
+    from spawner import partitionspawner
+
+    spawner = hub.spawner()
+    first = spawner.judged({"profile": "share"})
+    assert spawner.judged({"profile": "share"}) is first
+    assert spawner.judged({"profile": "share", "walltime": "01:00:00"}) is not first
+    monkeypatch.setattr(partitionspawner, "unix_groups", lambda name: set())  # she left MY_GROUP
+    with pytest.raises(RequestRefused, match=f"reserved for members of {MY_GROUP}"):
+        spawner.judged({"profile": "share"})
+
+
+def test_the_rules_judge_a_request_in_one_place():
+    """portal.rules.judge_request is called from PartitionSpawner.judged alone (its helper parse_options from
+    judge_request alone): the bar of one call site of the judge."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    calls: dict[str, list[str]] = {"judge_request": [], "parse_options": []}
+    for folder in ("portal", "spawner"):
+        for path in (root / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            for function in ast.walk(tree):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Call):
+                        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                        if name in calls:
+                            calls[name].append(f"{path.relative_to(root)}:{function.name}")
+    assert calls == {"judge_request": ["spawner/partitionspawner.py:judged"],
+                     "parse_options": ["portal/rules.py:judge_request"]}, calls
+
+
 def test_a_link_cannot_start_a_session(hub, slurm):
     with pytest.raises(RequestRefused, match="A link cannot start a session"):
         hub.spawner().options_from_query({"profile": ["gpu"]})
@@ -340,6 +410,12 @@ def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_fo
         # The job's environment: the session's token, its umask for the log; never the hub's secrets.
         assert submission.env["JUPYTERHUB_API_TOKEN"] == spawner.api_token
         assert submission.env["SLURM_UMASK"] == "077" and "JUPYTERHUB_CRYPT_KEY" not in submission.env
+        # What the session is told: one spec, validated as the session reads it (portal.sessionspec).
+        assert [k for k in submission.env if k.startswith("DSPORTAL_")] == [sessionvars.SESSION]
+        spec = sessionspec.parse(submission.env[sessionvars.SESSION])
+        assert (spec.idle_limit, spec.report_wait, spec.sharing_groups) == (7200, 30 * 60 + START_TIMEOUT, [])  # queue limit + start_timeout
+        assert spec.launch_policy.default_profile == "gpu" and spec.templates is None
+        assert [p.name for p in spec.launch_policy.profiles] == ["gpu", "cpu", "share"]  # hers: not staff's
         assert slurm.commands.count("sbatch") == 1
         assert spawner.child_spawner.job_id == str(job) and spawner.server.port == PORT
 

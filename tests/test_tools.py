@@ -37,11 +37,17 @@ def test_a_profile_offers_all_four_by_default_and_refuses_an_unknown_tool():
 
 @pytest.mark.quick
 def test_the_hubs_word_is_read_and_a_server_it_did_not_start_offers_everything():
-    var = "DSPORTAL_TOOLS"
+    from portal.sessionspec import SpecError
+
+    var = "DSPORTAL_SESSION"
     assert Tools.from_env({}).offered == frozenset(session_tools.TOOLS)
-    given = Tools.from_env({var: json.dumps({"offered": ["r", "nonsense"], "code_server": "/x/cs"})})
+    given = Tools.from_env({var: json.dumps({"tools": {"offered": ["r"], "code_server": "/x/cs"}})})
     assert given.offered == {"r"} and given.code_server == "/x/cs"
-    assert Tools.from_env({var: "{not json"}).offered == frozenset()
+    for spec in ("{not json", json.dumps({"tools": {"offered": ["r", "nonsense"]}})):  # not the hub's: refused
+        with pytest.raises(SpecError, match="DSPORTAL_SESSION is not a session spec of dsportal's hub"):
+            Tools.from_env({var: spec})
+    # A session of dsportal 0.3 (one variable a setting) still reads its own, after an upgrade in place.
+    assert Tools.from_env({"DSPORTAL_TOOLS": json.dumps({"offered": ["git"]})}).offered == {"git"}
 
 
 @pytest.mark.quick
@@ -62,8 +68,10 @@ def test_what_a_profile_leaves_out_is_switched_off_by_jupyters_own_settings(tmp_
     assert json.loads((shared / "jupyter_server_config.json").read_text()) == {
         "ServerApp": {"terminals_enabled": True, "jpserver_extensions": dict.fromkeys(off, True), **contents}}
     assert json.loads((shared / "labconfig" / "page_config.json").read_text()) == {"disabledExtensions": {}}
-    assert session_tools.sharing_groups({"DSPORTAL_SHARING": '{"groups": ["ml-lab", "Bad Name", 3]}'}) == ["ml-lab"]
-    assert session_tools.sharing_groups({"DSPORTAL_SHARING": "{nope"}) == session_tools.sharing_groups({}) == []
+    assert session_tools.sharing_groups({"DSPORTAL_SESSION": '{"sharing_groups": ["ml-lab"]}'}) == ["ml-lab"]
+    assert session_tools.sharing_groups({"DSPORTAL_SESSION": "{}"}) == session_tools.sharing_groups({}) == []
+    with pytest.raises(ValueError, match="sharing_groups"):  # a name no group has: not the hub's spec
+        session_tools.sharing_groups({"DSPORTAL_SESSION": '{"sharing_groups": ["ml-lab", "Bad Name"]}'})
 
 
 @pytest.mark.quick
@@ -125,7 +133,7 @@ def test_vs_code_listens_on_a_private_socket_without_its_own_port_proxy(monkeypa
     binary = tmp_path / "code-server"
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    monkeypatch.setenv("DSPORTAL_TOOLS", json.dumps({"offered": ["vscode"], "code_server": str(binary)}))
+    monkeypatch.setenv("DSPORTAL_SESSION", json.dumps({"tools": {"offered": ["vscode"], "code_server": str(binary)}}))
     offered = vscode.server()
     argv = offered["command"]
     assert argv[0] == str(binary) and argv[argv.index("--socket") + 1] == "{unix_socket}"
@@ -134,9 +142,10 @@ def test_vs_code_listens_on_a_private_socket_without_its_own_port_proxy(monkeypa
     config = argv[argv.index("--config") + 1]  # in a new folder of its own, never a name in a shared /tmp
     assert os.stat(os.path.dirname(config)).st_mode & 0o777 == 0o700 and os.path.basename(config) == "code-server.yaml"
     assert "--bind-addr" not in argv and offered["launcher_entry"]["title"] == "VS Code"
-    monkeypatch.setenv("DSPORTAL_TOOLS", json.dumps({"offered": ["r"], "code_server": str(binary)}))
+    monkeypatch.setenv("DSPORTAL_SESSION", json.dumps({"tools": {"offered": ["r"], "code_server": str(binary)}}))
     assert vscode.server()["launcher_entry"] == {"enabled": False}
-    monkeypatch.setenv("DSPORTAL_TOOLS", json.dumps({"offered": ["vscode"], "code_server": str(tmp_path / "none")}))
+    monkeypatch.setenv("DSPORTAL_SESSION", json.dumps({"tools": {"offered": ["vscode"],
+                                                                 "code_server": str(tmp_path / "none")}}))
     left_out = vscode.server()
     assert left_out["launcher_entry"] == {"enabled": False} and "not installed" in left_out["command"][-1]
 

@@ -367,7 +367,7 @@ def test_without_the_services_address_a_session_asks_nobody_in_its_place(monkeyp
     from portal import sessionvars
     from portal.session import hubapi
 
-    monkeypatch.delenv(sessionvars.SERVICE_URL, raising=False)
+    monkeypatch.delenv(sessionvars.SESSION, raising=False)
     monkeypatch.setenv("JUPYTERHUB_API_URL", "https://127.0.0.1:9/hub/api")  # where a fall-back would go
     assert not hubapi.has_service()
     answer = asyncio.run(hubapi.service_post("extend", {"minutes": 5}))

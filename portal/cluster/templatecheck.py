@@ -30,6 +30,7 @@ from typing import NamedTuple
 from .. import sessionvars
 from ..notebookcells import cell_label, failure_reason, full_traceback
 from ..rules import LaunchPolicy, may_use
+from ..sessionspec import SessionSpec
 from ..templatesources import notebooks
 from ..userjson import unix_groups
 
@@ -206,9 +207,9 @@ def _user_env(settings, user: str) -> dict[str, str]:
     profiles = [p for p in settings.profiles if may_use(p, unix_groups(user))]
     if profiles:  # what the hub would give this user's session: the job launcher works in templates
         default = settings.profile().name if settings.profile() in profiles else profiles[0].name
-        env[sessionvars.LAUNCH_POLICY] = LaunchPolicy(
+        env[sessionvars.SESSION] = SessionSpec(launch_policy=LaunchPolicy(
             profiles=profiles, default_profile=default, images=settings.images,
-            data_mounts=settings.data_mounts, environment=prefix).to_env()
+            data_mounts=settings.data_mounts, environment=prefix)).to_env()
     return env
 
 

@@ -76,7 +76,7 @@ log = logging.getLogger("dsportal.extend")
 
 
 def configure(c, settings) -> str:
-    """JupyterHub.services and its role; the URL the sessions ask (sessionvars.SERVICE_URL)."""
+    """JupyterHub.services and its role; the URL the sessions ask (portal.sessionspec's service_url)."""
     hub = settings.hub
     bind, sessions = hub.service_urls()
     c.JupyterHub.services = [*c.JupyterHub.get("services", []), {

@@ -5,12 +5,14 @@ sees them, and the REST API's PUT and PATCH keep them with no start at all: a fi
 of the database on MariaDB (HTTP 500, "Data too long") and a megabyte kept on PostgreSQL and SQLite.
 The spawn form's options are judged by the spawner's options_from_form, before JupyterHub has them; the
 REST API's here, as the request's body is read (upstream.judge_server_requests), by the same rules
-(PartitionSpawner.judge_options, portal/rules.py): refused with HTTP 400 and the reason, nothing stored.
+(PartitionSpawner.judged, portal/rules.py): refused with HTTP 400 and the reason, nothing stored.
 """
 
 from __future__ import annotations
 
 from tornado import web
+
+from spawner.gpuspawner import RequestRefused
 
 from .upstream import judge_server_requests
 
@@ -20,8 +22,14 @@ def _judge(handler, user_name: str, options: dict) -> None:
     if user is None:  # the handler found her before it read the body
         raise web.HTTPError(404)
     # Her default session's spawner judges for any of her sessions: the rules are the user's and the
-    # portal's, not a session's (a named session may not exist yet). Only POST starts one.
-    user.spawner.judge_options(options, start=handler.request.method == "POST")
+    # portal's, not a session's (a named session may not exist yet). The start that follows takes this
+    # judgement (PartitionSpawner.judged). Only POST starts one: its refusal counts as a refused start.
+    try:
+        user.spawner.judged(options)
+    except RequestRefused:
+        if handler.request.method == "POST":
+            user.spawner.count_refusal(options)
+        raise
 
 
 def judge_before_storing() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -21,7 +20,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
-from .. import defaults, sessionvars
+from .. import sessionspec
 from . import sliceusage, upstream
 
 KEY = "dsportal_last_activity"
@@ -89,8 +88,8 @@ def _changes_something(handler) -> bool:
 def setup(server_app) -> None:
     count_only_changes_as_use()
     restarted_kernels_start_over(server_app)
-    interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
-    threshold = int(os.environ.get(sessionvars.GPU_BUSY_PERCENT) or defaults.GPU_BUSY_PERCENT)
+    spec = sessionspec.current()
+    interval, threshold = spec.activity_interval, spec.gpu_busy_percent
     settings = server_app.web_app.settings
     usage = sliceusage.shared()
     mine = usage.gpus
@@ -109,9 +108,9 @@ def setup(server_app) -> None:
 
 def idle_state(web_app) -> dict:
     """What JupyterLab shows before the hub stops an unused session (GET dsportal/api/idle)."""
-    limit = int(os.environ.get(sessionvars.IDLE_LIMIT) or 0)
+    spec = sessionspec.current()
+    limit, interval = spec.idle_limit, spec.activity_interval
     idle = (datetime.now(UTC) - web_app.last_activity()).total_seconds()
-    interval = int(os.environ.get(sessionvars.ACTIVITY_INTERVAL) or defaults.ACTIVITY_INTERVAL)
     return {"limit_s": limit or None, "idle_s": int(idle),
             # the hub hears of use once per activity interval: stop-in counts from its view
             "stop_in_s": max(0, int(limit - idle - interval)) if limit else None}

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 from jupyterhub.services.auth import HubAuth
 from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 
-from .. import sessionvars
+from .. import sessionspec
 from .upstream import hub_tls_context
 
 
@@ -24,7 +23,7 @@ async def service_post(path: str, body: dict, timeout: float = 60) -> HTTPRespon
     over the same TLS as to the hub (the service shows the hub's certificate); 599 where it did not
     answer, or where the hub gave this session no address of it (the caller checks :func:`has_service`
     first, to say so in words): never the hub's own API in its place."""
-    base = os.environ.get(sessionvars.SERVICE_URL, "")
+    base = sessionspec.current().service_url
     if not base:
         return HTTPResponse(HTTPRequest(path), 599, error=RuntimeError("no address of dsportal's service"))
     return await request("POST", path, body, timeout, base=base)
@@ -32,7 +31,7 @@ async def service_post(path: str, body: dict, timeout: float = 60) -> HTTPRespon
 
 def has_service() -> bool:
     """Whether the hub told this session where dsportal's service is (a hub older than it did not)."""
-    return bool(os.environ.get(sessionvars.SERVICE_URL))
+    return bool(sessionspec.current().service_url)
 
 
 async def request(method: str, path: str, body: dict | None = None, timeout: float = 60,

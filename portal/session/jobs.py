@@ -131,7 +131,7 @@ def _notebook_spec(plan: JobPlan, policy: LaunchPolicy, home: str, shown_as: str
 def _submit_env() -> dict[str, str]:
     """The session's environment minus what would leak the session's own job into the new one."""
     drop = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "JUPYTER", "JPY_", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
-            "ROCR_VISIBLE_DEVICES", sessionvars.LAUNCH_POLICY)
+            "ROCR_VISIBLE_DEVICES", sessionvars.SESSION, "DSPORTAL_LAUNCH_POLICY")  # (0.3's name of the policy)
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     if "SLURM_CONF" in os.environ:
         env["SLURM_CONF"] = os.environ["SLURM_CONF"]

@@ -38,6 +38,7 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import web, websocket
 
+from .. import sessionspec
 from ..cluster.slurmclient import SlurmError, SlurmMissing, SlurmUnavailable, refusal_hint
 from ..userjson import extension_minutes
 from . import hubapi
@@ -54,7 +55,7 @@ STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while stream
 
 
 def _policy() -> jobs.LaunchPolicy:
-    return jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
+    return jobs.with_cluster_limits(sessionspec.launch_policy())
 
 
 class _JobsAPI(MessageAPIHandler):

@@ -96,7 +96,9 @@ class Job:
 
 def launch(**request) -> Job:
     """Submit a job (same fields as the REST API: script or code, nodes, gpus_per_node, image, ...)."""
-    policy = jobs.with_cluster_limits(jobs.LaunchPolicy.from_env())
+    from .. import sessionspec
+
+    policy = jobs.with_cluster_limits(sessionspec.launch_policy())
     request = {key: value for key, value in request.items() if value is not None}  # Python's "not given"
     plan = jobs.plan(request, policy, os.getcwd())
     info = jobs.submit(plan, policy)

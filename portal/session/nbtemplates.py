@@ -1,6 +1,6 @@
 """Instructor template notebooks in every session.
 
-The hub hands each session the template sources this user may see (``DSPORTAL_TEMPLATES``:
+The hub hands each session the template sources this user may see (portal.sessionspec's ``templates``:
 the repo's notebooks, course folders of instructors). When the session's Jupyter server
 starts, :func:`publish` makes ``~/templates/`` a read-only folder with one link per source,
 so the file browser shows each source's *current* content: an instructor's update is visible
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tornado import web
 
+from .. import sessionspec
 from ..templatesources import Source, Spec, TemplateError, files
 from .api import MessageAPIHandler
 
@@ -203,7 +204,7 @@ class OpenHandler(_TemplatesAPI):
 
 def setup(server_app) -> list[tuple]:
     """Publish ~/templates; the API's routes, below the base URL (none without template sources)."""
-    spec = Spec.from_env()
+    spec = sessionspec.templates()
     if spec is None:
         server_app.log.info("dsportal: no template sources for this session")
         return []

@@ -7,7 +7,7 @@ its next try. Reported from the running server, the first check finds it answeri
 The hub, not the session, decides when a start has failed. A hub that answers slowly (a class
 starting, an overload) is waited for; one that does not answer at all (a restart, connections
 refused) is asked again, with a growing pause. Only once the hub's own limit for this start
-(hub.start_timeout, which the hub passes in sessionvars.REPORT_WAIT) has passed with no answer has
+(hub.start_timeout, which the hub passes in the session's spec: portal.sessionspec) has passed with no answer has
 the hub given up on it: then the job ends, saying so, rather than serve a session nobody routes to.
 
 The report names the Slurm job it comes from: the hub accepts one report, from the job it is
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from .. import sessionvars
+from .. import sessionspec, sessionvars
 from . import hubapi
 
 
@@ -36,7 +36,6 @@ def refusal(response) -> str:
 
 
 PORT_RETRIES = 50  # jupyter_server's own default
-REPORT_WAIT = 300.0  # seconds, where the hub did not say (its hub.start_timeout default)
 # No answer, none from the hub itself, or the hub asking to be asked again later.
 UNANSWERED = frozenset({599, 502, 503, 504, 429})
 
@@ -53,10 +52,7 @@ def allow_port_retries(server_app) -> None:
 
 
 def _report_wait() -> float:
-    try:
-        return max(1.0, float(os.environ.get(sessionvars.REPORT_WAIT, REPORT_WAIT)))
-    except ValueError:
-        return REPORT_WAIT
+    return sessionspec.current().report_wait
 
 
 async def report(server_app) -> None:

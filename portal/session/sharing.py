@@ -12,7 +12,7 @@ the guest runs as her can of course do what she can (the security model says so)
 handler runs. The owner passes, and a JupyterHub admin as
 JupyterHub lets one. A guest passes only where:
 
-- the session is shareable (the hub found its owner in a sharing group: sessionvars.SHARING); a
+- the session is shareable (the hub found its owner in a sharing group: the session spec's sharing_groups); a
   session that is not refuses a share made earlier;
 - she is a Unix member of one of those groups (a share code or an old share does not widen them);
 - the hub still says she has access, asked again every GUEST_RECHECK seconds (a share taken back at

@@ -1,7 +1,8 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
 1. Checks the patches of upstream internals the session makes (portal/session/upstream.py): one that
-   guards users and rests on upstream code that changed stops the start, in one line.
+   guards users and rests on upstream code that changed stops the start, in one line; and what the hub
+   told the session (portal.sessionspec): a spec that does not validate stops it too.
 2. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
    JUPYTER_PATH): its Python 3 kernel's (portal.session.kernelstart) and its container images' (the
    catalog the batch script put in sessionvars.KERNEL_CATALOG).
@@ -30,7 +31,7 @@ from urllib.parse import urlparse, urlunparse
 
 from jupyter_core.paths import jupyter_path
 
-from .. import patchcheck, sessionvars
+from .. import patchcheck, sessionspec, sessionvars
 from . import upstream
 from .kernels import write_catalog, write_host_kernel
 from .tools import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
@@ -133,8 +134,19 @@ def check_patches() -> None:
 GC_PAUSED_AT_MOST = 300.0  # seconds: the start counts as over then even if the extension never started
 
 
+def check_spec() -> None:
+    """What the hub told this session (sessionvars.SESSION), validated once: exits in one line if it does not
+    validate (nothing of the session runs on settings it cannot trust)."""
+    try:
+        sessionspec.current()
+    except sessionspec.SpecError as error:
+        print(f"dsportal: the session cannot start: {error}", flush=True)
+        sys.exit(1)
+
+
 def main() -> None:
     check_patches()
+    check_spec()
     gc.disable()  # until the server serves: started()
     fallback = threading.Timer(GC_PAUSED_AT_MOST, started)  # a server without the extension
     fallback.daemon = True

@@ -1,6 +1,6 @@
 """What a session offers besides Python notebooks: a terminal, R, VS Code and git (a profile's ``tools``).
 
-The hub puts the profile's list into the job (sessionvars.TOOLS, with where code-server is and which
+The hub puts the profile's list into the job (portal.sessionspec's ``tools``, with where code-server is and which
 CRAN mirror R uses). The session's entry point (portal.session.singleuser) turns it into Jupyter's own
 configuration before the server starts, in a config folder of the session's own (first on
 JUPYTER_CONFIG_PATH):
@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import defaults, sessionvars
+from .. import defaults, sessionspec
+from ..sessionspec import TOOLS  # noqa: F401 - the tools a profile may offer, as this module names them
 from ..wholefile import write_whole
 
-TOOLS = ("terminal", "r", "vscode", "git")
 # git's extensions, with nbdime's: installed as jupyterlab-git's dependency, used for its diffs.
 GIT_SERVER_EXTENSIONS = ("jupyterlab_git", "nbdime")
 GIT_LAB_EXTENSIONS = ("@jupyterlab/git", "nbdime-jupyterlab")
@@ -90,32 +89,19 @@ class Tools:
     r_repository: str = defaults.R_REPOSITORY
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> Tools:
-        """The hub's word (sessionvars.TOOLS); a server the hub did not start offers everything."""
-        raw = environ.get(sessionvars.TOOLS, "")
-        if not raw:
-            return cls(frozenset(TOOLS))
-        try:
-            given = json.loads(raw)
-            return cls(frozenset(t for t in given.get("offered", []) if t in TOOLS),
-                       str(given.get("code_server") or defaults.CODE_SERVER),
-                       str(given.get("r_repository") or defaults.R_REPOSITORY))
-        except (ValueError, AttributeError, TypeError):
-            return cls(frozenset())
+    def from_env(cls, environ=None) -> Tools:
+        """The hub's word (the session's spec); a server the hub did not start offers everything."""
+        given = sessionspec.current(environ).tools
+        return cls(frozenset(given.offered), given.code_server, given.r_repository)
 
     def offers(self, tool: str) -> bool:
         return tool in self.offered
 
 
-def sharing_groups(environ=os.environ) -> list[str]:
-    """The sharing groups the hub found the session's owner in (sessionvars.SHARING); [] where the
+def sharing_groups(environ=None) -> list[str]:
+    """The sharing groups the hub found the session's owner in (the session's spec); [] where the
     session is not shareable (portal.session.sharing)."""
-    try:
-        groups = json.loads(environ.get(sessionvars.SHARING, "") or "{}").get("groups", [])
-    except (ValueError, AttributeError):
-        return []
-    return [g for g in groups if isinstance(g, str) and re.match(r"^[a-z_][a-z0-9_-]{0,31}$", g)] \
-        if isinstance(groups, list) else []
+    return list(sessionspec.current(environ).sharing_groups)
 
 
 def write_config(folder: Path, tools: Tools, shareable: bool = False) -> Path:

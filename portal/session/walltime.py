@@ -12,13 +12,12 @@ templates/session.sbatch.j2), which passes the signal to this server. The server
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 
 from tornado import web
 
-from .. import defaults, sessionvars
+from .. import sessionspec, sessionvars
 from .api import MessageAPIHandler
 
 SCHEMA_ID = "https://dsportal.invalid/events/walltime-ending/v1"
@@ -64,7 +63,7 @@ async def _walltime_ending(server_app, ending: _Ending) -> None:
     if ending.started:
         return
     ending.started = True
-    left = int(os.environ.get(sessionvars.SAVE_AHEAD) or defaults.SAVE_AHEAD)
+    left = sessionspec.current().save_ahead
     _say(f"dsportal: the walltime ends in about {left} s: JupyterLab saves every open document, then the kernels "
          "are shut down")
     server_app.event_logger.emit(schema_id=SCHEMA_ID, data={"seconds_left": left})
