@@ -413,7 +413,8 @@ def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_fo
         # What the session is told: one spec, validated as the session reads it (portal.sessionspec).
         assert [k for k in submission.env if k.startswith("DSPORTAL_")] == [sessionvars.SESSION]
         spec = sessionspec.parse(submission.env[sessionvars.SESSION])
-        assert (spec.idle_limit, spec.report_wait, spec.sharing_groups) == (7200, 30 * 60 + START_TIMEOUT, [])  # queue limit + start_timeout
+        # report_wait: the profile's queue limit and the hub's start_timeout
+        assert (spec.idle_limit, spec.report_wait, spec.sharing_groups) == (7200, 30 * 60 + START_TIMEOUT, [])
         assert spec.launch_policy.default_profile == "gpu" and spec.templates is None
         assert [p.name for p in spec.launch_policy.profiles] == ["gpu", "cpu", "share"]  # hers: not staff's
         assert slurm.commands.count("sbatch") == 1
