@@ -20,7 +20,7 @@ from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
-from portal import defaults, sessionvars
+from portal import sessionvars
 from portal.cluster.slurmclient import (
     Job,
     Slurm,
@@ -32,7 +32,8 @@ from portal.cluster.slurmclient import (
 )
 from portal.rules import LaunchPolicy, SessionRequest, SessionSlice, share_name
 from portal.sessionspec import SessionSpec
-from portal.settings import DataMount, Image, Profile, SessionSettings, SlurmSettings, human_duration, parse_walltime
+from portal.settings import DataMount, Image, Profile, human_duration, parse_walltime
+from portal.settingtraits import setting
 from portal.templatesources import Spec
 from portal.templating import render
 from portal.userjson import unix_groups
@@ -102,21 +103,15 @@ class RequestRefused(SpawnFailed):
         super().__init__(message, reason="invalid-request", status_code=400)
 
 
-def _about(model, key: str) -> str:
-    """A trait's help: the portal.yaml key it is set from (portal/hub/config.py) and that key's description."""
-    section = {SessionSettings: "session", SlurmSettings: "slurm"}[model]
-    return f"portal.yaml's {section}.{key}: {model.model_fields[key].description}"
-
-
 def session_job_name(user: str, server: str) -> str:
     """The Slurm job name of ``user``'s session ``server`` (session.sbatch.j2's job_name)."""
     return f"dsportal-{user}" + (f":{server}" if server else "")
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
-    """Each trait that mirrors a portal.yaml key is named after it (session.X -> X, slurm.X -> slurm_X or X;
-    session_environment, as JupyterHub's Spawner has an environment of its own) and takes its help from the
-    settings model, so one name and one description hold in both layers."""
+    """Each trait that mirrors a portal.yaml key is made from it (spawner/settingtraits.py: its kind, default and
+    description, set by the hub's configuration from the loaded settings) and named after it (session.X -> X,
+    slurm.X -> slurm_X or X; session_environment, as JupyterHub's Spawner has an environment of its own)."""
 
     hub_checking = False  # set by the wrapping PartitionSpawner, whose pending the hub's startup check flags
     on_submitted = None  # called once sbatch returned the job's id (PartitionSpawner stores the state then)
@@ -127,16 +122,16 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     taken_over_token = -1  # while a start takes a kept job over: the token id its report may bring (0: unknown)
     token_adopted = False  # that report came: the session's token is the job's own (PartitionSpawner.start_polling)
     # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
-    session_environment = Unicode(defaults.ENVIRONMENT, help=_about(SessionSettings, "environment")).tag(config=True)
-    log_dir = Unicode(defaults.SESSION_LOG_DIR, help=_about(SessionSettings, "log_dir")).tag(config=True)
-    workdir = Unicode(defaults.SESSION_WORKDIR, help=_about(SessionSettings, "workdir")).tag(config=True)
-    umask = Unicode(defaults.SESSION_UMASK, help=_about(SessionSettings, "umask")).tag(config=True)
+    session_environment = setting("session.environment")
+    log_dir = setting("session.log_dir")
+    workdir = setting("session.workdir")
+    umask = setting("session.umask")
 
-    slurm_conf = Unicode("", help=_about(SlurmSettings, "conf")).tag(config=True)
-    slurm_bin_dir = Unicode(defaults.SLURM_BIN_DIR, help=_about(SlurmSettings, "bin_dir")).tag(config=True)
-    mediator = Unicode(defaults.MEDIATOR, help=_about(SlurmSettings, "mediator")).tag(config=True)
-    submit_as = Unicode(defaults.SUBMIT_AS, help=_about(SlurmSettings, "submit_as")).tag(config=True)
-    squeue_interval = Float(defaults.SQUEUE_INTERVAL, help=_about(SlurmSettings, "squeue_interval")).tag(config=True)
+    slurm_conf = setting("slurm.conf")
+    slurm_bin_dir = setting("slurm.bin_dir")
+    mediator = setting("slurm.mediator")
+    submit_as = setting("slurm.submit_as")
+    squeue_interval = setting("slurm.squeue_interval")
 
     # portal.yaml's own models, validated once as the hub loaded it: never dumped and validated again here.
     profile = Instance(Profile, allow_none=True, help="The partition profile sessions run on.").tag(config=True)
@@ -158,13 +153,11 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     log_tail_lines = Integer(25, help="Lines of the job log shown when a session fails.").tag(config=True)
 
-    save_ahead = Integer(defaults.SAVE_AHEAD, help=_about(SessionSettings, "save_ahead")).tag(config=True)
-    activity_interval = Integer(defaults.ACTIVITY_INTERVAL, help=_about(SessionSettings, "activity_interval")).tag(
-        config=True)
-    gpu_busy_percent = Integer(defaults.GPU_BUSY_PERCENT, help=_about(SessionSettings, "gpu_busy_percent")).tag(
-        config=True)
-    code_server = Unicode(defaults.CODE_SERVER, help=_about(SessionSettings, "code_server")).tag(config=True)
-    r_repository = Unicode(defaults.R_REPOSITORY, help=_about(SessionSettings, "r_repository")).tag(config=True)
+    save_ahead = setting("session.save_ahead")
+    activity_interval = setting("session.activity_interval")
+    gpu_busy_percent = setting("session.gpu_busy_percent")
+    code_server = setting("session.code_server")
+    r_repository = setting("session.r_repository")
 
     # ------------------------------------------------------- runtime state
     slice = Instance(SessionSlice, allow_none=True,
@@ -716,7 +709,12 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.clear_state()
 
     async def _saved_at_the_end(self, job: Job | None) -> str:
-        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.walltime)."""
+        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.walltime); for a
+        node that failed, what is kept (nothing could be saved as it went)."""
+        if job is not None and job.state == "NODE_FAIL":
+            return (" Its node failed, so nothing could be saved as it ended: your files are as you last saved them "
+                    "(JupyterLab saves an open notebook every 2 minutes), and your home folder is on shared storage, "
+                    "not on that node. Start it again to continue.")
         if job is None or job.state != "TIMEOUT":
             return ""
         log_path = self.session_log()

@@ -25,7 +25,6 @@ from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
-from portal import defaults
 from portal.cluster.images import building_detail
 from portal.cluster.slurmclient import SlurmError
 from portal.rules import (
@@ -38,13 +37,14 @@ from portal.rules import (
     slice_for,
     wants_mail,
 )
-from portal.settings import LdapSettings, Profile, SlurmSettings, parse_memory_mb, parse_walltime
+from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
+from portal.settingtraits import setting
 from portal.templating import render
 from portal.userjson import unix_groups
 
 from . import certs, mailaddress, metrics
 from .form import options_from_form
-from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, _about, session_job_name
+from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, session_job_name
 
 # What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
 # them with each holder's rights: only the owner's carry them).
@@ -65,7 +65,7 @@ class PartitionSpawner(WrapSpawner):
     # portal.yaml's own models, validated once as the hub loaded it: never dumped and validated again here.
     profiles = List(Instance(Profile), help="Partition profiles offered to users.").tag(config=True)
     default_profile = Unicode(help="Profile used when a request names none.").tag(config=True)
-    resources_interval = Float(defaults.RESOURCES_INTERVAL, help=_about(SlurmSettings, "resources_interval")).tag(config=True)
+    resources_interval = setting("slurm.resources_interval")
     ldap = Instance(LdapSettings, allow_none=True, help="The portal's LDAP settings: where the user's e-mail "
                     "address (her entry's `mail`) is read for Slurm's mail when her session starts. None: no "
                     "e-mail.").tag(config=True)

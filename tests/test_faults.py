@@ -183,3 +183,117 @@ def test_a_full_home_says_so_at_the_start_and_a_save_never_truncates_the_noteboo
                                         "save again.")
     assert open(f"{small_home}/work.ipynb", "rb").read() == saved  # her last save, whole
     member.stop_server()
+
+
+# ------------------------------------------------------------------------------------------ a node dies
+NODE_DEAD = "node2"
+SLURMD_TIMEOUT = 30  # seconds without an answer before slurmctld calls a node DOWN (slurm.conf; Slurm's default 300)
+
+
+def job_node(user: str) -> dict[str, str]:
+    """The user's session jobs: job id -> node."""
+    out = subprocess.run(["squeue", "-h", "-u", user, "-t", "R", "-o", "%i %N"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def node_state(node: str, state: str, reason: str = "dsportal test: sessions placed") -> None:
+    args = [f"state={state}"] + ([f"reason={reason}"] if state == "drain" else [])
+    subprocess.run(["scontrol", "update", f"nodename={node}", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def short_slurmd_timeout():
+    """slurm.conf's SlurmdTimeout at 30 s while the test runs (the cluster's file and each node's), then the files
+    as they were (their times too: the demo's start restarts Slurm for a newer file)."""
+    from portal.cluster.demo.base import paths
+    from portal.cluster.demo.network import node_names
+
+    files = [paths().slurm / "slurm.conf", *(paths().slurm / node / "slurm.conf" for node in node_names())]
+    kept = {f: (f.read_text(), f.stat()) for f in files}
+    for f in files:
+        f.write_text(kept[f][0] + f"\n# dsportal test: a dead node is noticed sooner\nSlurmdTimeout={SLURMD_TIMEOUT}\n")
+    subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
+    try:
+        yield
+    finally:
+        for f, (text, stat) in kept.items():
+            f.write_text(text)
+            os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        subprocess.run(["scontrol", "reconfigure"], capture_output=True, timeout=60)
+
+
+def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(alice, bob, carol, admin, portal,
+                                                                                 short_slurmd_timeout):
+    """node2 dies with three sessions on it (every process of the node killed, its link down): Slurm ends their
+    jobs NODE_FAIL once the node misses SlurmdTimeout; each user's next page says her session lost its node,
+    what was kept, and offers to start it again as before (one click); alice's session on node1 keeps
+    running and answering; the proxy keeps no route to the dead node."""
+    from portal.cluster import demo
+    from portal.cluster.demo.network import namespace
+
+    node_state("node1", "drain")
+    try:
+        alice.spawn({"profile": "gpu", "gpus": 1, "walltime": "01:00:00"})
+        bob.spawn({"profile": "gpu", "gpus": 1, "walltime": "01:00:00"})
+        carol.spawn({"profile": "cpu", "walltime": "01:00:00"})
+    finally:
+        node_state("node1", "resume")
+    node_state(NODE_DEAD, "drain")
+    try:
+        alice.spawn({"profile": "cpu", "walltime": "01:00:00"}, server="prep")
+    finally:
+        node_state(NODE_DEAD, "resume")
+    on_dead = {user: job_node(user) for user in ("alice", "bob", "carol")}
+    assert sorted(n for jobs in on_dead.values() for n in jobs.values()).count(NODE_DEAD) == 3, on_dead
+    assert "node1" in on_dead["alice"].values(), on_dead
+    users = {"alice": alice, "bob": bob, "carol": carol}
+
+    # The node dies: every process on it at once, and its link.
+    pids = subprocess.run(["ip", "netns", "pids", namespace(NODE_DEAD)], capture_output=True, text=True).stdout.split()
+    subprocess.run(["kill", "-9", *pids], capture_output=True)
+    subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "down"], check=True)
+    died = time.monotonic()
+    told = {}
+    try:
+        while len(told) < 3:
+            assert time.monotonic() - died < 150, (told, {u: users[u].model()["servers"] for u in users})
+            for name, user in users.items():
+                if name in told:
+                    continue
+                if "" not in user.model()["servers"]:
+                    home = html.unescape(user.web.get(f"{user.hub_origin}/hub/home", timeout=15).text)
+                    if "lost its node (Slurm: NODE_FAIL" in home:
+                        told[name] = (time.monotonic() - died, home)
+            time.sleep(1)
+        states = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
+                                 ",".join(j for jobs in on_dead.values() for j, n in jobs.items() if n == NODE_DEAD)],
+                                capture_output=True, text=True, timeout=60).stdout
+        # alice's session on node1: untouched, its kernel answers; the proxy routes to no dead session.
+        assert alice.model()["servers"]["prep"]["ready"]
+        assert "prep ok" in alice.run_code("print('prep ok')", server="prep")
+        routes = admin.api("GET", "/hub/api/proxy").json()
+        targets = {path: route.get("target", "") for path, route in routes.items()}
+    finally:
+        subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "up"], check=True)
+        demo.ensure_slurm()  # node2's slurmd again; the node comes back (ReturnToService)
+    print("node2 died: " + ", ".join(f"{u} told after {t:.1f} s" for u, (t, _) in told.items())
+          + f" (SlurmdTimeout {SLURMD_TIMEOUT} s); sacct: {' '.join(states.split())}")
+    for _name, (_seconds, home) in told.items():
+        assert "Its node failed, so nothing could be saved as it ended: your files are as you last saved them" in home
+        assert 'class="d-inline dsportal-relaunch" data-server-name=""' in home and "Start it again as before" in home
+    assert states.count("NODE_FAIL") == 3, states
+    assert not [p for p, t in targets.items() if "node2" in t or "198.51.100.12" in t], targets
+    assert any(p.endswith("/user/alice/prep/") for p in targets), targets
+    # One click: the notice's form, as the page has it, starts bob's session again with his last choices.
+    import re
+
+    form = re.search(r'<form method="post" class="d-inline dsportal-relaunch" data-server-name=""\s+action="([^"]+)">'
+                     r"(.*?)</form>", told["bob"][1], re.S)
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form.group(2)))
+    assert {k: v for k, v in fields.items() if k != "_xsrf"} == {"profile": "gpu", "gpus.gpu": "1",
+                                                                "walltime.gpu": "01:00:00"}, fields
+    response = bob.web.post(f"{bob.hub_origin}{form.group(1)}", data=fields, timeout=60)
+    assert response.status_code < 400, (response.status_code, response.text[-2000:])
+    bob.wait_ready(timeout=180)
+    assert list(job_node("bob").values()) != [NODE_DEAD]

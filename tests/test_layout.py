@@ -29,7 +29,8 @@ def layer(module: str) -> str:
     if module in ("portal.settings", "portal.cluster.slurmparse", "portal.cluster.slurmclient",
                   "portal.cluster.images"):
         return "core"
-    if module in ("portal.rules", "portal.sessionspec", "portal.templating", "portal.templatesources", "portal.patchcheck",
+    if module in ("portal.rules", "portal.sessionspec", "portal.settingtraits", "portal.templating",
+                  "portal.templatesources", "portal.patchcheck",
                   "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc", "portal.notebookcells"):
         return "shared"
     for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),

@@ -528,6 +528,8 @@ def test_a_job_ended_outside_the_portal_is_told_in_words_on_her_next_page(hub, s
         assert await spawner.poll() == 1
         await hub.stop(spawner)  # what JupyterHub does when poll says it ended
         assert spawner.session_ended.startswith(f"Your session job {job} {words}"), spawner.session_ended
+        if state == "NODE_FAIL":  # what was kept: nothing could be saved as the node went
+            assert "Its node failed, so nothing could be saved as it ended" in spawner.session_ended
         assert slurm.cancels == []  # nothing left to cancel
         assert hub.restart().spawner().session_ended == spawner.session_ended  # kept in the hub's state
 

@@ -24,12 +24,12 @@ from ldap3.core.exceptions import (
 )
 from ldapauthenticator import LDAPAuthenticator
 from tornado import web
-from traitlets import Float, Integer, List, Unicode
+from traitlets import Integer, List, Unicode
 
 from spawner.certs import USERS_DOMAIN
 
-from .. import defaults
-from ..settings import LdapSettings, LoginThrottleSettings, human_duration, ldap_server
+from ..settings import LdapSettings, human_duration, ldap_server
+from ..settingtraits import hand_down, setting
 from ..userjson import unix_groups
 from . import metrics, upstream
 from .loginthrottle import LoginThrottle
@@ -109,32 +109,24 @@ def has_session_certificate(handler) -> bool:
     return bool(certificate_user(handler))
 
 
-def _about(model, key: str) -> str:
-    """A trait's help: the portal.yaml key it is set from (:func:`configure_ldap`) and that key's description."""
-    section = {LdapSettings: "ldap", LoginThrottleSettings: "ldap.throttle"}[model]
-    return f"portal.yaml's {section}.{key}: {model.model_fields[key].description}"
-
-
 class PortalAuthenticator(LDAPAuthenticator):
     """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
     timeouts on every LDAP operation, logins off the event loop. Each trait that mirrors a portal.yaml
-    key (ldap.X, ldap.throttle.X) is named after it and takes its help from the settings model."""
+    key (ldap.X, ldap.throttle.X) is made from it (portal/settingtraits.py) and named after it."""
 
-    connect_timeout = Float(defaults.LDAP_CONNECT_TIMEOUT, help=_about(LdapSettings, "connect_timeout")).tag(config=True)
-    receive_timeout = Float(defaults.LDAP_RECEIVE_TIMEOUT, help=_about(LdapSettings, "receive_timeout")).tag(config=True)
-    login_timeout = Float(defaults.LDAP_LOGIN_TIMEOUT, help=_about(LdapSettings, "login_timeout")).tag(config=True)
+    connect_timeout = setting("ldap.connect_timeout")
+    receive_timeout = setting("ldap.receive_timeout")
+    login_timeout = setting("ldap.login_timeout")
     login_threads = Integer(8, help="Logins checked against LDAP at the same time.").tag(config=True)
-    free_failures = Integer(defaults.LOGIN_FREE_FAILURES,
-                            help=_about(LoginThrottleSettings, "free_failures")).tag(config=True)
-    first_delay = Float(defaults.LOGIN_FIRST_DELAY, help=_about(LoginThrottleSettings, "first_delay")).tag(config=True)
-    max_delay = Float(defaults.LOGIN_MAX_DELAY, help=_about(LoginThrottleSettings, "max_delay")).tag(config=True)
-    account_failures = Integer(defaults.LOGIN_ACCOUNT_FAILURES,
-                               help=_about(LoginThrottleSettings, "account_failures")).tag(config=True)
-    account_window = Float(defaults.LOGIN_ACCOUNT_WINDOW,
-                           help=_about(LoginThrottleSettings, "account_window")).tag(config=True)
-    account_lock = Float(defaults.LOGIN_ACCOUNT_LOCK, help=_about(LoginThrottleSettings, "account_lock")).tag(config=True)
+    free_failures = setting("ldap.throttle.free_failures")
+    first_delay = setting("ldap.throttle.first_delay")
+    max_delay = setting("ldap.throttle.max_delay")
+    account_failures = setting("ldap.throttle.account_failures")
+    account_window = setting("ldap.throttle.account_window")
+    account_lock = setting("ldap.throttle.account_lock")
 
-    failover_servers = List(Unicode(), help=_about(LdapSettings, "failover_servers") + " (host:port each)").tag(
+    failover_servers = List(Unicode(), help="portal.yaml's ldap.failover_servers: "
+                            f"{LdapSettings.model_fields['failover_servers'].description} (host:port each)").tag(
         config=True)
     sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the hub's groups, set from each "
                           "user's Unix groups at her login (Authenticator.manage_groups).").tag(config=True)
@@ -260,11 +252,7 @@ def configure_ldap(c, settings) -> None:
         c.LDAPAuthenticator.lookup_dn_user_dn_attribute = ldap.user_attribute  # her account name: the login's
         c.LDAPAuthenticator.lookup_dn_search_user = ldap.search_bind_dn or None
         c.LDAPAuthenticator.lookup_dn_search_password = ldap.search_password()  # its file: the hub account's alone
-    c.PortalAuthenticator.connect_timeout = ldap.connect_timeout
-    c.PortalAuthenticator.receive_timeout = ldap.receive_timeout
-    c.PortalAuthenticator.login_timeout = ldap.login_timeout
-    for name, value in ldap.throttle.model_dump().items():
-        setattr(c.PortalAuthenticator, name, value)
+    hand_down(c, settings, PortalAuthenticator)  # its timeouts, its throttle of failed logins
     # Unix account names only: they become Slurm job owners.
     c.LDAPAuthenticator.valid_username_regex = r"^[a-z_][a-z0-9_-]{0,31}$"
     if not ldap.allowed_groups:

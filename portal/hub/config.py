@@ -17,6 +17,7 @@ from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 
 from .. import hubdatabase, patchcheck, settings as settings_module, templating
+from ..settingtraits import hand_down
 from . import (
     databasedown,
     extend,
@@ -134,7 +135,7 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.allow_named_servers = hub.session_names_per_user > 0
     c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
-    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended,
+    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended, "relaunch": sessions.relaunch,
                                    "sessions": sessions.rows,
                                    "shared_with_me": ()}  # portal.yaml sharing: sharing.configure
     # The stock pages, plus session_ended and the sessions' rows.
@@ -155,7 +156,6 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.spawner_class = PartitionSpawner
     c.PartitionSpawner.profiles = list(settings.profiles)  # the models themselves: validated once, here
     c.PartitionSpawner.default_profile = settings.profile().name
-    c.PartitionSpawner.resources_interval = settings.slurm.resources_interval
     c.PartitionSpawner.ldap = settings.ldap  # the user's e-mail address, for Slurm's mail
     c.Spawner.start_timeout = hub.start_timeout
     # Starts beyond the limit: HTTP 429 with Retry-After, nothing submitted; the form and the REST API say
@@ -170,27 +170,14 @@ def configure(c, settings=None) -> None:
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:
     # with it she could add pages that answer without login (portal/session/singleuser.py).
     c.Spawner.disable_user_config = True
-    c.SlurmGPUSpawner.session_environment = str(settings.session.environment)
-    c.SlurmGPUSpawner.log_dir = settings.session.log_dir
-    c.SlurmGPUSpawner.umask = settings.session.umask
-    c.SlurmGPUSpawner.activity_interval = settings.session.activity_interval
-    c.SlurmGPUSpawner.save_ahead = settings.session.save_ahead
+    hand_down(c, settings, PartitionSpawner, SlurmGPUSpawner)  # every setting trait (portal/settingtraits.py)
     if any(p.idle_timeout or p.idle_timeout_without_gpu for p in settings.profiles):
         # The proxy counts every request as activity, an open tab's polling included; idle limits
         # go by the sessions' own reports instead (portal/session/activity.py: what changes or computes).
         c.JupyterHub.last_activity_interval = 0
-    c.SlurmGPUSpawner.gpu_busy_percent = settings.session.gpu_busy_percent
-    c.SlurmGPUSpawner.code_server = str(settings.session.code_server)
-    c.SlurmGPUSpawner.r_repository = settings.session.r_repository
-    c.SlurmGPUSpawner.workdir = settings.session.workdir
-    c.SlurmGPUSpawner.slurm_conf = str(settings.slurm.conf or "")
-    c.SlurmGPUSpawner.slurm_bin_dir = str(settings.slurm.bin_dir)
-    c.SlurmGPUSpawner.submit_as = settings.slurm.submit_as
-    c.SlurmGPUSpawner.mediator = str(settings.slurm.mediator)
     c.SlurmGPUSpawner.images = list(settings.images)
     c.SlurmGPUSpawner.data_mounts = list(settings.data_mounts)
     c.SlurmGPUSpawner.templates = settings.templates.model_dump(mode="json")
-    c.SlurmGPUSpawner.squeue_interval = settings.slurm.squeue_interval
     c.Spawner.poll_interval = hub.poll_interval
     # /hub/metrics: the portal's own metrics beside JupyterHub's (portal/hub/metrics.py)
     metrics.register_slurm(SlurmGPUSpawner.shared_client(c))

@@ -79,6 +79,23 @@ def ended(user) -> dict[str, str]:
     return {s.name: _ended(s) for s in user.all_spawners(include_default=True) if not s.active and _ended(s)}
 
 
+def relaunch(user) -> dict[str, dict]:
+    """Template variable ``relaunch``: for each session that ended outside the portal, the choices of its last
+    start as the rules allow them today (PartitionSpawner.last_choice; none where they no longer pass): the
+    notice's button starts it again with them, through the spawn form's own POST."""
+    if user is None:
+        return {}
+    found = {}
+    for stopped in user.all_spawners(include_default=True):
+        if stopped.active or not _ended(stopped):
+            continue
+        spawner = user.spawners[stopped.name]  # the user's spawner of that session (JupyterHub makes it once)
+        choice = spawner.last_choice() if hasattr(spawner, "last_choice") else {}
+        if choice:
+            found[stopped.name] = choice
+    return found
+
+
 @dataclass(frozen=True)
 class SharedRow:
     owner: str
