@@ -35,12 +35,21 @@ class SessionToolsSpec(BaseModel):
     r_repository: str = defaults.R_REPOSITORY
 
 
+class TemplateSourceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str
+    display_name: str = ""
+    description: str = ""
+
+
 class TemplatesSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     folder: str = "templates"
     copies: str = "notebooks"
-    sources: list[dict[str, str]] = []
+    sources: list[TemplateSourceSpec] = []
 
     def spec(self) -> Spec:
         return Spec.from_dict(self.model_dump())

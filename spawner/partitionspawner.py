@@ -81,6 +81,8 @@ class PartitionSpawner(WrapSpawner):
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
     boot_timeout = Integer(help="The configured start_timeout: the time to come up once Slurm runs the job (the "
                            "spawner's own start_timeout adds the profile's time in the queue).")
+    start_request = Any(None, help="(options' key, SessionRequest) of the start under way: judged (her e-mail address "
+                        "looked up) by the form or create_certs, taken by start() as it is.")
     certs_to_write = Any(None, help="(folder, {name: text}) of move_certs, for the start's submission to write.")
     session_scopes = Any(None, help="The OAuth client scopes a start taking a kept job over gave its session "
                          "(start_polling puts them back after JupyterHub's token re-use cleared them).")
@@ -283,6 +285,7 @@ class PartitionSpawner(WrapSpawner):
         # Judged now, before JupyterHub stores the options: a refusal brings the form back with the message.
         request = await self.request_for(options)
         self.check_session_limit(request.profile)
+        self.start_request = (_options_key(options), request)  # its start takes it, her address looked up here
         return options
 
     # ------------------------------------------------- several sessions per user
@@ -403,8 +406,14 @@ class PartitionSpawner(WrapSpawner):
         counted. Raises with the reason; nothing is made for a request that is refused. JupyterHub makes a
         session's certificates before start(): create_certs asks first (no key made, no store record left for a
         refused request), start() again (the same judgement)."""
+        key = _options_key(self.user_options)
         try:
-            request = await self.request_for(self.user_options)
+            if self.start_request is not None and self.start_request[0] == key:
+                # the form's, or create_certs' for this start: the rules' judgement as of now (the memo, checked
+                # against her groups), her address as looked up then (no second look-up)
+                request = replace(self.judged(self.user_options), mail_user=self.start_request[1].mail_user)
+            else:
+                request = await self.request_for(self.user_options)
         except RequestRefused:
             self.count_refusal(self.user_options)
             # JupyterHub keeps a start's options as the defaults of the next start (a plain one reuses
@@ -414,6 +423,7 @@ class PartitionSpawner(WrapSpawner):
                 session.commit()
             raise
         self.check_session_limit(request.profile)
+        self.start_request = (key, request)
         return request
 
     async def start(self):
@@ -431,6 +441,7 @@ class PartitionSpawner(WrapSpawner):
             raise
         # The limit was counted after judge's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
+        self.start_request = None
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != request.profile.name:
             self.child_spawner = None

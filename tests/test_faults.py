@@ -205,22 +205,28 @@ def node_state(node: str, state: str, reason: str = "dsportal test: sessions pla
 @pytest.fixture
 def short_slurmd_timeout():
     """slurm.conf's SlurmdTimeout at 30 s while the test runs (the cluster's file and each node's), then the files
-    as they were (their times too: the demo's start restarts Slurm for a newer file)."""
+    as they were, their times too (the demo's start restarts Slurm for a newer file): the fixture's value puts them
+    back, for the test to call before it restarts anything; again at the end, whatever happened."""
     from portal.cluster.demo.base import paths
     from portal.cluster.demo.network import node_names
 
     files = [paths().slurm / "slurm.conf", *(paths().slurm / node / "slurm.conf" for node in node_names())]
     kept = {f: (f.read_text(), f.stat()) for f in files}
-    for f in files:
-        f.write_text(kept[f][0] + f"\n# dsportal test: a dead node is noticed sooner\nSlurmdTimeout={SLURMD_TIMEOUT}\n")
-    subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         for f, (text, stat) in kept.items():
-            f.write_text(text)
+            if f.read_text() != text:
+                f.write_text(text)
             os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         subprocess.run(["scontrol", "reconfigure"], capture_output=True, timeout=60)
+
+    try:
+        for f in files:
+            f.write_text(kept[f][0] + f"\n# dsportal test: a dead node is noticed sooner\nSlurmdTimeout={SLURMD_TIMEOUT}\n")
+        subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
+        yield restore
+    finally:
+        restore()
 
 
 def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(alice, bob, carol, admin, portal,
@@ -249,13 +255,14 @@ def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(
     assert "node1" in on_dead["alice"].values(), on_dead
     users = {"alice": alice, "bob": bob, "carol": carol}
 
-    # The node dies: every process on it at once, and its link.
-    pids = subprocess.run(["ip", "netns", "pids", namespace(NODE_DEAD)], capture_output=True, text=True).stdout.split()
-    subprocess.run(["kill", "-9", *pids], capture_output=True)
-    subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "down"], check=True)
-    died = time.monotonic()
     told = {}
     try:
+        # The node dies: every process on it at once, and its link.
+        pids = subprocess.run(["ip", "netns", "pids", namespace(NODE_DEAD)], capture_output=True,
+                              text=True).stdout.split()
+        subprocess.run(["kill", "-9", *pids], capture_output=True)
+        subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "down"], check=True)
+        died = time.monotonic()
         while len(told) < 3:
             assert time.monotonic() - died < 150, (told, {u: users[u].model()["servers"] for u in users})
             for name, user in users.items():
@@ -275,7 +282,8 @@ def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(
         routes = admin.api("GET", "/hub/api/proxy").json()
         targets = {path: route.get("target", "") for path, route in routes.items()}
     finally:
-        subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "up"], check=True)
+        subprocess.run(["ip", "link", "set", f"dsp-{NODE_DEAD}", "up"], capture_output=True)
+        short_slurmd_timeout()  # slurm.conf as it was, before Slurm is started again (no restart for a newer file)
         demo.ensure_slurm()  # node2's slurmd again; the node comes back (ReturnToService)
     print("node2 died: " + ", ".join(f"{u} told after {t:.1f} s" for u, (t, _) in told.items())
           + f" (SlurmdTimeout {SLURMD_TIMEOUT} s); sacct: {' '.join(states.split())}")

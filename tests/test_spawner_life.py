@@ -351,6 +351,34 @@ def test_a_request_is_judged_once_where_it_enters_and_its_start_submits_that_jud
     run(scenario())
 
 
+def test_her_address_is_looked_up_once_a_start_and_reaches_the_jobs_mail_line(hub, slurm, monkeypatch):
+    """A start asking for Slurm's mail looks her address up once: at the form (which says so if there is none),
+    or, for the REST API's request, at the start; the job's script has it."""
+    looked_up = []
+
+    async def address(self):
+        looked_up.append(self.name)
+        return "me@example.org"
+
+    monkeypatch.setattr(PartitionSpawner, "mail_address", address)
+
+    async def scenario():
+        for name, form, options in (("one", {**GPU_FORM, "mail": ["on"]}, None),
+                                    ("two", None, {"profile": "cpu", "mail": True})):
+            looked_up.clear()
+            spawner = hub.spawner(name)
+            starting = hub.spawn_soon(spawner, form=form, options=options)
+            job = await submitted(slurm, len(slurm.submitted()) + 1)
+            assert looked_up == [name], looked_up
+            assert slurm.submissions[-1].sbatch.get("--mail-user") == "me@example.org"
+            slurm.start(job, "node1")
+            assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+            await starting
+            await hub.stop(spawner)
+
+    run(scenario())
+
+
 def test_a_judgement_is_taken_again_only_for_the_same_options_rules_and_groups(hub, slurm, monkeypatch):
     """A judgement is reused only while what it was made from is the same: other options, or her groups changed
     (she left a group a profile is reserved for), are judged anew."""

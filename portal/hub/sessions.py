@@ -79,12 +79,9 @@ def ended(user) -> dict[str, str]:
     return {s.name: _ended(s) for s in user.all_spawners(include_default=True) if not s.active and _ended(s)}
 
 
-def relaunch(user) -> dict[str, dict]:
-    """Template variable ``relaunch``: for each session that ended outside the portal, the choices of its last
-    start as the rules allow them today (PartitionSpawner.last_choice; none where they no longer pass): the
-    notice's button starts it again with them, through the spawn form's own POST."""
-    if user is None:
-        return {}
+def relaunch_choices(user) -> dict[str, dict]:
+    """For each session of ``user`` that ended outside the portal, the choices of its last start as the rules
+    allow them today (PartitionSpawner.last_choice; none where they no longer pass)."""
     found = {}
     for stopped in user.all_spawners(include_default=True):
         if stopped.active or not _ended(stopped):
@@ -94,6 +91,23 @@ def relaunch(user) -> dict[str, dict]:
         if choice:
             found[stopped.name] = choice
     return found
+
+
+class Relaunch:
+    """Template variable ``relaunch``: the logged-in user's (``owner``) ended sessions' last choices, by session
+    name, for the notice's button that starts one again with them through the spawn form's own POST. Computed
+    the first time a page reads it (the home page, a stopped session's page), not for every page."""
+
+    def __init__(self, user):
+        self.owner = user.name if user is not None else ""
+        self._user, self._found = user, None
+
+    def get(self, name: str) -> dict | None:
+        if self._user is None:
+            return None
+        if self._found is None:
+            self._found = relaunch_choices(self._user)
+        return self._found.get(name)
 
 
 @dataclass(frozen=True)
