@@ -5,9 +5,9 @@ portal's settings; the session reads it once, validated (:func:`current`), and i
 the activity reports, the idle limit, the walltime's warning, the port report's wait, dsportal's service,
 the tools on offer, the job launcher's policy, the sharing groups and the template sources.
 
-A spec the hub did not write, or one that does not validate, stops the session's start with the reason
-(portal/session/singleuser.py): nothing of the session runs on settings it cannot trust. A server without any
-(not started by dsportal's hub: ``jupyter lab`` by hand, the template check) gets the defaults below.
+A spec that does not validate, or a session job without one, stops the session's start with the reason
+(portal/session/singleuser.py): nothing of the session runs on settings it cannot trust. A server that is no
+session job (``jupyter lab`` by hand, the template check's kernels) gets the defaults below.
 """
 
 from __future__ import annotations
@@ -122,6 +122,12 @@ def _legacy(environ) -> str:
     except (ValueError, AttributeError) as error:
         raise SpecError(f"a setting of this session (dsportal 0.3's variables) is not JSON: {error}") from None
     return json.dumps(found) if found else ""
+
+
+def given(environ=None) -> bool:
+    """Whether the hub gave this process a spec (its own variable, or a 0.3 session's variables)."""
+    environ = os.environ if environ is None else environ
+    return sessionvars.SESSION in environ or bool(_legacy(environ))
 
 
 def launch_policy(environ=None) -> LaunchPolicy:

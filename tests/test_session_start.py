@@ -209,6 +209,11 @@ def test_a_session_whose_spec_is_not_the_hubs_does_not_start():
         assert out.returncode == 1, (spec, out)
         assert out.stdout.startswith("dsportal: the session cannot start: DSPORTAL_SESSION is not a session spec of "
                                      "dsportal's hub: "), (spec, out.stdout)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSPORTAL_")}
+    missing = subprocess.run([sys.executable, "-c", "from portal.session.singleuser import check_spec; check_spec()"],
+                             capture_output=True, text=True, cwd=REPO, timeout=60,
+                             env={**env, "JUPYTERHUB_API_TOKEN": "a session's token"})  # a job, and no spec
+    assert missing.returncode == 1 and "its job has no DSPORTAL_SESSION" in missing.stdout, missing
     fine = subprocess.run([sys.executable, "-c", "from portal.session.singleuser import check_spec; check_spec()"],
                           capture_output=True, text=True, cwd=REPO, timeout=60,
                           env={**os.environ, "DSPORTAL_SESSION": '{"idle_limit": 3600}'})

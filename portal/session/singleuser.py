@@ -138,6 +138,9 @@ def check_spec() -> None:
     """What the hub told this session (sessionvars.SESSION), validated once: exits in one line if it does not
     validate (nothing of the session runs on settings it cannot trust)."""
     try:
+        if os.environ.get("JUPYTERHUB_API_TOKEN") and not sessionspec.given():
+            raise sessionspec.SpecError(f"its job has no {sessionvars.SESSION}: the hub that submitted it gives every "
+                                        "session one; start it from the portal")
         sessionspec.current()
     except sessionspec.SpecError as error:
         print(f"dsportal: the session cannot start: {error}", flush=True)
