@@ -1,5 +1,6 @@
 """Defaults that more than one side needs: portal.yaml's model (portal/settings.py) takes them from
-here, and so do the traits of the hub's classes and the session's fallbacks. One value, one place.
+here (the traits of the hub's classes take theirs from the model: portal/settingtraits.py), and so do the
+session's fallbacks and the Slurm client's. One value, one place.
 No imports: the session's start reads this module too.
 """
 

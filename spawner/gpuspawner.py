@@ -109,7 +109,7 @@ def session_job_name(user: str, server: str) -> str:
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
-    """Each trait that mirrors a portal.yaml key is made from it (spawner/settingtraits.py: its kind, default and
+    """Each trait that mirrors a portal.yaml key is made from it (portal/settingtraits.py: its kind, default and
     description, set by the hub's configuration from the loaded settings) and named after it (session.X -> X,
     slurm.X -> slurm_X or X; session_environment, as JupyterHub's Spawner has an environment of its own)."""
 

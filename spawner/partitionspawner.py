@@ -81,8 +81,8 @@ class PartitionSpawner(WrapSpawner):
     created_at = Float(help="time.monotonic() when the hub made this spawner (at its start, for running sessions).")
     boot_timeout = Integer(help="The configured start_timeout: the time to come up once Slurm runs the job (the "
                            "spawner's own start_timeout adds the profile's time in the queue).")
-    start_request = Any(None, help="(options' key, SessionRequest) of the start under way: judged (her e-mail address "
-                        "looked up) by the form or create_certs, taken by start() as it is.")
+    mail_looked_up = Any(None, help="(options' key, her address or '') of the start under way: looked up by the form "
+                         "or create_certs, taken by start() (one look-up a start).")
     certs_to_write = Any(None, help="(folder, {name: text}) of move_certs, for the start's submission to write.")
     session_scopes = Any(None, help="The OAuth client scopes a start taking a kept job over gave its session "
                          "(start_polling puts them back after JupyterHub's token re-use cleared them).")
@@ -146,14 +146,6 @@ class PartitionSpawner(WrapSpawner):
         _judged.move_to_end(self.user.name)
         while len(_judged) > JUDGED_USERS:
             _judged.popitem(last=False)
-
-    async def request_for(self, options: dict) -> SessionRequest:
-        """The judged request, with her e-mail address when it asks for Slurm's mail (looked up each time: the
-        form's check, then its start's, which puts the address in the job)."""
-        request = self.judged(options)
-        if address := await self.mail_user_for(options):  # '' without mail
-            request = replace(request, mail_user=address)
-        return request
 
     def count_refusal(self, options) -> None:
         asked = options.get("profile") if isinstance(options, dict) else None
@@ -283,9 +275,9 @@ class PartitionSpawner(WrapSpawner):
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
         # Judged now, before JupyterHub stores the options: a refusal brings the form back with the message.
-        request = await self.request_for(options)
+        request = self.judged(options)
+        self.mail_looked_up = (_options_key(options), await self.mail_user_for(options))  # its start takes it
         self.check_session_limit(request.profile)
-        self.start_request = (_options_key(options), request)  # its start takes it, her address looked up here
         return options
 
     # ------------------------------------------------- several sessions per user
@@ -408,12 +400,10 @@ class PartitionSpawner(WrapSpawner):
         refused request), start() again (the same judgement)."""
         key = _options_key(self.user_options)
         try:
-            if self.start_request is not None and self.start_request[0] == key:
-                # the form's, or create_certs' for this start: the rules' judgement as of now (the memo, checked
-                # against her groups), her address as looked up then (no second look-up)
-                request = replace(self.judged(self.user_options), mail_user=self.start_request[1].mail_user)
-            else:
-                request = await self.request_for(self.user_options)
+            request = self.judged(self.user_options)  # the entry's judgement (the memo, checked against her groups)
+            if self.mail_looked_up is None or self.mail_looked_up[0] != key:  # not by the form or create_certs
+                self.mail_looked_up = (key, await self.mail_user_for(self.user_options))
+            request = replace(request, mail_user=self.mail_looked_up[1])
         except RequestRefused:
             self.count_refusal(self.user_options)
             # JupyterHub keeps a start's options as the defaults of the next start (a plain one reuses
@@ -423,7 +413,6 @@ class PartitionSpawner(WrapSpawner):
                 session.commit()
             raise
         self.check_session_limit(request.profile)
-        self.start_request = (key, request)
         return request
 
     async def start(self):
@@ -441,7 +430,7 @@ class PartitionSpawner(WrapSpawner):
             raise
         # The limit was counted after judge's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
-        self.start_request = None
+        self.mail_looked_up = None
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != request.profile.name:
             self.child_spawner = None

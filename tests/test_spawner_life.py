@@ -243,15 +243,21 @@ async def submitted(slurm: FakeSlurm, count: int = 1) -> int:
     return jobs[count - 1].job_id
 
 
+async def serve(hub: Hub, spawner: PartitionSpawner, starting: asyncio.Task, job: int, node: str = "node1",
+                port: int = PORT) -> None:
+    """The submitted ``job`` of a start under way run on ``node``, its port reported, the start over."""
+    hub.slurm.start(job, node)
+    assert await spawner.child_spawner.accept_port(port, str(job)) is None
+    assert await starting == (node, port)
+
+
 async def running_session(hub: Hub, name: str = "", form: dict = GPU_FORM, node: str = "node1",
                           port: int = PORT) -> tuple[PartitionSpawner, int]:
     """A session started from the form, its job run on ``node``, its port reported: (spawner, job id)."""
     spawner = hub.spawner(name)
     starting = hub.spawn_soon(spawner, form=form)
     job = await submitted(hub.slurm, len(hub.slurm.submitted()) + 1)
-    hub.slurm.start(job, node)
-    assert await spawner.child_spawner.accept_port(port, str(job)) is None
-    assert await starting == (node, port)
+    await serve(hub, spawner, starting, job, node, port)
     return spawner, job
 
 
@@ -343,9 +349,7 @@ def test_a_request_is_judged_once_where_it_enters_and_its_start_submits_that_jud
             assert request is not None and request.slice is spawner.child_spawner.slice
             assert slurm.submissions[-1].sbatch.get("--gres") == (f"gpu:{request.slice.gpus}" if request.slice.gpus
                                                                  else None)
-            slurm.start(job, "node1")
-            assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
-            await starting
+            await serve(hub, spawner, starting, job)
             await hub.stop(spawner)
 
     run(scenario())
@@ -371,9 +375,7 @@ def test_her_address_is_looked_up_once_a_start_and_reaches_the_jobs_mail_line(hu
             job = await submitted(slurm, len(slurm.submitted()) + 1)
             assert looked_up == [name], looked_up
             assert slurm.submissions[-1].sbatch.get("--mail-user") == "me@example.org"
-            slurm.start(job, "node1")
-            assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
-            await starting
+            await serve(hub, spawner, starting, job)
             await hub.stop(spawner)
 
     run(scenario())
