@@ -30,17 +30,18 @@ RUFF := ruff==0.17.6
 lint:
 	bash scripts/uv.sh tool run --from $(RUFF) ruff check $(RUFF_ARGS)
 
+# The demo cluster (democluster/, not installed) runs from this checkout with the portal's environment.
 # The portal serves first; PyTorch, Horovod and the container images follow in the background
 # (scripts/build-extras.sh; `make demo-log` follows it).
 demo: deps
 	@bash scripts/build-extras.sh --background
-	/opt/dsportal/env/bin/dsportal demo up --images-later
+	cd $(CURDIR) && $(PY) -m democluster up --images-later
 
 demo-log:
 	tail -n 20 -f $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}/log/extras.log
 
 stop:
-	@if [ -x $(PY) ]; then /opt/dsportal/env/bin/dsportal demo down; fi
+	@if [ -x $(PY) ]; then cd $(CURDIR) && $(PY) -m democluster down; fi
 
 check:
 	/opt/dsportal/env/bin/dsportal check

@@ -67,12 +67,12 @@ import requests
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 from class_start import class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
+from democluster.base import directory  # noqa: E402
 from department import HubLoad, queued_jobs  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
-from portal.cluster.demo.base import directory  # noqa: E402
 
 CONFIG = REPO / "config" / "portal.yaml"
 # The hubs it starts (`dsportal --config ... hub`) read the demo's settings on purpose (settings.refuse_demo).
@@ -83,7 +83,7 @@ SLICE = {"profile": "gpu", "gpus": 1}
 
 STOCK_CONFIG = """
 import batchspawner  # noqa: F401  (registers the port API: without it no session ever reports)
-from portal import settings
+from portal.core import settings
 from portal.hub.auth import configure_ldap
 
 s = settings.load({config!r})
@@ -125,8 +125,8 @@ CLASS_PROFILES = {"class": (CLASS_SLICE, STOCK_CLASS_SLICE), "class-gpu": ({"pro
 def server_database(name: str, data: Path) -> tuple[str, Path]:
     """A fresh database of its own on the demo's MariaDB (as the demo hub's, in production: a server
     database): (its SQLAlchemy URL without the password, the password's file)."""
-    from portal.cluster.demo.accounting import MARIADB_PORT
-    from portal.cluster.demo.hubdb import create_database, mariadb_socket
+    from democluster.accounting import MARIADB_PORT
+    from democluster.hubdb import create_database, mariadb_socket
 
     data.mkdir(parents=True, exist_ok=True)
     database, account, password = f"bench_{name}".replace("-", "_"), "dsportal_bench", os.urandom(12).hex()

@@ -1,8 +1,8 @@
-"""The `dsportal` command: demo up|down|status, hub [move-database|install-units|...], check, images, templates
+"""The `dsportal` command: hub [move-database|install-units|...], check, images, templates
 list|check, firewall, usage, docs portal-yaml.
 
-Every command but `demo` reads --config, else $DSPORTAL_CONFIG, else /etc/dsportal/portal.yaml, and refuses the
-demo's settings unless DSPORTAL_DEMO=1 (portal/settings.py: config_path, refuse_demo)."""
+Every command reads --config, else $DSPORTAL_CONFIG, else /etc/dsportal/portal.yaml, and refuses the
+demo's settings unless DSPORTAL_DEMO=1 (portal/core/settings.py: config_path, refuse_demo)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from . import settings as settings_module, settingsdoc
-from .cluster import demo, firewall, hubaccount, images, templatecheck, usage
-from .cluster.check import run_checks
-from .cluster.slurmclient import CATCHING_UP, SlurmCommands
-from .templatesources import notebooks
+from portal.admin import firewall, hubaccount, templatecheck, usage
+from portal.admin.check import run_checks
+from portal.core import images, settings as settings_module, settingsdoc
+from portal.core.templatesources import notebooks
+from portal.slurm.slurmclient import CATCHING_UP, SlurmCommands
 
 
 def _hub_config_file() -> str:
-    checkout = Path(__file__).resolve().parent.parent / "config" / "jupyterhub_config.py"
+    checkout = Path(__file__).resolve().parents[1] / "config" / "jupyterhub_config.py"
     if checkout.exists():
         return str(checkout)
     return str(resources.files("dsportal_config") / "jupyterhub_config.py")
@@ -40,7 +40,7 @@ def cmd_hub(args) -> int:
         return install_units(args.dest, args.force, hubaccount.LOGIN_UNITS, "hub install-units")
     settings = production_settings(args)  # fail here, naming the key, not deep in JupyterHub
     if args.action == "proxy":
-        from .hub import proxyservice  # the hub's modules (JupyterHub, certificates) for this command only
+        from portal.hub import proxyservice  # the hub's modules (JupyterHub, certificates) for this command only
 
         proxyservice.exec_proxy(settings)  # returns only by an exception
     if args.action == "generate-certs":
@@ -72,7 +72,7 @@ def cmd_hub(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     data_dir.chmod(0o700)  # one made before (or by hand) too: it holds the hub's secrets
     os.chdir(data_dir)
-    from .hub import stateversion
+    from portal.hub import stateversion
 
     try:  # never an older dsportal on a state a newer one ran (its database migrated forward)
         before = stateversion.check(data_dir, version())
@@ -84,7 +84,7 @@ def cmd_hub(args) -> int:
     gc.disable()  # while the hub loads and sets up: _start_garbage_collection
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
-    from .hub import upstream as hub_upstream
+    from portal.upstream import hub as hub_upstream
 
     hub_upstream.after_init_tornado_application(_start_garbage_collection)
     # Recorded once set up on this state: a start that fails before leaves the rollback open.
@@ -112,7 +112,7 @@ def move_database(settings, target_url: str | None, password_file: Path | None) 
         print("dsportal hub move-database: give the server database (--to URL) and its password file "
               "(--password-file, or hub.db_password_file in portal.yaml)", file=sys.stderr)
         return 2
-    from .cluster import dbmove  # JupyterHub's tables and alembic, slow to import: only this command loads them
+    from portal.admin import dbmove  # JupyterHub's tables and alembic, slow to import: only this command loads them
 
     try:
         moved = dbmove.move_database(settings, target_url, password_file)
@@ -149,23 +149,6 @@ def cmd_check(args) -> int:
     print(report)
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
-
-
-def cmd_demo(args) -> int:
-    config = settings_module.config_path(args.config, demo=True)  # the demo's own file by default
-    try:
-        if args.action == "up":
-            demo.up(config, images_later=args.images_later)
-            print(demo.banner(settings_module.load(config)))
-        elif args.action == "down":
-            demo.down()
-        else:
-            for name, running in demo.status().items():
-                print(f"  {name:<14} {'running' if running else 'stopped'}")
-    except demo.DemoError as error:
-        print(f"dsportal demo {args.action}: {error}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def cmd_images(args) -> int:
@@ -278,14 +261,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument("--config", help=f"portal.yaml (default: ${settings_module.CONFIG_ENV}, else "
-                        f"{settings_module.PRODUCTION_CONFIG}; `demo` commands: the demo's own file)")
+                        f"{settings_module.PRODUCTION_CONFIG})")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo_parser = sub.add_parser("demo", help="the embedded one-machine cluster")
-    demo_parser.add_argument("action", choices=["up", "down", "status"])
-    demo_parser.add_argument("--images-later", action="store_true",
-                             help="up: leave unbuilt images to scripts/build-extras.sh (make demo builds them in the "
-                                  "background, while the portal serves)")
-    demo_parser.set_defaults(func=cmd_demo)
     hub_parser = sub.add_parser("hub", help="run JupyterHub configured from portal.yaml; install-mediator: the "
                                 "root-owned program the hub runs as users; sudoers: the hub account's one sudo rule; "
                                 "install-units: the login node's systemd units (hub, proxy) from the package; "

@@ -4,7 +4,7 @@
 # it with --background, so the portal serves first and these follow; `make test` runs it in the
 # foreground before the tests. One build at a time per machine: a second waits for the first (or,
 # in the background, leaves it to the first). While it runs the launcher shows each image
-# "(being built, about N min)" (`dsportal images queue` and `heartbeat`, portal/cluster/images.py).
+# "(being built, about N min)" (`dsportal images queue` and `heartbeat`, portal/core/images.py).
 set -euo pipefail
 [ "${1:-}" = --in-background ] || cd "$(dirname "$0")/.."
 ENV=${DSPORTAL_PREFIX:-/opt/dsportal}/env

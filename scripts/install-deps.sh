@@ -21,7 +21,7 @@ packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev proc
           postgresql  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
           exim4-daemon-light bsd-mailx  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
           make dpkg-dev  # scrontab, built from Debian's source (scripts/build-scrontab.sh)
-          r-cran-irkernel  # the sessions' R kernel (portal/session/tools.py)
+          r-cran-irkernel  # the sessions' R kernel (portal/session/tools/offer.py)
           samba samba-ad-dc samba-ad-provision)  # Active Directory for tests/test_ldap_ad.py (never started as a service)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
@@ -89,11 +89,10 @@ pip_ install -q --disable-pip-version-check --no-deps --no-build-isolation --for
 # The JupyterLab extension, built from its TypeScript sources by JupyterLab's builder (cached).
 bash scripts/build-labextension.sh "$ENV"
 # The patches' fingerprints checked in full once here, against the installed upstream sources: each start
-# (the hub, every session) then only stats those files (portal/patchcheck.py: record_verified). A file
+# (the hub, every session) then only stats those files (portal/upstream/patchcheck.py: record_verified). A file
 # changed since (an upgrade, scripts/build-extras.sh) is checked in full again as it starts.
 rm -f "$PREFIX/patchcheck-verified.json"
-DSPORTAL_PREFIX=$PREFIX "$ENV/bin/python" -c 'from portal import patchcheck; from portal.hub import upstream as h
-from portal.session import upstream as s
+DSPORTAL_PREFIX=$PREFIX "$ENV/bin/python" -c 'from portal.upstream import patchcheck, hub as h, session as s
 [patchcheck.record_verified(u.PATCHES) for u in (h, s)]' || true
 chmod -R a+rX "$ENV" "$PREFIX/chp"
 [ ! -f "$PREFIX/patchcheck-verified.json" ] || chmod 644 "$PREFIX/patchcheck-verified.json"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 os.environ.setdefault("DSPORTAL_DEMO", "1")
 
 from hubclient import HubUser  # noqa: E402  (tests/hubclient.py: the suite's client of the hub)

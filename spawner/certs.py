@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from portal.cluster.slurmclient import Slurm, SlurmError
+from portal.slurm.slurmclient import Slurm, SlurmError
 
 FOLDER = ".dsportal/certs"
 # Certipy keeps its store in one JSON file that each new certificate rewrites: one at a time. The

@@ -1,9 +1,9 @@
-"""The spawn form's fields, read into the options a request is made of (portal/rules.py checks them)."""
+"""The spawn form's fields, read into the options a request is made of (portal/core/rules.py checks them)."""
 
 from __future__ import annotations
 
-from portal.rules import check_length
-from portal.settings import shown
+from portal.core.rules import check_length
+from portal.core.settings import shown
 
 
 def options_from_form(formdata: dict[str, list[str]]) -> dict:

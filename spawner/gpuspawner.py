@@ -1,7 +1,7 @@
 """SlurmGPUSpawner: a JupyterLab session as a Slurm job holding the user's GPU slice.
 
 Built on batchspawner's SlurmSpawner (its traits, state keeping and the hub API through
-which the job reports its port) but talking to Slurm through :mod:`portal.cluster.slurmclient`: argv
+which the job reports its port) but talking to Slurm through :mod:`portal.slurm.slurmclient`: argv
 lists instead of shell strings, one shared ``squeue`` for all sessions, and a start
 that fails fast with the job's own error text when the job dies before its server answers.
 """
@@ -20,25 +20,16 @@ from batchspawner import JobStatus
 from jupyterhub.spawner import SpawnException
 from traitlets import Any, Bool, Dict, Float, Instance, Integer, List, Unicode, default
 
-from portal import sessionvars
-from portal.cluster.slurmclient import (
-    Job,
-    Slurm,
-    SlurmError,
-    SlurmUnavailable,
-    home_full,
-    refusal_hint,
-    shared_client,
-)
-from portal.rules import LaunchPolicy, SessionRequest, SessionSlice, share_name
-from portal.sessionspec import SessionSpec
-from portal.settings import DataMount, Image, Profile, human_duration, parse_walltime
-from portal.settingtraits import setting
-from portal.templatesources import Spec
-from portal.templating import render
-from portal.userjson import unix_groups
-
-from . import metrics
+from portal.core import sessionvars
+from portal.core.rules import LaunchPolicy, SessionRequest, SessionSlice, share_name
+from portal.core.sessionspec import SessionSpec
+from portal.core.settings import DataMount, Image, Profile, human_duration, parse_walltime
+from portal.core.settingtraits import setting
+from portal.core.templatesources import Spec
+from portal.core.templating import render
+from portal.core.userjson import unix_groups
+from portal.slurm.slurmclient import Job, Slurm, SlurmError, SlurmUnavailable, home_full, refusal_hint, shared_client
+from spawner import metrics
 
 # How a session job that ended outside the portal is described to its user, by Slurm state.
 ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
@@ -109,7 +100,7 @@ def session_job_name(user: str, server: str) -> str:
 
 
 class SlurmGPUSpawner(batchspawner.SlurmSpawner):
-    """Each trait that mirrors a portal.yaml key is made from it (portal/settingtraits.py: its kind, default and
+    """Each trait that mirrors a portal.yaml key is made from it (portal/core/settingtraits.py: its kind, default and
     description, set by the hub's configuration from the loaded settings) and named after it (session.X -> X,
     slurm.X -> slurm_X or X; session_environment, as JupyterHub's Spawner has an environment of its own)."""
 
@@ -144,7 +135,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     ).tag(config=True)
 
     templates = Dict(
-        help="Template notebooks (portal.settings.TemplateSettings fields): every session shows the sources "
+        help="Template notebooks (portal.core.settings.TemplateSettings fields): every session shows the sources "
              "the user's groups see, read-only, in its templates folder."
     ).tag(config=True)
 
@@ -169,7 +160,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
     submitting = Any(None, help="asyncio.Event set once the start's sbatch has returned (or failed).")
-    session_json = Unicode("", help="What the session job is told (portal.sessionspec, sessionvars.SESSION): made at "
+    session_json = Unicode("", help="What the session job is told (portal.core.sessionspec, sessionvars.SESSION): made at "
                            "submit.")
     service_url = Unicode("", help="dsportal's JupyterHub service as sessions reach it (portal.hub.extend).").tag(
         config=True)
@@ -253,7 +244,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                           separators=(",", ":"))
 
     def session_spec(self) -> SessionSpec:
-        """What the session job is told (portal.sessionspec): made at submit, from the judged request and the
+        """What the session job is told (portal.core.sessionspec): made at submit, from the judged request and the
         settings; the session validates it once as it starts."""
         groups = unix_groups(self.user.name)
         shared = self.sharing_groups and self.request is not None and self.request.shared  # started shareable
@@ -709,7 +700,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.clear_state()
 
     async def _saved_at_the_end(self, job: Job | None) -> str:
-        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.walltime); for a
+        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.usage.walltime); for a
         node that failed, what is kept (nothing could be saved as it went)."""
         if job is not None and job.state == "NODE_FAIL":
             return (" Its node failed, so nothing could be saved as it ended: your files are as you last saved them "

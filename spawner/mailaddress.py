@@ -14,8 +14,8 @@ import asyncio
 import ldap3
 from ldap3.core.exceptions import LDAPException
 
-from portal import ldapconnect
-from portal.settings import LdapSettings
+from portal.core import ldapconnect
+from portal.core.settings import LdapSettings
 
 MAIL_ATTRIBUTE = "mail"
 

@@ -25,9 +25,8 @@ from sqlalchemy.orm import object_session
 from traitlets import Any, Dict, Float, Instance, Integer, List, Unicode, default, directional_link, observe
 from wrapspawner import WrapSpawner
 
-from portal.cluster.images import building_detail
-from portal.cluster.slurmclient import SlurmError
-from portal.rules import (
+from portal.core.images import building_detail
+from portal.core.rules import (
     RequestError,
     SessionRequest,
     judge_request,
@@ -37,14 +36,14 @@ from portal.rules import (
     slice_for,
     wants_mail,
 )
-from portal.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
-from portal.settingtraits import setting
-from portal.templating import render
-from portal.userjson import unix_groups
-
-from . import certs, mailaddress, metrics
-from .form import options_from_form
-from .gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, session_job_name
+from portal.core.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
+from portal.core.settingtraits import setting
+from portal.core.templating import render
+from portal.core.userjson import unix_groups
+from portal.slurm.slurmclient import SlurmError
+from spawner import certs, mailaddress, metrics
+from spawner.form import options_from_form
+from spawner.gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, session_job_name
 
 # What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
 # them with each holder's rights: only the owner's carry them).
@@ -124,7 +123,7 @@ class PartitionSpawner(WrapSpawner):
         return [p for p in self.profile_models() if may_use(p, groups)]
 
     def judged(self, options: dict) -> SessionRequest:
-        """The request ``options`` make, judged by the rules (portal.rules.judge_request, called here alone), or
+        """The request ``options`` make, judged by the rules (portal.core.rules.judge_request, called here alone), or
         RequestRefused with the reason. A request is judged where it enters the hub (the form: options_from_form;
         the REST API: portal/hub/useroptions.py, before JupyterHub stores it); the start that follows takes that
         judgement (the user's spawners share it: the rules are hers and the portal's, not a session's)."""
@@ -229,7 +228,7 @@ class PartitionSpawner(WrapSpawner):
         (a new demo's, say): the form says so, and their kernels show it on the launcher."""
         catalog = self.config.SlurmGPUSpawner.get("images") or []
         found = {}
-        for image in catalog if isinstance(catalog, list) else []:  # portal.settings.Image models (hub/config.py)
+        for image in catalog if isinstance(catalog, list) else []:  # portal.core.settings.Image models (hub/config.py)
             try:
                 detail = building_detail(image)
             except Exception as error:  # noqa: BLE001 - a note of the form: the form itself must render

@@ -21,7 +21,7 @@ DSPORTAL = str(Path(sys.executable).parent / "dsportal")
 PASSWORDS = {u["name"]: u["password"] for u in yaml.safe_load((REPO / "config/demo/users.yaml").read_text())["users"]}
 HUB = "http://127.0.0.1:8000"
 # The suite runs dsportal's production commands (`dsportal check`, `dsportal hub` ...) against the demo's own
-# settings, which they refuse elsewhere (portal/settings.py: refuse_demo): this says it is the demo, for every
+# settings, which they refuse elsewhere (portal/core/settings.py: refuse_demo): this says it is the demo, for every
 # command the tests run, also when pytest is run without make (which exports it too).
 os.environ.setdefault("DSPORTAL_DEMO", "1")
 
@@ -36,8 +36,9 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def portal():
     """The demo portal, up (idempotently) for the whole run."""
-    result = subprocess.run([DSPORTAL, "--config", str(CONFIG), "demo", "up"], capture_output=True, text=True)
-    assert result.returncode == 0, f"dsportal demo up failed:\n{result.stdout}\n{result.stderr}"
+    result = subprocess.run([sys.executable, "-m", "democluster", "--config", str(CONFIG), "up"], capture_output=True,
+                            text=True, cwd=REPO)
+    assert result.returncode == 0, f"python -m democluster up failed:\n{result.stdout}\n{result.stderr}"
     os.environ["SLURM_CONF"] = "/var/lib/dsportal-demo/slurm/slurm.conf"
     # A clean slate: no session or job left by an earlier (interrupted) run holds the nodes.
     admin = login(HUB, "dave")

@@ -1,6 +1,6 @@
 """A Slurm cluster in memory, behind the hub's own Slurm client: the spawners' whole life without a cluster.
 
-:class:`FakeSlurm` is a :class:`portal.cluster.slurmclient.Slurm` whose commands are answered here
+:class:`FakeSlurm` is a :class:`portal.slurm.slurmclient.Slurm` whose commands are answered here
 instead of run: what the spawners call of it that runs a command (``submit``, ``cancel``, ``accounting``,
 ``read_as_user``, ``write_private_files_as_user``, ``set_time_limit``, ``time_ceiling``, and the client's
 two snapshot fetches ``_fetch_jobs`` and ``_fetch_nodes``: squeue and sinfo) is overridden; everything
@@ -28,9 +28,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from portal import defaults
-from portal.cluster import slurmclient
-from portal.cluster.slurmparse import (
+from portal.core import defaults
+from portal.core.settings import parse_memory_mb
+from portal.slurm import slurmclient
+from portal.slurm.slurmparse import (
     PENDING_STATES,
     RUNNING_STATES,
     SESSION_JOB_PREFIX,
@@ -43,7 +44,6 @@ from portal.cluster.slurmparse import (
     profile_of,
     slurm_minutes,
 )
-from portal.settings import parse_memory_mb
 
 # What the real commands print when slurmctld does not answer (slurmparse.UNREACHABLE_HINTS has it).
 CONTROLLER_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
@@ -198,7 +198,7 @@ class FakeSlurm(slurmclient.Slurm):
             self.private_files.append((user, certs[0], dict(certs[1])))
         self.commands.append("sbatch")
         async with super()._told("sbatch"):  # told as the real client tells it; its latency comes further down
-            # The mediator's checks (portal/cluster/mediator.py), then sbatch's and slurmctld's.
+            # The mediator's checks (portal/slurm/mediator.py), then sbatch's and slurmctld's.
             for name, value in env.items():
                 if not (isinstance(name, str) and isinstance(value, str)) or "\0" in value:
                     raise SlurmError(f"dsportal mediator: environment variable {name!r} is not NAME=text")

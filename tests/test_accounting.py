@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hubclient import active_jobs
-from portal.cluster.slurmclient import Slurm
+from portal.slurm.slurmclient import Slurm
 from test_jobs import jobs_api
 
 DSPORTAL = str(Path(sys.executable).parent / "dsportal")

@@ -3,9 +3,9 @@
 import pytest
 
 from conftest import CONFIG
-from portal.rules import RequestError, slice_for
-from portal.settings import load
-from portal.templating import render
+from portal.core.rules import RequestError, slice_for
+from portal.core.settings import load
+from portal.core.templating import render
 
 pytestmark = pytest.mark.quick
 

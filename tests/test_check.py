@@ -5,7 +5,7 @@ import subprocess
 import yaml
 
 from conftest import CONFIG, DSPORTAL
-from portal.cluster.demo import network
+from democluster import network
 
 
 def check(config_path) -> subprocess.CompletedProcess:

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from democluster import network
 from hubclient import active_jobs
-from portal.cluster.demo import network
-from portal.session.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
+from portal.session.kernels.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 
 PROBE = """
 import json, os
@@ -118,9 +118,9 @@ def test_apptainer_kernel_sees_its_slice_and_nothing_else_of_the_host(alice):
 
 @pytest.mark.quick
 def test_image_of_an_uninstalled_runtime_is_unavailable_in_words(tmp_path):
-    from portal.cluster.images import image_status
-    from portal.session.kernels import kernel_spec
-    from portal.settings import Image
+    from portal.core.images import image_status
+    from portal.core.settings import Image
+    from portal.session.kernels.specs import kernel_spec
 
     image = Image(name="s", display_name="S", source="docker://x", path=tmp_path, runtime="singularity")
     status, detail = image_status(image)
@@ -171,9 +171,9 @@ def test_charliecloud_binds_onto_folders_the_image_has():
 
 @pytest.mark.quick
 def test_corrupt_images_are_reported_unreadable(tmp_path):
-    from portal.cluster.images import image_status
-    from portal.session.kernels import kernel_spec
-    from portal.settings import Image
+    from portal.core.images import image_status
+    from portal.core.settings import Image
+    from portal.session.kernels.specs import kernel_spec
 
     not_an_image = tmp_path / "half-built"
     not_an_image.mkdir()
@@ -196,10 +196,10 @@ def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path
     """While a builder (make demo's, in the background) keeps its mark fresh, a queued image is "being
     built, about N min" on the launcher, in a job's refusal and on the form; once built, the same
     session's listing offers the kernel itself; a mark its builder stopped touching is read as gone."""
-    from portal.cluster.images import HEARTBEAT, heartbeat, image_status, queue
-    from portal.rules import RequestError, _image
-    from portal.session import kernels
-    from portal.settings import Image
+    from portal.core.images import HEARTBEAT, heartbeat, image_status, queue
+    from portal.core.rules import RequestError, _image
+    from portal.core.settings import Image
+    from portal.session.kernels import specs as kernels
 
     image = Image(name="later", display_name="Later", source="debootstrap:bookworm", path=tmp_path / "images" / "later",
                   runtime="apptainer")
@@ -244,7 +244,7 @@ def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path
 
 @pytest.mark.quick
 def test_the_form_says_which_images_are_still_being_built():
-    from portal.templating import render
+    from portal.core.templating import render
 
     html = render("spawn_form.html.j2", rows=[], default="", mail={"address": "", "note": ""}, last={},
                   building=[("PyTorch + Horovod", "being built, about 4 min")])

@@ -14,11 +14,11 @@ import pytest
 from pydantic import ValidationError
 from traitlets.config import Config
 
+import democluster as demo
 from conftest import CONFIG, DSPORTAL, login
+from democluster import hubdb
 from hubclient import active_jobs
-from portal import hubdatabase, settings as settings_module
-from portal.cluster import demo
-from portal.cluster.demo import hubdb
+from portal.core import hubdatabase, settings as settings_module
 from portal.hub.config import configure_database
 
 MOVE_TEST_DATABASE, MOVE_TEST_ACCOUNT = "jupyterhub_movetest", "dsportal_movetest"

@@ -24,7 +24,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 from conftest import CONFIG, REPO
-from portal import hubdatabase, settings as settings_module
+from portal.core import hubdatabase, settings as settings_module
 
 PG_VERSION, PG_CLUSTER, PG_PORT = "15", "dsportal-pgtest", 17432
 PG_DATA = Path("/var/lib/dsportal-pgtest")
@@ -59,7 +59,7 @@ http.server.HTTPServer((url.hostname, url.port), Answer).serve_forever()
 '''
 
 HUB_CONFIG = '''from jupyterhub.spawner import LocalProcessSpawner
-from portal import settings as settings_module
+from portal.core import settings as settings_module
 from portal.hub.config import configure_database
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIG, DSPORTAL, REPO
-from portal.cluster.demo.slurmdaemons import MEM_MB_PER_NODE
-from portal.settings import parse_memory_mb
+from democluster.slurmdaemons import MEM_MB_PER_NODE
+from portal.core.settings import parse_memory_mb
 
 UNITS = REPO / "config" / "systemd"
 HUB_UNIT, PROXY_UNIT = UNITS / "dsportal-hub.service", UNITS / "dsportal-proxy.service"

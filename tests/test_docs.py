@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from portal import settingsdoc
+from portal.core import settingsdoc
 
 pytestmark = pytest.mark.quick
 
@@ -22,4 +22,4 @@ def test_the_portal_yaml_reference_is_what_the_settings_model_writes_now():
 def test_every_key_of_portal_yaml_says_what_it_does():
     undescribed = [f"{name}.{key}".lstrip(".") for name, model in settingsdoc.sections()
                    for key, field in settingsdoc.fields(model) if not settingsdoc.description(field).strip()]
-    assert not undescribed, f"keys without a description= in portal/settings.py: {undescribed}"
+    assert not undescribed, f"keys without a description= in portal/core/settings.py: {undescribed}"

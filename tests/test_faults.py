@@ -26,14 +26,14 @@ def dsportal(*args: str) -> subprocess.CompletedProcess:
 
 
 def dbd_backlog() -> int | None:
-    from portal.cluster.slurmclient import parse_dbd_backlog
+    from portal.slurm.slurmclient import parse_dbd_backlog
 
     return parse_dbd_backlog(subprocess.run(["sdiag"], capture_output=True, text=True, timeout=30).stdout)
 
 
 def test_slurmdbd_down_sessions_still_start_and_check_and_usage_say_accounting_is_behind(alice, portal):
-    from portal.cluster.demo import accounting
-    from portal.cluster.demo.base import paths, stop_pid
+    from democluster import accounting
+    from democluster.base import paths, stop_pid
 
     stop_pid(paths().run / "slurmdbd.pid", "slurmdbd")
     down = time.monotonic()
@@ -75,7 +75,7 @@ def test_slurmdbd_down_sessions_still_start_and_check_and_usage_say_accounting_i
 
 @pytest.mark.quick
 def test_sdiag_s_backlog_is_read_and_nothing_else_is_taken_for_it():
-    from portal.cluster.slurmclient import parse_dbd_backlog
+    from portal.slurm.slurmclient import parse_dbd_backlog
 
     out = "Agent queue size:     0\nAgent count:          0\nDBD Agent queue size: 5\n"
     assert parse_dbd_backlog(out) == 5
@@ -91,9 +91,9 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     words (JupyterHub alone sent the browser to the login page, as if logged out, and told her token it was
     invalid: 403), her running session answers through the proxy throughout, and once the database is back
     the same hub (no restart) answers again and her session is the same job."""
-    from portal.cluster.demo import accounting
-    from portal.cluster.demo.base import paths, stop_pid
-    from portal.cluster.demo.hub import hub_pidfile
+    from democluster import accounting
+    from democluster.base import paths, stop_pid
+    from democluster.hub import hub_pidfile
     from portal.hub.databasedown import WORDS
 
     alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
@@ -207,8 +207,8 @@ def short_slurmd_timeout():
     """slurm.conf's SlurmdTimeout at 30 s while the test runs (the cluster's file and each node's), then the files
     as they were, their times too (the demo's start restarts Slurm for a newer file): the fixture's value puts them
     back, for the test to call before it restarts anything; again at the end, whatever happened."""
-    from portal.cluster.demo.base import paths
-    from portal.cluster.demo.network import node_names
+    from democluster.base import paths
+    from democluster.network import node_names
 
     files = [paths().slurm / "slurm.conf", *(paths().slurm / node / "slurm.conf" for node in node_names())]
     kept = {f: (f.read_text(), f.stat()) for f in files}
@@ -235,8 +235,8 @@ def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(
     jobs NODE_FAIL once the node misses SlurmdTimeout; each user's next page says her session lost its node,
     what was kept, and offers to start it again as before (one click); alice's session on node1 keeps
     running and answering; the proxy keeps no route to the dead node."""
-    from portal.cluster import demo
-    from portal.cluster.demo.network import namespace
+    import democluster as demo
+    from democluster.network import namespace
 
     node_state("node1", "drain")
     try:

@@ -16,8 +16,8 @@ from sqlalchemy import text
 
 from conftest import CONFIG, HUB, login, stop_and_wait
 from hubclient import active_jobs
-from portal import hubdatabase, settings as settings_module
-from portal.rules import MAX_CODE, REQUEST_FIELDS
+from portal.core import hubdatabase, settings as settings_module
+from portal.core.rules import MAX_CODE, REQUEST_FIELDS
 from test_database_postgres import hub_database, postgres  # noqa: F401 (fixtures: a database of the test's own)
 from test_jobs import jobs_api
 from test_profiles import only_job, scontrol

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from portal.cluster import firewall
+from portal.admin import firewall
 
 pytestmark = pytest.mark.quick
 
@@ -136,7 +136,7 @@ def test_only_compute_nodes_and_the_login_node_reach_the_hubs_ports():
 def test_check_warns_about_a_port_of_the_hub_the_firewall_leaves_open(monkeypatch):
     from types import SimpleNamespace
 
-    from portal.cluster import check
+    from portal.admin import check
 
     settings = SimpleNamespace(hub=SimpleNamespace(hub_bind_url="https://login1:8081", service_port=8082,
                                                    proxy_api_url="http://127.0.0.1:8001"))

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from conftest import CONFIG, DSPORTAL, login
+from democluster.base import paths
 from hubclient import DEMO_SLURM_CONF
-from portal.cluster.demo.base import paths
-from portal.cluster.slurmclient import Slurm
-from portal.cluster.slurmparse import LINE_CHARS
+from portal.slurm.slurmclient import Slurm
+from portal.slurm.slurmparse import LINE_CHARS
 
 # Modules the template check's runner imports (its first: nbformat), planted in /tmp by bob.
 PLANTED = ("nbformat", "nbclient")

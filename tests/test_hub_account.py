@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import CONFIG
-from portal.settings import load
+from portal.core.settings import load
 from spawner.certs import local_record_names
 
 SETTINGS = yaml.safe_load(CONFIG.read_text())
@@ -212,7 +212,7 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
     its usage line: the hub then writes and submits in two runs, and says what to do in its log."""
     import asyncio
 
-    from portal.cluster.slurmclient import Slurm
+    from portal.slurm.slurmclient import Slurm
 
     source = Path(MEDIATOR).read_text()
     start_branch = source[source.index('        if verb == "start"'):source.index('        if verb == "tail"')]
@@ -245,7 +245,7 @@ def test_the_mediator_hands_sbatch_its_script_in_a_memory_file_or_a_pipe_where_t
     or a pipe on kernels that refuse those (vm.memfd_noexec=2); more than a pipe holds is refused."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("mediator_under_test", REPO / "portal/cluster/mediator.py")
+    spec = importlib.util.spec_from_file_location("mediator_under_test", REPO / "portal/slurm/mediator.py")
     mediator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mediator)
 

@@ -15,7 +15,7 @@ from playwright.sync_api import sync_playwright
 
 from conftest import login
 from hubclient import active_jobs, squeue_jobs
-from portal.cluster.slurmparse import job_gpus
+from portal.slurm.slurmparse import job_gpus
 from test_browser import ARGS, CHROMIUM, SHOTS
 
 LIMIT = 30

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import requests
 
+import democluster as demo
 from conftest import HUB, PASSWORDS, login, wait_no_jobs
+from democluster import network
 from hubclient import HubUser, active_jobs
-from portal.cluster import demo, firewall
-from portal.cluster.demo import network
+from portal.admin import firewall
 
 SECRET = "alice-secret-4711"
 
@@ -346,7 +347,7 @@ def test_bob_cannot_open_alices_web_services(two_sessions):
 
 def board_socket(board: dict) -> str:
     """The unix socket behind a board (alice's session folder, mode 700)."""
-    out = subprocess.run(["pgrep", "-u", "alice", "-af", "portal.session.tensorboards"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-u", "alice", "-af", "portal.session.tools.tensorboards"], capture_output=True, text=True)
     for line in out.stdout.splitlines():
         words = line.split()
         if str(board["pid"]) == words[0] and "--socket" in words:
@@ -461,7 +462,7 @@ def test_listener_owner_is_read_from_the_kernel_tables():
     """portguard's lookup, on real sockets: IPv4 and IPv6, wildcard and loopback, another user's."""
     import socket
 
-    from portal.session.portguard import listener_uids
+    from portal.session.tools.portguard import listener_uids
 
     mine = socket.socket()
     mine.bind(("127.0.0.1", 0))
@@ -504,7 +505,7 @@ def test_a_session_that_reports_before_the_hub_has_its_job_id_is_taken(second_hu
     """A session's server can serve, and report its port, before sbatch has brought the job id back to
     the hub. The report waits for the submission instead of being refused (which ended the session:
     1 of a class of 100 lost so). A real sbatch through the real mediator; only its answer is late."""
-    from portal import defaults
+    from portal.core import defaults
 
     folder = Path("/usr/local/libexec/dsportal-test")
     folder.mkdir(mode=0o755, exist_ok=True)

@@ -281,8 +281,8 @@ def test_policy_and_slice_are_served_to_the_owner(alice_session, bob):
 
 # -- the batch script itself (no cluster needed) ------------------------------------------
 def _policy(**jobs_settings):
-    from portal.rules import LaunchPolicy
-    from portal.settings import Image, Profile
+    from portal.core.rules import LaunchPolicy
+    from portal.core.settings import Image, Profile
 
     profile = Profile(name="gpu", partition="gpu", display_name="GPU", account="proj1",
                       jobs={"launcher": "srun", "mpi_plugin": "pmix", **jobs_settings})
@@ -293,7 +293,7 @@ def _policy(**jobs_settings):
 
 @pytest.mark.quick
 def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
-    from portal.session import jobs
+    from portal.session.jobs import launcher as jobs
 
     monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
     policy = _policy()
@@ -320,7 +320,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
 
 def test_job_list_is_newest_first_even_when_slurm_ids_restart(portal, tmp_path):
     """A reset Slurm state starts job ids again at 1: the newest job must still head the list."""
-    from portal.session import jobs
+    from portal.session.jobs import launcher as jobs
 
     root = jobs.jobs_root(str(tmp_path))
     root.mkdir(parents=True)
@@ -344,8 +344,8 @@ def test_a_neighbour_s_job_named_like_a_line_of_hers_does_not_end_her_job_in_the
     scontrol prints a job's name with its line breaks: bob's `sbatch -J $'x\\nJobId=<hers>
     JobState=COMPLETED'` prints a line that reads as hers. The session asks Slurm only about her own
     jobs, each by its id; here an scontrol that lists everyone's, bob's forged line among them."""
-    from portal.cluster.slurmclient import SlurmCommands
-    from portal.session import jobs
+    from portal.session.jobs import launcher as jobs
+    from portal.slurm.slurmclient import SlurmCommands
 
     env = {**os.environ, "SLURM_CONF": DEMO_SLURM_CONF}
     job_id = int(subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "-p", "cpu", "-t", "2",

@@ -10,35 +10,31 @@ pytestmark = pytest.mark.quick
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Each layer and the layers it may import. Within a layer modules import each other freely, without a circle.
+# Each layer and the layers it may import: a layer is a folder of portal/ (portal/core/, portal/slurm/ ...),
+# the spawner package, or portal/cli.py on top. Within a layer modules import each other freely, without a circle.
 LAYERS = {
-    "base": set(),  # names and defaults every side reads, imports nothing
-    "core": {"base"},  # portal.yaml's model, the Slurm adapter, the image catalogue's state
-    "shared": {"base", "core"},  # the rules, batch script rendering, template sources, the upstream patches' checker
-    "session": {"base", "core", "shared"},  # each user's session job
-    "spawner": {"base", "core", "shared"},  # the hub's spawners
-    "admin": {"base", "core", "shared"},  # the admin's commands and the demo cluster (not the spawners: they sit above)
-    "hub": {"base", "core", "shared", "spawner"},  # the JupyterHub process
-    "cli": {"base", "core", "shared", "admin", "hub", "session", "spawner"},
+    "core": set(),  # portal.yaml's model, the rules, the session's spec, templating: what every side reads
+    "slurm": {"core"},  # the one place that talks to Slurm
+    "upstream": {"core"},  # every patch's record and check, and the patches with no feature home
+    "session": {"core", "slurm", "upstream"},  # each user's session job
+    "spawner": {"core", "slurm"},  # the hub's spawners
+    "admin": {"core", "slurm"},  # the admin's commands (not the spawners: they sit above)
+    "hub": {"core", "slurm", "upstream", "spawner"},  # the JupyterHub process
+    "cli": {"core", "slurm", "upstream", "admin", "hub", "session", "spawner"},
 }
 
 
 def layer(module: str) -> str:
-    if module in ("portal.defaults", "portal.sessionvars", "portal.wholefile", "portal.userjson"):
-        return "base"
-    if module in ("portal.settings", "portal.cluster.slurmparse", "portal.cluster.slurmclient",
-                  "portal.cluster.images"):
-        return "core"
-    if module in ("portal.rules", "portal.sessionspec", "portal.settingtraits", "portal.templating",
-                  "portal.templatesources", "portal.patchcheck",
-                  "portal.hubdatabase", "portal.ldapconnect", "portal.settingsdoc", "portal.notebookcells"):
-        return "shared"
-    for prefix, name in (("portal.session", "session"), ("spawner", "spawner"), ("portal.hub", "hub"),
-                         ("portal.cluster", "admin"), ("portal.cli", "cli")):
-        if module == prefix or module.startswith(prefix + "."):
-            return name
-    raise AssertionError(f"{module} is in no layer: add it to tests/test_layout.py and the Layout of "
-                         "docs/explanation/architecture.md")
+    """A module's layer is its folder: portal.<layer>.*, spawner.*, or portal.cli."""
+    parts = module.split(".")
+    if parts[0] == "spawner":
+        return "spawner"
+    if module == "portal.cli":
+        return "cli"
+    if parts[0] == "portal" and len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    raise AssertionError(f"{module} is in no layer: put it in a folder of portal/ that is a layer (tests/test_layout.py, "
+                         "docs/explanation/architecture.md's Layout)")
 
 
 def modules() -> dict[str, Path]:
@@ -76,7 +72,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     known = modules()
-    return {name: imports(name, path, known) for name, path in known.items()}
+    return {name: imports(name, path, known) for name, path in known.items() if name not in ("portal", "spawner")}
 
 
 def test_every_import_goes_down():
@@ -116,6 +112,30 @@ def test_the_bottom_and_the_packages_import_nothing():
 
 
 def layer_is_free(name: str, path: Path) -> bool:
-    """The bottom modules, and the packages that hold modules of more than one layer."""
-    return name in ("portal.defaults", "portal.sessionvars", "portal", "portal.cluster", "portal.hub", "portal.session",
-                    "spawner")
+    """The bottom modules, and every package (its __init__ runs before any of its modules)."""
+    return name in ("portal.core.defaults", "portal.core.sessionvars") or path.name == "__init__.py"
+
+
+def test_the_folders_are_the_layers_and_the_demo_is_not_installed():
+    """Every module of portal/ sits in a layer's folder (or is portal/cli.py); the demo cluster is outside the
+    package, and no installed module imports it."""
+    assert {p.name for p in (REPO / "portal").iterdir() if p.is_dir() and p.name != "__pycache__"} == set(LAYERS) - {
+        "spawner", "cli"}
+    assert sorted(p.name for p in (REPO / "portal").glob("*.py")) == ["__init__.py", "cli.py"]
+    for name in modules():
+        if name not in ("portal", "spawner"):  # the packages' own __init__, which import nothing
+            layer(name)
+    for name, path in modules().items():
+        assert "democluster" not in {t.split(".")[0] for t in imports_everything(path)}, f"{name} imports the demo"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert "democluster" not in pyproject.split("packages = [", 1)[1].split("]", 1)[0]
+
+
+def imports_everything(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+    return found

@@ -23,10 +23,10 @@ import pytest
 from tornado import web
 from traitlets.config import Config
 
-from portal.cluster.check import check_ldap
-from portal.cluster.demo import network
+from democluster import network
+from portal.admin.check import check_ldap
+from portal.core.settings import LdapSettings
 from portal.hub.auth import PortalAuthenticator, configure_ldap
-from portal.settings import LdapSettings
 from spawner import mailaddress
 
 pytestmark = pytest.mark.skipif(not shutil.which("samba-tool"), reason="needs Samba's AD DC (make deps)")

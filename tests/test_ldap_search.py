@@ -20,10 +20,10 @@ import pytest
 from tornado import web
 from traitlets.config import Config
 
-from portal.cluster.check import check_ldap
-from portal.cluster.demo.people import ssha
+from democluster.people import ssha
+from portal.admin.check import check_ldap
+from portal.core.settings import LdapSettings, SettingsError
 from portal.hub.auth import MISCONFIGURED, PortalAuthenticator, configure_ldap
-from portal.settings import LdapSettings, SettingsError
 from spawner import mailaddress
 
 BASE = "dc=site,dc=test"
@@ -229,7 +229,7 @@ def test_the_search_account_among_the_users_and_look_alike_names_log_nobody_in(s
 
 
 def test_no_referral_is_followed_and_failover_servers_are_parsed():
-    from portal import ldapconnect
+    from portal.core import ldapconnect
     from portal.hub.auth import ldap_server
 
     server = ldapconnect.new_server("127.0.0.1", 389, False, {}, 3)

@@ -1,6 +1,6 @@
 """With TLS, LDAP's certificate is checked (ldap3 checks none by default): a server whose certificate
 no trusted CA signed, or that names another host, gets no password. A real TLS listener on loopback
-with a certificate made here; the portal's own connection code (portal.ldapconnect, the TLS
+with a certificate made here; the portal's own connection code (portal.core.ldapconnect, the TLS
 arguments the hub's login uses)."""
 
 import socket
@@ -11,9 +11,9 @@ import threading
 import pytest
 from ldap3.core.exceptions import LDAPSessionTerminatedByServerError, LDAPSocketOpenError
 
-from portal import ldapconnect
+from portal.core import ldapconnect
+from portal.core.settings import LdapSettings
 from portal.hub.auth import configure_ldap
-from portal.settings import LdapSettings
 
 pytestmark = pytest.mark.quick
 
@@ -77,7 +77,7 @@ def test_the_hubs_login_requires_the_certificate():
             return self.setdefault(name, type("Section", (), {})())
 
     from conftest import CONFIG
-    from portal import settings as settings_module
+    from portal.core import settings as settings_module
 
     portal_settings = settings_module.load(CONFIG)
     config = Config()

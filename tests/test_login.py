@@ -33,8 +33,8 @@ def test_a_login_binds_without_reading_the_servers_schema(portal):
 
     from ldapauthenticator.ldapauthenticator import TlsStrategy
 
-    from portal import settings
-    from portal.hub import upstream
+    from portal.core import settings
+    from portal.upstream import hub as upstream
 
     ldap = settings.load(CONFIG).ldap
     hub_side = SimpleNamespace(server_address=ldap.server_address, server_port=ldap.server_port,

@@ -72,9 +72,9 @@ def test_the_hubs_slurm_client_counts_each_command_by_outcome():
     """ok; error: Slurm refused; unavailable: slurmctld did not answer (counted by the client's own words)."""
     from prometheus_client import REGISTRY
 
-    from portal.cluster.slurmclient import Slurm
-    from portal.cluster.slurmparse import SlurmError
     from portal.hub import metrics
+    from portal.slurm.slurmclient import Slurm
+    from portal.slurm.slurmparse import SlurmError
 
     slurm = Slurm()
     metrics.register_slurm(slurm)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import HUB
 from hubclient import active_jobs
-from portal.cluster import usage
+from portal.admin import usage
 from test_accounting import sacct
 from test_jobs import jobs_api, stream
 from test_metrics import scrape
@@ -103,7 +103,7 @@ def test_a_cpu_session_beside_a_gpu_session_each_its_own_job_and_slice(alice, bo
     assert metrics['dsportal_session_jobs{partition="cpu",state="running"}'] >= 1
 
     # A restart of the hub keeps both: each answers again, pinned to its own certificate.
-    from portal.cluster import demo
+    import democluster as demo
 
     demo.stop_hub()
     demo.ensure_hub()
@@ -158,7 +158,7 @@ def test_extending_a_session_extends_that_session_only(alice):
     assert scontrol(train_job)["TimeLimit"] == "02:00:00" and scontrol(default_job)["TimeLimit"] == "01:00:00"
     # After a hub restart too (the hub no longer knows which session a token belongs to): the session
     # names itself.
-    from portal.cluster import demo
+    import democluster as demo
 
     demo.stop_hub()
     demo.ensure_hub()

@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
+from democluster import network
 from hubclient import active_jobs
-from portal.cluster.demo import network
 from test_isolation import ALICE_SERVES, SECRET
 
 FETCH_AS_JOB = """
@@ -56,7 +56,7 @@ def test_session_is_reached_at_its_node_on_the_node_network(admin, alice):
 
 def partition_of(node: str) -> str:
     """A partition holding ``node``: cpu, or the share node's own."""
-    from portal.cluster.demo.slurmdaemons import SHARE_NODE
+    from democluster.slurmdaemons import SHARE_NODE
 
     return "share" if node == SHARE_NODE else "cpu"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIG, REPO
-from portal.cluster import hubaccount
-from portal.settings import DEMO_STATE, PRODUCTION_CONFIG
+from portal.admin import hubaccount
+from portal.core.settings import DEMO_STATE, PRODUCTION_CONFIG
 
 pytestmark = pytest.mark.quick
 
@@ -170,7 +170,7 @@ def test_a_file_that_is_not_yaml_or_cannot_be_read_is_refused_naming_it(tmp_path
 
 
 def test_the_demos_commands_default_to_the_demos_file_and_nothing_else_does(monkeypatch):
-    from portal import settings
+    from portal.core import settings
 
     monkeypatch.delenv("DSPORTAL_CONFIG", raising=False)
     assert settings.config_path() == PRODUCTION_CONFIG

@@ -170,7 +170,7 @@ def test_bad_requests_are_refused_and_submit_nothing(alice):
 
 
 def test_one_squeue_serves_every_session():
-    from portal.cluster.slurmclient import Slurm
+    from portal.slurm.slurmclient import Slurm
 
     async def many_sessions_polling():
         slurm = Slurm(conf="/var/lib/dsportal-demo/slurm/slurm.conf", cache_seconds=5)

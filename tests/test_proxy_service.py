@@ -8,8 +8,8 @@ from pathlib import Path
 import requests
 import yaml
 
+import democluster as demo
 from conftest import CONFIG, HUB, active_jobs
-from portal.cluster import demo
 
 SETTINGS = yaml.safe_load(CONFIG.read_text())["hub"]
 PROXY_PIDFILE = Path(SETTINGS["data_dir"]) / "proxy.pid"

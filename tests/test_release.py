@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from portal.cluster import hubaccount
-from portal.settings import DEMO_STATE, PRODUCTION_CONFIG
+from portal.admin import hubaccount
+from portal.core.settings import DEMO_STATE, PRODUCTION_CONFIG
 
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 SHIPPED = [f"systemd/{name}" for name in hubaccount.LOGIN_UNITS + hubaccount.FIREWALL_UNITS] + [hubaccount.SUDO_RULE]
@@ -64,6 +64,8 @@ def test_make_dist_builds_the_wheel_and_sdist_of_pyprojects_version(release):
         assert f"dsportal_config/{name}" in wheel, name
         assert f"dsportal-{VERSION}/config/{name}" in sdist, name
     assert f"dsportal-{VERSION}.dist-info/licenses/LICENSE" in wheel
+    # The demo cluster and its files stay in the checkout: nothing a site installs can bring the demo up.
+    assert not [name for name in wheel if name.startswith(("democluster/", "dsportal_config/demo/"))]
 
 
 def test_the_installed_release_says_its_version(release, tmp_path):

@@ -6,8 +6,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import democluster as demo
 from conftest import login, wait_no_jobs
-from portal.cluster import demo
 
 
 def test_slurmctld_outage_keeps_sessions_and_explains_new_spawns(second_hub):
@@ -103,7 +103,7 @@ def test_a_stop_while_slurmctld_hangs_does_not_block_the_next_start_and_goes_thr
 def test_a_pidfile_whose_pid_came_round_to_another_program_names_no_daemon(tmp_path):
     """A daemon killed without its pidfile removed: the next `make demo` must start it again, and
     `make stop` must not signal whatever program holds the pid by then (pid_max is 32768)."""
-    from portal.cluster.demo.base import alive, stop_pid
+    from democluster.base import alive, stop_pid
 
     pidfile = tmp_path / "slapd.pid"
     innocent = subprocess.Popen(["sleep", "60"])

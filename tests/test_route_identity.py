@@ -32,7 +32,7 @@ from jupyterhub.objects import Server
 
 from conftest import CONFIG
 from hubclient import active_jobs
-from portal import settings
+from portal.core import settings
 from portal.hub.routeowner import check_sessions_by_their_certificate
 from spawner.certs import session_pair, user_host_name
 

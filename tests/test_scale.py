@@ -12,7 +12,7 @@ import pytest
 
 from conftest import login, wait_no_jobs
 from hubclient import active_jobs
-from portal.cluster.slurmparse import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
+from portal.slurm.slurmparse import SQUEUE_FIELDS, SlurmError, parse_squeue, queue_places
 from test_long_queue import every_gpu_held
 
 SEPARATOR = "\x1f0123456789abcdef\x1f"
@@ -60,7 +60,7 @@ def one_start_at_a_time(config):
 @pytest.mark.quick
 def test_sacct_records_are_read_whole_whatever_a_name_or_comment_holds():
     """As sacct -p --delimiter prints them: a forged record in a name's line break stays in the name."""
-    from portal.cluster.slurmparse import parse_sacct, sacct_records, sacct_separator
+    from portal.slurm.slurmparse import parse_sacct, sacct_records, sacct_separator
 
     fields = ("JobID", "User", "JobName", "Comment", "State")
     sep = sacct_separator()
@@ -143,7 +143,7 @@ def test_a_slow_squeue_serves_everyone_who_waited_for_it(portal, tmp_path):
     import time
     from pathlib import Path
 
-    from portal.cluster.slurmclient import Slurm
+    from portal.slurm.slurmclient import Slurm
 
     slow = tmp_path / "bin"
     slow.mkdir()

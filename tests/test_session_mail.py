@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from conftest import CONFIG, HUB, stop_and_wait
+from democluster.mta import exim_settings
 from hubclient import HubUser, active_jobs
-from portal.cluster.demo.mta import exim_settings
-from portal.rules import RequestError, parse_options, plain_mail_address, wants_mail
-from portal.settings import load
-from portal.templating import render
+from portal.core.rules import RequestError, parse_options, plain_mail_address, wants_mail
+from portal.core.settings import load
+from portal.core.templating import render
 from spawner.form import options_from_form
 from spawner.mailaddress import address_in_directory
 from test_batch_script import script

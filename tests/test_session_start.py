@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 AFTER_IMPORT = """
 import importlib, importlib.util, sys
-from portal.session.onuse import after_import
+from portal.upstream.onuse import after_import
 seen = []
 after_import("pkg_x.mod", lambda m: (seen.append(m.__name__), setattr(m, "start", lambda: "ours")))
 print("pkg_x.mod" in sys.modules, importlib.util.find_spec("pkg_x.mod") is not None, "pkg_x.mod" in sys.modules, seen)
@@ -65,7 +65,7 @@ def test_the_garbage_collector_runs_again_once_the_server_serves_over_what_it_ma
 REPORT = """
 import asyncio, json, logging, os, socket, sys
 from tornado import web
-from portal import sessionvars
+from portal.core import sessionvars
 from portal.session import portreport
 
 with socket.socket() as probe:
@@ -142,7 +142,7 @@ def test_a_session_waits_for_a_hub_slow_to_answer_and_reports_once():
 # The session's TLS context for its calls to the hub: the hub's CA bundle only, one per set of files.
 TLS_CONTEXTS = """
 import socket, ssl, sys, threading
-from portal.session import upstream
+from portal.upstream import session as upstream
 folder = sys.argv[1]
 context = upstream.hub_tls_context(f"{folder}/client.key", f"{folder}/client.crt", cafile=f"{folder}/ca.crt")
 same = upstream.hub_tls_context(f"{folder}/client.key", f"{folder}/client.crt", cafile=f"{folder}/ca.crt")
@@ -198,7 +198,7 @@ def test_the_sessions_tls_to_its_hub_trusts_the_hubs_ca_only(tmp_path):
 
 
 def test_a_session_whose_spec_is_not_the_hubs_does_not_start():
-    """What the hub tells the session (portal.sessionspec, one variable) is validated as the session starts: one
+    """What the hub tells the session (portal.core.sessionspec, one variable) is validated as the session starts: one
     that does not validate (a key the hub never writes, a tool it does not know, a group name no group has)
     stops the start in one line, before any of the session runs on it."""
     for spec in ('{"idle_limit": -1}', '{"tools": {"offered": ["rstudio"]}}', '{"sharing_groups": ["a b"]}',

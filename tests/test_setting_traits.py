@@ -1,5 +1,5 @@
-"""A setting is declared once (portal/settings.py): the hub's classes make their traits from it and the hub's
-configuration hands each its value in one loop (portal/settingtraits.py). No cluster needed."""
+"""A setting is declared once (portal/core/settings.py): the hub's classes make their traits from it and the hub's
+configuration hands each its value in one loop (portal/core/settingtraits.py). No cluster needed."""
 
 import re
 from pathlib import Path
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
+from portal.core.settings import load
+from portal.core.settingtraits import _field, hand_down
 from portal.hub.auth import PortalAuthenticator
-from portal.settings import load
-from portal.settingtraits import _field, hand_down
 from spawner.gpuspawner import SlurmGPUSpawner
 from spawner.partitionspawner import PartitionSpawner
 

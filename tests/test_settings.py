@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from conftest import CONFIG
-from portal.settings import SettingsError, load, parse_memory_mb, parse_walltime
+from portal.core.settings import SettingsError, load, parse_memory_mb, parse_walltime
 
 pytestmark = pytest.mark.quick
 

@@ -12,11 +12,11 @@ import pytest
 
 from conftest import CONFIG, stop_and_wait
 from hubclient import HubUser, active_jobs
-from portal.cluster import usage
-from portal.rules import RequestError, parse_options, slice_for
-from portal.session.sliceusage import share_per_gpu
-from portal.settings import Profile, load
-from portal.templating import render
+from portal.admin import usage
+from portal.core.rules import RequestError, parse_options, slice_for
+from portal.core.settings import Profile, load
+from portal.core.templating import render
+from portal.session.usage.sliceusage import share_per_gpu
 
 # -------------------------------------------------------------------------------- quick: no cluster
 
@@ -59,7 +59,7 @@ def test_only_the_profiles_own_share_is_taken(gpus, says):
 
 @pytest.mark.quick
 def test_the_form_counts_a_partitions_free_shares_from_sinfo():
-    from portal.cluster.slurmparse import Node, partition_resources
+    from portal.slurm.slurmparse import Node, partition_resources
 
     node = Node.from_json({"name": "node3", "state": "mixed", "partitions": ["share"], "cpus": 224, "alloc_cpus": 6,
                            "real_memory": 1000, "alloc_memory": 36, "gres": "gpu:28,shard:112",
@@ -94,7 +94,7 @@ def test_the_job_asks_slurm_for_one_shard_and_tells_the_session():
 
 @pytest.mark.quick
 def test_a_share_is_busy_by_its_own_processes_not_its_neighbours():
-    from portal.session.sliceusage import Gpu, busy_gpus
+    from portal.session.usage.sliceusage import Gpu, busy_gpus
 
     neighbours_work = Gpu(index=0, utilization_percent=100, share=4, own_utilization_percent=0)
     own_work = Gpu(index=1, utilization_percent=100, share=4, own_utilization_percent=60)

@@ -13,8 +13,8 @@ import websocket
 
 from conftest import CONFIG as REPO_CONFIG
 from hubclient import HubUser, receive
+from portal.core.settings import SettingsError, load
 from portal.hub import sharing as hub_sharing
-from portal.settings import SettingsError, load
 from spawner.partitionspawner import SHARING_SCOPES
 
 TRAIN = "train"

@@ -27,7 +27,7 @@ import requests
 import websocket
 
 from hubclient import receive
-from portal.session import sliceusage
+from portal.session.usage import sliceusage
 
 ACCOUNT = "gaugetest"  # a local account of this test's own, never one of the demo's
 MEMORY_LIMIT = 600 << 20

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.session.sliceusage import (
+from portal.session.usage.sliceusage import (
     Cgroup,
     Gpu,
     busy_gpus,

@@ -1,4 +1,4 @@
-"""The Slurm release dsportal finds, and what `dsportal check` says of it (portal/cluster/slurmparse.py,
+"""The Slurm release dsportal finds, and what `dsportal check` says of it (portal/slurm/slurmparse.py,
 docs/reference/compatibility.md). No cluster needed: the demo's own release is tried in test_check.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.cluster.slurmparse import TESTED_RELEASES, describe_releases, parse_release
+from portal.slurm.slurmparse import TESTED_RELEASES, describe_releases, parse_release
 
 pytestmark = pytest.mark.quick
 

@@ -44,7 +44,7 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     """All three pause Python's cyclic garbage collector while they load (portal.cli's hub command,
     portal.session.singleuser, portal.session.kernelstart): once they serve, it runs again, over
     what they make from then on."""
-    from portal.cluster import demo
+    import democluster as demo
 
     hub_log = (demo.paths().log / "hub.log").read_text()
     hub_set_up = re.findall(r"dsportal: set up; garbage collection on, the (\d+) objects of the start left out", hub_log)
@@ -54,13 +54,13 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     seen = json.loads(alice.run_code(
         "import gc, json, sys; print(json.dumps({'on': gc.isenabled(), 'frozen': gc.get_freeze_count(),"
         " 'launcher': sys.argv[0],"
-        " 'later': sorted(set(sys.modules) & {'tensorboard.notebook', 'portal.patchcheck'})}))"))
+        " 'later': sorted(set(sys.modules) & {'tensorboard.notebook', 'portal.upstream.patchcheck'})}))"))
     assert seen["on"] and seen["frozen"] > 10_000, seen
     assert seen["launcher"].endswith("portal/session/kernelstart.py"), seen
     # %tensorboard's module (and the patch checklist) load when the kernel asks for them, the magic's
     # start is the session's own from the moment it loads.
     assert seen["later"] == [], seen
-    assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.magics"
+    assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.jobs.magics"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
     # (the count of what was frozen is not logged: counting walks every object, at every start)
     assert "dsportal: serving; garbage collection on, the objects of the start left out of it" in log, log[-3000:]
@@ -128,7 +128,7 @@ def test_hub_api_token_of_another_user_cannot_start_or_stop_alices_server(alice,
 
 
 def test_hub_restart_keeps_running_sessions(alice, portal):
-    from portal.cluster import demo
+    import democluster as demo
 
     alice.spawn()
     before = active_jobs("alice")
@@ -146,7 +146,7 @@ def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_j
     the job's id is stored as sbatch returns, the restarted hub keeps the queued job, and dsportal's service starts
     the session again, taking that job over (portal.hub.resume): same job, her place in the queue kept, and it
     serves once it runs (before, the job stayed queued for nobody, and later it was cancelled)."""
-    from portal.cluster import demo
+    import democluster as demo
     from test_long_queue import every_gpu_held
 
     with every_gpu_held("bob"):
@@ -185,7 +185,7 @@ def test_a_session_queued_when_the_hub_restarts_is_resumed_and_starts_when_its_j
 def test_a_session_whose_job_starts_while_the_hub_is_down_is_taken_over_when_it_comes_back(alice, portal):
     """The job runs while the hub is down: its server asks the hub for its port again until the hub answers,
     is told to ask again (503) until the restarted hub has started the session again, and is then let in."""
-    from portal.cluster import demo
+    import democluster as demo
     from test_long_queue import every_gpu_held
 
     with every_gpu_held("bob") as holder:
@@ -216,7 +216,7 @@ def test_a_session_whose_job_starts_while_the_hub_is_down_is_taken_over_when_it_
 
 def test_session_that_ended_while_the_hub_was_down_is_seen_from_slurm_at_its_start(alice, portal):
     """JupyterHub alone would wait http_timeout (60 s) for the dead server; Slurm already knows."""
-    from portal.cluster import demo
+    import democluster as demo
 
     alice.spawn()
     job_id = active_jobs("alice")[0]["job_id"]

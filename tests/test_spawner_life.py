@@ -26,9 +26,9 @@ from jupyterhub.objects import Server
 from traitlets.config import Config
 
 from fakeslurm import FakeSlurm, client_key, sbatch_options
-from portal import sessionspec, sessionvars
-from portal.cluster.slurmclient import SlurmUnavailable, share_client
-from portal.settings import Profile
+from portal.core import sessionspec, sessionvars
+from portal.core.settings import Profile
+from portal.slurm.slurmclient import SlurmUnavailable, share_client
 from spawner import gpuspawner
 from spawner.gpuspawner import RequestRefused, SpawnFailed, extend_walltime
 from spawner.partitionspawner import PartitionSpawner
@@ -326,8 +326,8 @@ def test_options_judged_only_at_the_start_are_refused_there_and_not_kept_for_the
 
 def test_a_request_is_judged_once_where_it_enters_and_its_start_submits_that_judgement(hub, slurm, monkeypatch):
     """The form's request is judged by options_from_form, the REST API's before JupyterHub stores it; the
-    certificates' check and the start take that judgement as it is (portal.rules.judge_request, once each)."""
-    from portal import rules
+    certificates' check and the start take that judgement as it is (portal.core.rules.judge_request, once each)."""
+    from portal.core import rules
     from spawner import partitionspawner
 
     judged = []
@@ -396,7 +396,7 @@ def test_a_judgement_is_taken_again_only_for_the_same_options_rules_and_groups(h
 
 
 def test_the_rules_judge_a_request_in_one_place():
-    """portal.rules.judge_request is called from PartitionSpawner.judged alone (its helper parse_options from
+    """portal.core.rules.judge_request is called from PartitionSpawner.judged alone (its helper parse_options from
     judge_request alone): the bar of one call site of the judge."""
     import ast
     from pathlib import Path
@@ -415,7 +415,7 @@ def test_the_rules_judge_a_request_in_one_place():
                         if name in calls:
                             calls[name].append(f"{path.relative_to(root)}:{function.name}")
     assert calls == {"judge_request": ["spawner/partitionspawner.py:judged"],
-                     "parse_options": ["portal/rules.py:judge_request"]}, calls
+                     "parse_options": ["portal/core/rules.py:judge_request"]}, calls
 
 
 def test_a_link_cannot_start_a_session(hub, slurm):
@@ -440,7 +440,7 @@ def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_fo
         # The job's environment: the session's token, its umask for the log; never the hub's secrets.
         assert submission.env["JUPYTERHUB_API_TOKEN"] == spawner.api_token
         assert submission.env["SLURM_UMASK"] == "077" and "JUPYTERHUB_CRYPT_KEY" not in submission.env
-        # What the session is told: one spec, validated as the session reads it (portal.sessionspec).
+        # What the session is told: one spec, validated as the session reads it (portal.core.sessionspec).
         assert [k for k in submission.env if k.startswith("DSPORTAL_")] == [sessionvars.SESSION]
         spec = sessionspec.parse(submission.env[sessionvars.SESSION])
         # report_wait: the profile's queue limit and the hub's start_timeout

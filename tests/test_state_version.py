@@ -57,7 +57,7 @@ def test_a_hub_that_fails_to_set_up_leaves_the_version_as_it_was_and_one_set_up_
     fails to start leaves the rollback to the release before it open."""
     import jupyterhub.app
 
-    from portal.hub import upstream
+    from portal.upstream import hub as upstream
 
     (tmp_path / "dsportal-version").write_text("0.2.0\n")
     settings = SimpleNamespace(hub=SimpleNamespace(account=None, data_dir=tmp_path), source=tmp_path / "portal.yaml")

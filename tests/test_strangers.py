@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from democluster import network
 from hubclient import active_jobs
-from portal.cluster import firewall
-from portal.cluster.demo import network
+from portal.admin import firewall
 from test_jobs import jobs_api, stream
 from test_network import job_as, partition_of
 

@@ -282,8 +282,8 @@ def test_templates_check_names_the_failing_cell_and_logs_its_traceback(tmp_path)
 @pytest.mark.quick
 def test_check_user_is_the_owner_else_the_first_member_who_may_open_the_source(monkeypatch):
     """Whom `dsportal templates check` (root, no --user) runs a source as; directory lookups faked."""
-    from portal.cluster import templatecheck
-    from portal.settings import Settings
+    from portal.admin import templatecheck
+    from portal.core.settings import Settings
 
     directory = {"datascience": ["carol", "bob", "alice"], "intro-dl": ["carol", "bob"],
                  "instructors": ["carol"], "latecomers": ["aaron", "carol"]}  # aaron may not log in
@@ -317,8 +317,8 @@ def test_check_user_is_the_owner_else_the_first_member_who_may_open_the_source(m
 def test_publishing_never_deletes_what_the_user_had(tmp_path):
     """The templates folder is (re)made at every session start: a file of the user's in the way
     is renamed, the user's own entries stay, links of sources no longer offered go."""
+    from portal.core.templatesources import Source, Spec
     from portal.session.nbtemplates import publish
-    from portal.templatesources import Source, Spec
 
     course = tmp_path / "course"
     course.mkdir()

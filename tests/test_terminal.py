@@ -14,7 +14,7 @@ from test_gauges import GiB, node_memory
 # reader of the gauges, given the shell's /proc entry).
 SLICE = ("echo USER=$(id -un); echo CPUS=$SLURM_CPUS_ON_NODE; echo NPROC=$(nproc); echo JOB=$SLURM_JOB_ID; "
          "echo GPUS=$CUDA_VISIBLE_DEVICES; echo PID=$$; echo HOST=$(hostname); "
-         "echo MEM=$(/opt/dsportal/env/bin/python -c 'import pathlib, sys; from portal.session.sliceusage import "
+         "echo MEM=$(/opt/dsportal/env/bin/python -c 'import pathlib, sys; from portal.session.usage.sliceusage import "
          "SliceUsage; print(SliceUsage(proc=pathlib.Path(\"/proc\", sys.argv[1])).memory_limit())' $$)")
 
 

@@ -1,5 +1,5 @@
 """Issue 51: more than notebooks. R, VS Code and git in a session, each inside its job as its user, as
-the profile's ``tools`` say (portal/session/tools.py, portal/session/vscode.py); nothing listening on TCP
+the profile's ``tools`` say (portal/session/tools/offer.py, portal/session/tools/vscode.py); nothing listening on TCP
 that a neighbour could reach, and bob refused from the login node, from his job on her node and through
 his own server."""
 
@@ -14,11 +14,11 @@ import time
 import pytest
 
 from conftest import stop_and_wait
+from democluster import network
 from hubclient import HubUser, active_jobs
-from portal.cluster.demo import network
-from portal.session import tools as session_tools, vscode
-from portal.session.tools import Tools
-from portal.settings import Profile
+from portal.core.settings import Profile
+from portal.session.tools import offer as session_tools, vscode
+from portal.session.tools.offer import Tools
 
 # -------------------------------------------------------------------------------- quick: no cluster
 
@@ -37,7 +37,7 @@ def test_a_profile_offers_all_four_by_default_and_refuses_an_unknown_tool():
 
 @pytest.mark.quick
 def test_the_hubs_word_is_read_and_a_server_it_did_not_start_offers_everything():
-    from portal.sessionspec import SpecError
+    from portal.core.sessionspec import SpecError
 
     var = "DSPORTAL_SESSION"
     assert Tools.from_env({}).offered == frozenset(session_tools.TOOLS)
@@ -101,7 +101,7 @@ def test_the_r_kernel_is_irkernels_with_her_library_and_the_admins_mirror(tmp_pa
 def test_an_image_with_r_gets_an_r_kernel_inside_it(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from portal.session.kernels import r_kernel_spec
+    from portal.session.kernels.specs import r_kernel_spec
 
     image = SimpleNamespace(name="rimage", path=str(tmp_path), runtime="apptainer", runtime_binary=None, r=True)
     spec = r_kernel_spec(image, [], "/home/alice", "/tmp/rt", "0", Tools(frozenset({"r"}), r_repository="file:///cran"))
@@ -115,8 +115,8 @@ def test_an_image_with_r_gets_an_r_kernel_inside_it(monkeypatch, tmp_path):
 
 @pytest.mark.quick
 def test_a_demo_image_whose_packages_changed_is_built_again(tmp_path):
-    from portal.cluster import images
-    from portal.settings import Image
+    from portal.core import images
+    from portal.core.settings import Image
 
     image = Image(name="x", display_name="X", source="debootstrap:bookworm", path=tmp_path, packages=["b", "a"])
     assert images.outdated(image)  # built before the stamp, or not at all

@@ -1,5 +1,5 @@
 """The portal's patches of upstream internals still fit the installed upstream (the checklist of an
-upgrade: portal/hub/upstream.py and portal/session/upstream.py), are all applied where the portal
+upgrade: portal/upstream/hub.py and portal/upstream/session.py), are all applied where the portal
 applies them, are all listed there, each with the public hook that would let it go; a hub or session
 whose upstream changed under a patch that guards users does not start. No cluster needed."""
 
@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.hub import upstream as hub_upstream
-from portal.session import upstream as session_upstream
+from portal.upstream import hub as hub_upstream, session as session_upstream
 
 pytestmark = pytest.mark.quick
 
@@ -51,7 +50,8 @@ HUB_APPLIES = """
 import json
 from traitlets.config import Config
 from types import SimpleNamespace
-from portal.hub import databasedown, origins, pacing, portreport, proxywatch, routeowner, sharing, upstream, useroptions
+from portal.hub import databasedown, origins, pacing, portreport, proxywatch, routeowner, sharing, useroptions
+from portal.upstream import hub as upstream
 # as config.configure and configure_internal_ssl do, in their order
 origins.configure_user_origins(Config(), "http://hub.localhost:8000")
 c = Config(); c.JupyterHub.template_vars = {}
@@ -67,7 +67,11 @@ print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and 
 
 SESSION_APPLIES = """
 import json
-from portal.session import activity, kernelpipe, magics, singleuser, upstream
+from portal.session.usage import activity
+from portal.session.kernels import kernelpipe
+from portal.session.jobs import magics
+from portal.session import singleuser
+from portal.upstream import session as upstream
 # as singleuser.main does, then the session's extension and its kernels
 singleuser.check_patches()
 upstream.exclude_home_config_paths()
@@ -97,8 +101,8 @@ def test_the_patched_classes_use_the_upstream_module():
     from jupyter_server_proxy.handlers import ProxyHandler
 
     from portal.hub.auth import PortalAuthenticator
-    from portal.session.kernelsockets import PrivateKernelManager
-    from portal.session.tensorboards import BoardProxyHandler
+    from portal.session.kernels.kernelsockets import PrivateKernelManager
+    from portal.session.tools.tensorboards import BoardProxyHandler
 
     assert issubclass(BoardProxyHandler, ProxyHandler)
     assert issubclass(PrivateKernelManager, session_upstream.IpcSocketsNamedByPrefix)
@@ -140,11 +144,16 @@ UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthentic
                      "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug", "traitlets",
                      "jupyter_events", "notebook_shim", "sqlalchemy", "importlib", "re"}
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
-PATCH_HOMES = {"portal/hub/upstream.py", "portal/session/upstream.py", "portal/session/kernelpipe.py",
-               "portal/session/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
+PATCH_HOMES = {"portal/upstream/hub.py", "portal/upstream/session.py", "portal/session/kernels/kernelpipe.py",
+               "portal/upstream/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
                "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
-SCANNED = sorted(p for folder in ("portal", "spawner") for p in (REPO / folder).rglob("*.py")  # the whole tree
-                 if str(p.relative_to(REPO)) not in PATCH_HOMES and p.name != "__init__.py")
+# The whole tree: every package's modules (the demo cluster's too), and the Python files the hub and sessions load
+# as configuration.
+SOURCES = sorted([p for folder in ("portal", "spawner", "democluster") for p in (REPO / folder).rglob("*.py")]
+                 + [*(REPO / "config").glob("*.py"), *(REPO / "jupyter-config").glob("*.py")])
+SCANNED = [p for p in SOURCES if str(p.relative_to(REPO)) not in PATCH_HOMES]
+MODULES = [p for p in SCANNED if p.parts[len(REPO.parts)] in ("portal", "spawner", "democluster")
+           and p.name not in ("__init__.py", "__main__.py")]
 
 
 def _upstream_names(tree: ast.Module) -> set[str]:
@@ -190,7 +199,7 @@ def patching_sites(path: Path) -> list[str]:
 
 def test_no_module_but_the_upstream_ones_patches_upstream():
     sites = [site for path in SCANNED for site in patching_sites(path)]
-    assert not sites, ("these patch upstream outside portal/hub/upstream.py and portal/session/upstream.py: "
+    assert not sites, ("these patch upstream outside portal/upstream/hub.py and portal/upstream/session.py: "
                        "move them there and list them in PATCHES:\n" + "\n".join(sites))
 
 
@@ -212,7 +221,7 @@ def _private_overrides(module) -> list[str]:
 
 
 def test_no_module_but_the_upstream_ones_overrides_a_private_upstream_method():
-    modules = [importlib.import_module(".".join(p.relative_to(REPO).with_suffix("").parts)) for p in SCANNED]
+    modules = [importlib.import_module(".".join(p.relative_to(REPO).with_suffix("").parts)) for p in MODULES]
     found = [override for module in modules for override in _private_overrides(module)]
     assert not found, ("these override upstream's private methods outside the upstream modules: move them "
                        "there and list them in PATCHES:\n" + "\n".join(found))
@@ -222,12 +231,12 @@ def test_the_patch_homes_are_the_listed_ones():
     """Every patch names a file that exists; the session's upstream module lists kernelpipe.py's."""
     for patch in PATCHES:
         assert (REPO / patch.where.split(" ")[0]).exists(), patch
-    assert any(p.where.startswith("portal/session/kernelpipe.py") for p in session_upstream.PATCHES)
+    assert any(p.where.startswith("portal/session/kernels/kernelpipe.py") for p in session_upstream.PATCHES)
     assert any(p.where == "portal/hub/proxy.js" for p in hub_upstream.PATCHES)
 
 
 def test_a_changed_or_vanished_upstream_definition_names_the_patch_to_recheck():
-    from portal.patchcheck import Definition, Mentions, Patch
+    from portal.upstream.patchcheck import Definition, Mentions, Patch
 
     changed = Patch("example", "portal/hub/auth.py", "ldapauthenticator's get_connection",
                     "jupyterhub-ldapauthenticator", "0.1", "an example", (Definition("ldapauthenticator.ldapauthenticator",
@@ -244,7 +253,7 @@ def test_a_changed_or_vanished_upstream_definition_names_the_patch_to_recheck():
 
 
 def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_patch(tmp_path, monkeypatch):
-    from portal.patchcheck import Definition, Patch
+    from portal.upstream.patchcheck import Definition, Patch
 
     module = tmp_path / "upstream_example.py"
     module.write_text("class Thing:\n    def _private(self):\n        return 1\n")
@@ -261,7 +270,7 @@ def test_an_upstream_function_edited_after_its_fingerprint_was_taken_fails_its_p
 def test_a_version_of_the_code_the_patch_was_rechecked_against_passes_too(tmp_path, monkeypatch):
     """A distribution's security update of the same upstream version (Debian's python3.11 3.11.2-6+deb12u9 changed
     ssl.SSLObject._create, the deploy trial of 2026-12-06 found): re-checked, its fingerprint goes into ``also``."""
-    from portal.patchcheck import Definition, Patch
+    from portal.upstream.patchcheck import Definition, Patch
 
     module = tmp_path / "upstream_example.py"
     module.write_text("class Thing:\n    def _private(self):\n        return 1\n")
@@ -287,7 +296,7 @@ def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
     from tornado.httputil import HTTPServerRequest
     from tornado.web import Application
 
-    from portal.session import portguard
+    from portal.session.tools import portguard
 
     app = Application(base_url="/user/alice/")
     proxy_config = SimpleNamespace(host_allowlist=["localhost"], non_service_rewrite_response=())
@@ -308,7 +317,7 @@ def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
 
 
 def test_tensorboards_serve_without_an_info_file():
-    from portal.session.tensorboards import BoardProxyHandler
+    from portal.session.tools.tensorboards import BoardProxyHandler
 
     board = session_upstream.tensorboard_without_info_file()
     assert "_register_info" in vars(board)
@@ -316,11 +325,11 @@ def test_tensorboards_serve_without_an_info_file():
 
 
 def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
-    """Every kernel of a session loads portal.session.magics; the rules, settings and Slurm client behind
+    """Every kernel of a session loads portal.session.jobs.magics; the rules, settings and Slurm client behind
     %%horovod load on first use (not paid for by every kernel start), and then work as before."""
     code = (
-        "import sys, portal.session.magics as m\n"
-        "heavy = ('portal.rules', 'portal.settings', 'pydantic', 'yaml')\n"
+        "import sys, portal.session.jobs.magics as m\n"
+        "heavy = ('portal.core.rules', 'portal.core.settings', 'pydantic', 'yaml')\n"
         "print(sorted(n for n in heavy if n in sys.modules and not type(sys.modules[n]).__name__ == '_LazyModule'))\n"
         "try:\n    m._parse('--nodes x')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
         "print('pydantic' in sys.modules)\n"
@@ -335,8 +344,8 @@ def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
 # ------------------------------------------------------------------ failing closed as the hub or a session starts
 CHANGED_UNDER = """
 import dataclasses, sys
-from portal.hub import upstream as hub_upstream
-from portal.session import upstream as session_upstream
+from portal.upstream import hub as hub_upstream
+from portal.upstream import session as session_upstream
 side, name = sys.argv[1], sys.argv[2]
 patches = (hub_upstream if side == "hub" else session_upstream).PATCHES
 index = next(i for i, p in enumerate(patches) if p.name == name)
@@ -350,7 +359,8 @@ else:
     from portal.session import singleuser
     sys.argv = ["singleuser", sys.argv[3]]  # a server that exits at once
     singleuser.main()
-    from portal.session import activity, upstream
+    from portal.session.usage import activity
+    from portal.upstream import session as upstream
     activity.count_only_changes_as_use()
     print("started; api-activity wrapped:", upstream._api_activity_wrapped())
 """
@@ -382,7 +392,7 @@ def test_a_feature_patch_whose_upstream_changed_stands_aside_and_the_session_sta
     out = _start_with_upstream_changed_under("session", "api-activity", tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("dsportal: standing aside: the patch 'api-activity' (portal/session/activity.py) "
+    assert lines[0].startswith("dsportal: standing aside: the patch 'api-activity' (portal/session/usage/activity.py) "
                                "was checked against jupyter_server 2.21.1"), lines
     assert lines[-1] == "started; api-activity wrapped: False", lines
 
@@ -394,9 +404,9 @@ def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
     standing_aside = {"paced-new-work": "portal/hub/pacing.py", "unshareable-share-refused": "portal/hub/sharing.py",
                       "proxy-restart-routes": "portal/hub/proxywatch.py",
                       "database-down-503": "portal/hub/databasedown.py",
-                      "api-activity": "portal/session/upstream.py", "tensorboard-info-file": "portal/session/tensorboards.py",
-                      "kernel-launcher": "portal/session/kernels.py",
-                      "tensorboard-magic": "portal/session/magics.py"}
+                      "api-activity": "portal/upstream/session.py", "tensorboard-info-file": "portal/session/tools/tensorboards.py",
+                      "kernel-launcher": "portal/session/kernels/specs.py",
+                      "tensorboard-magic": "portal/session/jobs/magics.py"}
     assert sorted(p.name for p in PATCHES if not p.guards) == sorted(standing_aside)
     for name, home in standing_aside.items():
         text = (REPO / home).read_text()
@@ -407,8 +417,9 @@ def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
 def test_standing_aside_the_kernel_launcher_is_ipykernels_own_and_tensorboards_say_they_are_off(tmp_path, monkeypatch):
     import asyncio
 
-    from portal import patchcheck
-    from portal.session import kernels, tensorboards
+    from portal.session.kernels import specs as kernels
+    from portal.session.tools import tensorboards
+    from portal.upstream import patchcheck
 
     assert kernels.write_host_kernel(tmp_path / "on").startswith("python3")
     assert "portal.session.kernelstart" in (tmp_path / "on/kernels/python3/kernel.json").read_text()
@@ -425,7 +436,7 @@ def test_the_tensorboard_magic_stands_aside_where_tensorboard_changed(capsys):
     import dataclasses
     from types import SimpleNamespace
 
-    from portal.session import magics
+    from portal.session.jobs import magics
 
     upstream_start = object()
     notebook = SimpleNamespace(start=upstream_start)

@@ -18,10 +18,10 @@ import pytest
 import requests
 from playwright.sync_api import sync_playwright
 
+import democluster as demo
 from conftest import CONFIG, HUB, REPO, login
-from portal import settings as settings_module
-from portal.cluster import demo
-from portal.cluster.demo.base import paths
+from democluster.base import paths
+from portal.core import settings as settings_module
 from portal.hub.extend import MOST_CONNECTIONS
 from test_profiles import only_job, scontrol
 
@@ -82,7 +82,7 @@ def test_a_user_extends_her_session_up_to_the_profiles_maximum(alice, bob):
 HUB_CONFIG = """
 import json, sys
 from traitlets.config import Config
-from portal import settings
+from portal.core import settings
 from portal.hub import config
 c = Config()
 config.configure(c, settings.load(sys.argv[1]))
@@ -364,7 +364,7 @@ def test_without_the_services_address_a_session_asks_nobody_in_its_place(monkeyp
     in words (409, jobs_api) and the request is never sent, to the hub's API or anywhere else."""
     import asyncio
 
-    from portal import sessionvars
+    from portal.core import sessionvars
     from portal.session import hubapi
 
     monkeypatch.delenv(sessionvars.SESSION, raising=False)

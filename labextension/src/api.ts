@@ -1,4 +1,4 @@
-// The session server's dsportal API (portal/session/jobs_api.py), through JupyterLab's own connection
+// The session server's dsportal API (portal/session/jobs/api.py), through JupyterLab's own connection
 // settings: base URL, XSRF header and token are those of the page.
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -34,7 +34,7 @@ export function streamUrl(jobId: number): string {
   return settings.token ? `${url}?token=${encodeURIComponent(settings.token)}` : url;
 }
 
-/** 42 -> '42 s', 300 -> '5 min', 7500 -> '2 h 05 min' (as portal.settings.human_duration). */
+/** 42 -> '42 s', 300 -> '5 min', 7500 -> '2 h 05 min' (as portal.core.settings.human_duration). */
 export function duration(seconds: number): string {
   seconds = Math.max(0, Math.floor(seconds));
   if (seconds < 60) {

@@ -1,5 +1,5 @@
 // The slice's gauges: what the session uses against its slice's limits (GET dsportal/api/usage,
-// portal/session/gauges.py), in the status bar and, on a click, in a panel with the details; a
+// portal/session/usage/gauges.py), in the status bar and, on a click, in a panel with the details; a
 // warning before the memory limit is reached; and, when the limit killed a kernel, a message that
 // says so (the server tells at once on Jupyter's event bus, and the reading carries it too).
 import { Widget } from '@lumino/widgets';

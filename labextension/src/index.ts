@@ -252,7 +252,7 @@ function watchWalltime(app: JupyterFrontEnd, notify: Notify): void {
   void look();
 }
 
-// When Slurm tells the session its walltime ends (portal/session/walltime.py): save every open
+// When Slurm tells the session its walltime ends (portal/session/usage/walltime.py): save every open
 // document with unsaved changes, say which to the server (it writes them to the session's log,
 // which the hub quotes on the next page), and tell the user.
 const WALLTIME_ENDING = 'https://dsportal.invalid/events/walltime-ending/v1';
@@ -450,7 +450,7 @@ const gauges: JupyterFrontEndPlugin<void> = {
       }
     });
     palette?.addItem({ command: COMMANDS.usage, category: 'dsportal' });
-    // The server says at once when the memory limit killed a kernel (portal/session/gauges.py).
+    // The server says at once when the memory limit killed a kernel (portal/session/usage/gauges.py).
     app.serviceManager.events.stream.connect((_sender: unknown, event: { schema_id: string; [key: string]: any }) => {
       if (event.schema_id === OUT_OF_MEMORY) {
         watch.outOfMemory(String(event.kernel_id), null, String(event.message));

@@ -26,13 +26,13 @@ from ldapauthenticator import LDAPAuthenticator
 from tornado import web
 from traitlets import Integer, List, Unicode
 
+from portal.core.settings import LdapSettings, human_duration, ldap_server
+from portal.core.settingtraits import hand_down, setting
+from portal.core.userjson import unix_groups
+from portal.hub import metrics
+from portal.hub.loginthrottle import LoginThrottle
+from portal.upstream import hub as upstream
 from spawner.certs import USERS_DOMAIN
-
-from ..settings import LdapSettings, human_duration, ldap_server
-from ..settingtraits import hand_down, setting
-from ..userjson import unix_groups
-from . import metrics, upstream
-from .loginthrottle import LoginThrottle
 
 NOT_ANSWERING = "The login service (LDAP) is not answering right now. Please try again in a minute."
 
@@ -112,7 +112,7 @@ def has_session_certificate(handler) -> bool:
 class PortalAuthenticator(LDAPAuthenticator):
     """LDAPAuthenticator with portal defaults: group members only, usernames Unix can hold,
     timeouts on every LDAP operation, logins off the event loop. Each trait that mirrors a portal.yaml
-    key (ldap.X, ldap.throttle.X) is made from it (portal/settingtraits.py) and named after it."""
+    key (ldap.X, ldap.throttle.X) is made from it (portal/core/settingtraits.py) and named after it."""
 
     connect_timeout = setting("ldap.connect_timeout")
     receive_timeout = setting("ldap.receive_timeout")

@@ -13,12 +13,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from traitlets.log import get_logger
 
-from spawner.gpuspawner import SlurmGPUSpawner
-from spawner.partitionspawner import PartitionSpawner
-
-from .. import hubdatabase, patchcheck, settings as settings_module, templating
-from ..settingtraits import hand_down
-from . import (
+from portal.core import hubdatabase, settings as settings_module, templating
+from portal.core.settingtraits import hand_down
+from portal.hub import (
     databasedown,
     extend,
     loadshed,
@@ -28,13 +25,15 @@ from . import (
     proxywatch,
     sessions,
     sharing,
-    upstream,
     useroptions,
 )
-from .auth import configure_ldap
-from .origins import configure_user_origins
-from .portreport import install_port_handler
-from .routeowner import check_sessions_by_their_certificate, proxy_command
+from portal.hub.auth import configure_ldap
+from portal.hub.origins import configure_user_origins
+from portal.hub.portreport import install_port_handler
+from portal.hub.routeowner import check_sessions_by_their_certificate, proxy_command
+from portal.upstream import hub as upstream, patchcheck
+from spawner.gpuspawner import SlurmGPUSpawner
+from spawner.partitionspawner import PartitionSpawner
 
 
 def _proxy_command(command: list[str]) -> list[str]:
@@ -75,7 +74,7 @@ def _sqlite_wal(dbapi_connection, _record) -> None:
 
 def configure_database(c, hub) -> None:
     """SQLite in data_dir, or the server database of hub.db_url, its password given to the driver
-    (portal/hubdatabase.py). Upgrades run JupyterHub's own: for a server database before the hub
+    (portal/core/hubdatabase.py). Upgrades run JupyterHub's own: for a server database before the hub
     opens it (hubdatabase.prepare), for SQLite by JupyterHub itself, which backs the file up first."""
     url = hubdatabase.hub_database_url(hub)
     try:
@@ -99,7 +98,7 @@ def _is_address(name: str) -> bool:
 
 def configure(c, settings=None) -> None:
     """Fill the traitlets config ``c`` from portal.yaml. Exits first, in one line, where a patch of
-    upstream internals that guards users no longer fits the installed upstream (portal/hub/upstream.py)."""
+    upstream internals that guards users no longer fits the installed upstream (portal/upstream/hub.py)."""
     patchcheck.check_at_start(upstream.PATCHES, get_logger().warning)
     settings = settings or settings_module.load()
     for notice in settings.notices:
@@ -170,10 +169,10 @@ def configure(c, settings=None) -> None:
     # A user's ~/.jupyter (and ~/.local) config and extensions do not change what her server serves:
     # with it she could add pages that answer without login (portal/session/singleuser.py).
     c.Spawner.disable_user_config = True
-    hand_down(c, settings, PartitionSpawner, SlurmGPUSpawner)  # every setting trait (portal/settingtraits.py)
+    hand_down(c, settings, PartitionSpawner, SlurmGPUSpawner)  # every setting trait (portal/core/settingtraits.py)
     if any(p.idle_timeout or p.idle_timeout_without_gpu for p in settings.profiles):
         # The proxy counts every request as activity, an open tab's polling included; idle limits
-        # go by the sessions' own reports instead (portal/session/activity.py: what changes or computes).
+        # go by the sessions' own reports instead (portal/session/usage/activity.py: what changes or computes).
         c.JupyterHub.last_activity_interval = 0
     c.SlurmGPUSpawner.images = list(settings.images)
     c.SlurmGPUSpawner.data_mounts = list(settings.data_mounts)

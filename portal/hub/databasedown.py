@@ -14,8 +14,9 @@ and JupyterHub's own answer stays.
 
 from __future__ import annotations
 
-from ..patchcheck import stands_aside
-from . import metrics, upstream
+from portal.hub import metrics
+from portal.upstream import hub as upstream
+from portal.upstream.patchcheck import stands_aside
 
 WORDS = ("The portal's database is not answering right now (it may be restarting). Nothing of yours is lost and "
          "running sessions go on; please try again in a minute.")

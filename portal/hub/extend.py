@@ -3,7 +3,7 @@
 A user may not raise her job's time limit in Slurm (only operators may). This service, run by the
 hub as the hub's account (a Slurm operator), does it for her running session, up to her profile's
 max_walltime, and Slurm still applies the partition's and QoS's limits. JupyterLab asks its own
-server (``POST /user/NAME[/SESSION]/dsportal/api/extend``, portal.session.jobs_api), which asks
+server (``POST /user/NAME[/SESSION]/dsportal/api/extend``, portal.session.jobs.api), which asks
 here, ``POST /services/dsportal/extend`` ``{"minutes": N, "server": SESSION}``, with the session's
 own token.
 
@@ -52,13 +52,12 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 from tornado.httpserver import HTTPServer
 
+from portal.core import settings as settings_module
+from portal.core.settings import shown
+from portal.core.userjson import extension_minutes, json_kind
+from portal.hub import resume
+from portal.slurm.slurmclient import shared_client
 from spawner.gpuspawner import extend_walltime
-
-from .. import settings as settings_module
-from ..cluster.slurmclient import shared_client
-from ..settings import shown
-from ..userjson import extension_minutes, json_kind
-from . import resume
 
 NAME = "dsportal"  # the service's name: /services/dsportal/
 PREFIX = f"/services/{NAME}/"
@@ -76,7 +75,7 @@ log = logging.getLogger("dsportal.extend")
 
 
 def configure(c, settings) -> str:
-    """JupyterHub.services and its role; the URL the sessions ask (portal.sessionspec's service_url)."""
+    """JupyterHub.services and its role; the URL the sessions ask (portal.core.sessionspec's service_url)."""
     hub = settings.hub
     bind, sessions = hub.service_urls()
     c.JupyterHub.services = [*c.JupyterHub.get("services", []), {
@@ -109,7 +108,7 @@ def job_and_profile(server_model: dict) -> tuple[int | None, str]:
 
 class Hub:
     """The service's calls to the hub's API, over TLS trusting the hub's internal CA only (as a
-    session's, portal.session.upstream.hub_tls_context: JupyterHub's own contexts add the system's
+    session's, portal.upstream.session.hub_tls_context: JupyterHub's own contexts add the system's
     CAs, and the service sends a token that reads every session's state)."""
 
     def __init__(self):

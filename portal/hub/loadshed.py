@@ -27,7 +27,8 @@ import time
 from tornado import web
 from tornado.routing import Matcher, Rule
 
-from . import metrics, upstream
+from portal.hub import metrics
+from portal.upstream import hub as upstream
 
 # Reads that can wait, under the hub's base URL: its pages and the REST API's lists and models.
 # The spawn form is one (a start begins with its POST); the pending page and progress stream are not.

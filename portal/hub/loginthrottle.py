@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .. import defaults
+from portal.core import defaults
 
 MAX_TRACKED = 10_000  # accounts and (account, address) pairs kept; the stalest go first
 

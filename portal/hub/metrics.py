@@ -2,7 +2,7 @@
 
 Counters are counted where things happen: logins and refused port reports here, sessions starting,
 ending and reclaimed in spawner/metrics.py; the hub's Slurm client tells :func:`count_slurm_command`
-of each command it runs (portal/cluster/slurmclient.py).
+of each command it runs (portal/slurm/slurmclient.py).
 The session and capacity gauges are read at scrape time from
 the hub's shared squeue/sinfo snapshots: a scrape never runs a Slurm command of its own.
 """
@@ -15,9 +15,8 @@ import time
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from portal.slurm.slurmparse import partition_resources
 from spawner.metrics import IDLE_AFTER_S, last_uses
-
-from ..cluster.slurmparse import partition_resources
 
 LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, throttled: too many "
                  "failures, LDAP not asked).", ["outcome"])

@@ -25,7 +25,7 @@ from jupyterhub.app import JupyterHub
 from tornado import web
 from tornado.routing import Matcher, Rule
 
-from . import upstream
+from portal.upstream import hub as upstream
 
 
 class HubPageOnAnotherHost(Matcher):
@@ -88,7 +88,7 @@ def hold_ipv6_loopback_port(subdomain_host: str, bind_url: str) -> None:
 
 
 def _redirect_hub_pages_to_hub_host(hub: JupyterHub) -> None:
-    """After JupyterHub built its tornado application (portal/hub/upstream.py)."""
+    """After JupyterHub built its tornado application (portal/upstream/hub.py)."""
     if hub.subdomain_host:
         hold_ipv6_loopback_port(hub.subdomain_host, hub.bind_url)
         router = hub.tornado_application.wildcard_router

@@ -39,11 +39,11 @@ from jupyterhub.handlers.pages import SpawnHandler
 from jupyterhub.utils import maybe_future
 from tornado import web
 
-from ..patchcheck import stands_aside
-from . import upstream
-from .auth import certificate_user, client_address, client_certificate
-from .loadshed import answer_busy
-from .upstream import connection_address
+from portal.hub.auth import certificate_user, client_address, client_certificate
+from portal.hub.loadshed import answer_busy
+from portal.upstream import hub as upstream
+from portal.upstream.hub import connection_address
+from portal.upstream.patchcheck import stands_aside
 
 PACED = (UserServerAPIHandler, SpawnHandler, LoginHandler, UserTokenListAPIHandler)
 PACED_METHODS = frozenset({"POST"})

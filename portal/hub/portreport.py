@@ -8,8 +8,9 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.utils import utcnow
 from tornado import web
 
-from ..userjson import json_kind
-from . import metrics, upstream
+from portal.core.userjson import json_kind
+from portal.hub import metrics
+from portal.upstream import hub as upstream
 
 
 class SessionPortHandler(APIHandler):

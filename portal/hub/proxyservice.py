@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .. import settings as settings_module
-from .routeowner import proxy_command
+from portal.core import settings as settings_module
+from portal.hub.routeowner import proxy_command
 
 TOKEN_ENV = "CONFIGPROXY_AUTH_TOKEN"  # how configurable-http-proxy takes its token
 

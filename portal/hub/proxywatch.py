@@ -20,8 +20,8 @@ import time
 
 from jupyterhub.utils import url_path_join
 
-from ..patchcheck import stands_aside
-from . import upstream
+from portal.upstream import hub as upstream
+from portal.upstream.patchcheck import stands_aside
 
 CHECK_SECONDS = 3
 SENTINEL = "dsportal-proxy-sentinel/"  # below the hub's own route: a request there reaches the hub's 404

@@ -20,9 +20,8 @@ import json
 import shutil
 from pathlib import Path
 
+from portal.upstream import hub as upstream
 from spawner import certs
-
-from . import upstream
 
 WRAPPER = Path(__file__).with_name("proxy.js")
 CHP_PACKAGE = "configurable-http-proxy"
@@ -52,5 +51,5 @@ async def _issued_certificate(certs_location: str, user: str, server: str = "") 
 
 def check_sessions_by_their_certificate() -> None:
     """The hub's checks of a session (``jupyterhub.user.make_ssl_context`` is used for nothing
-    else) accept only the user's own session certificate (portal/hub/upstream.py). Idempotent."""
+    else) accept only the user's own session certificate (portal/upstream/hub.py). Idempotent."""
     upstream.pin_session_certificates(_issued_certificate)

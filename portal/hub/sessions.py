@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..settings import human_duration
+from portal.core.settings import human_duration
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ dsportal's session code keeps its owner-only pages (jobs, TensorBoards, the shar
 
 from __future__ import annotations
 
-from .sessions import shareable, shared_with
+from portal.hub.sessions import shareable, shared_with
 
 ROLE_PREFIX = "dsportal-share-in-"
 
@@ -57,7 +57,7 @@ def refuse_unshareable_on(hub) -> None:
     served by :func:`refusing_unshareable` subclasses, in place (PATCHES: unshareable-share-refused)."""
     from jupyterhub.apihandlers.shares import ServerShareAPIHandler, ServerShareCodeAPIHandler
 
-    from ..patchcheck import stands_aside
+    from portal.upstream.patchcheck import stands_aside
 
     if stands_aside("unshareable-share-refused"):  # the session still refuses such a guest (GuestGate)
         return
@@ -85,7 +85,7 @@ def configure(c, settings) -> None:
     c.Authenticator.manage_groups = True
     c.PortalAuthenticator.sharing_groups = groups
     c.JupyterHub.load_roles = roles(groups)
-    from .upstream import after_init_tornado_application
+    from portal.upstream.hub import after_init_tornado_application
 
     after_init_tornado_application(refuse_unshareable_on)  # a share of a session not started shareable: refused
     c.PartitionSpawner.sharing_groups = groups

@@ -5,16 +5,15 @@ sees them, and the REST API's PUT and PATCH keep them with no start at all: a fi
 of the database on MariaDB (HTTP 500, "Data too long") and a megabyte kept on PostgreSQL and SQLite.
 The spawn form's options are judged by the spawner's options_from_form, before JupyterHub has them; the
 REST API's here, as the request's body is read (upstream.judge_server_requests), by the same rules
-(PartitionSpawner.judged, portal/rules.py): refused with HTTP 400 and the reason, nothing stored.
+(PartitionSpawner.judged, portal/core/rules.py): refused with HTTP 400 and the reason, nothing stored.
 """
 
 from __future__ import annotations
 
 from tornado import web
 
+from portal.upstream.hub import judge_server_requests
 from spawner.gpuspawner import RequestRefused
-
-from .upstream import judge_server_requests
 
 
 def _judge(handler, user_name: str, options: dict) -> None:

@@ -19,18 +19,10 @@ from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
 
-from . import (
-    activity,
-    gauges,
-    jobs_api,
-    nbtemplates,
-    portguard,
-    portreport,
-    sharing,
-    singleuser,
-    tensorboards,
-    walltime,
-)
+from portal.session import nbtemplates, portreport, sharing, singleuser
+from portal.session.jobs import api as jobs_api
+from portal.session.tools import portguard, tensorboards
+from portal.session.usage import activity, gauges, walltime
 
 
 def _load_jupyter_server_extension(server_app):

@@ -8,8 +8,8 @@ from jupyterhub.services.auth import HubAuth
 from jupyterhub.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
 
-from .. import sessionspec
-from .upstream import hub_tls_context
+from portal.core import sessionspec
+from portal.upstream.session import hub_tls_context
 
 
 async def post(path: str, body: dict, timeout: float = 60) -> HTTPResponse:

@@ -1,6 +1,6 @@
 """Instructor template notebooks in every session.
 
-The hub hands each session the template sources this user may see (portal.sessionspec's ``templates``:
+The hub hands each session the template sources this user may see (portal.core.sessionspec's ``templates``:
 the repo's notebooks, course folders of instructors). When the session's Jupyter server
 starts, :func:`publish` makes ``~/templates/`` a read-only folder with one link per source,
 so the file browser shows each source's *current* content: an instructor's update is visible
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from tornado import web
 
-from .. import sessionspec
-from ..templatesources import Source, Spec, TemplateError, files
-from .api import MessageAPIHandler
+from portal.core import sessionspec
+from portal.core.templatesources import Source, Spec, TemplateError, files
+from portal.session.api import MessageAPIHandler
 
 LEDGER = ".dsportal/template-copies.json"  # copy -> the template and its content when copied
 _README = """# Templates

@@ -6,7 +6,7 @@ Python 3 kernel, or the chosen image's (the same kernelspec a session writes for
 parameters (``notebook-job.json``: one point per run of a grid, a Slurm array task each) are injected
 after the cell tagged ``parameters``, as papermill does.
 
-What it leaves in the job's folder, for the Jobs panel (portal/session/jobs.py):
+What it leaves in the job's folder, for the Jobs panel (portal/session/jobs/launcher.py):
 - the executed notebook (``output.ipynb``, ``output-<run>.ipynb`` for a grid), saved after every cell,
   so it can be opened while the job runs;
 - its log (Slurm's ``batch.log`` / ``task-<run>.log``): which cell runs, then what that cell printed;
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..notebookcells import (
+from portal.core.notebookcells import (
     cell_label,
     code_cells,
     failure_reason,
@@ -36,7 +36,7 @@ from ..notebookcells import (
     one_line,
     results_of,
 )
-from ..wholefile import write_whole
+from portal.core.wholefile import write_whole
 
 SPEC = "notebook-job.json"
 INPUT = "input.ipynb"
@@ -89,7 +89,7 @@ def _kernel(spec: dict, runtime: Path) -> str:
     """The kernel's name: the image's kernelspec, written into ``runtime`` (on JUPYTER_PATH), or python3."""
     if not spec.get("image"):
         return "python3"
-    from .kernels import ensure_kernel_pipe_config, kernel_spec
+    from portal.session.kernels.specs import ensure_kernel_pipe_config, kernel_spec
 
     image = SimpleNamespace(**spec["image"])
     mounts = [SimpleNamespace(**mount) for mount in spec.get("mounts", [])]

@@ -7,7 +7,7 @@ its next try. Reported from the running server, the first check finds it answeri
 The hub, not the session, decides when a start has failed. A hub that answers slowly (a class
 starting, an overload) is waited for; one that does not answer at all (a restart, connections
 refused) is asked again, with a growing pause. Only once the hub's own limit for this start
-(hub.start_timeout, which the hub passes in the session's spec: portal.sessionspec) has passed with no answer has
+(hub.start_timeout, which the hub passes in the session's spec: portal.core.sessionspec) has passed with no answer has
 the hub given up on it: then the job ends, saying so, rather than serve a session nobody routes to.
 
 The report names the Slurm job it comes from: the hub accepts one report, from the job it is
@@ -22,8 +22,8 @@ import os
 import sys
 import time
 
-from .. import sessionspec, sessionvars
-from . import hubapi
+from portal.core import sessionspec, sessionvars
+from portal.session import hubapi
 
 
 def refusal(response) -> str:

@@ -26,7 +26,7 @@ and saves goes to the owner's visits log, which the Share panel shows. :class:`S
 API with the owner's own token (the one her request came with), never the session's.
 
 A session is shareable only when the hub says so; only then does it load live co-editing
-(jupyter-collaboration: portal.session.tools).
+(jupyter-collaboration: portal.session.tools.offer).
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ from jupyterhub.singleuser.extension import JupyterHubIdentityProvider
 from tornado import web
 from tornado.websocket import WebSocketHandler
 
-from ..userjson import unix_groups
-from . import hubapi, upstream
-from .api import MessageAPIHandler
-from .tools import GUEST_RECHECK, sharing_groups
+from portal.core.userjson import unix_groups
+from portal.session import hubapi
+from portal.session.api import MessageAPIHandler
+from portal.session.tools.offer import GUEST_RECHECK, sharing_groups
+from portal.upstream import session as upstream
 
 VISIT_REPEAT = 60  # seconds: the same visit (guest, what) is logged once in this time
 CONNECTED_FOR = 60  # seconds: a guest whose last request is this recent counts as connected

@@ -1,8 +1,8 @@
 """The session job's entry point: one Python process from the batch script to the serving Jupyter.
 
-1. Checks the patches of upstream internals the session makes (portal/session/upstream.py): one that
+1. Checks the patches of upstream internals the session makes (portal/upstream/session.py): one that
    guards users and rests on upstream code that changed stops the start, in one line; and what the hub
-   told the session (portal.sessionspec): a spec that does not validate stops it too.
+   told the session (portal.core.sessionspec): a spec that does not validate stops it too.
 2. Writes this session's kernelspecs into the session's own folder (sessionvars.SESSION_DIR, on
    JUPYTER_PATH): its Python 3 kernel's (portal.session.kernelstart) and its container images' (the
    catalog the batch script put in sessionvars.KERNEL_CATALOG).
@@ -31,10 +31,10 @@ from urllib.parse import urlparse, urlunparse
 
 from jupyter_core.paths import jupyter_path
 
-from .. import patchcheck, sessionspec, sessionvars
-from . import upstream
-from .kernels import write_catalog, write_host_kernel
-from .tools import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
+from portal.core import sessionspec, sessionvars
+from portal.session.kernels.specs import write_catalog, write_host_kernel
+from portal.session.tools.offer import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
+from portal.upstream import patchcheck, session as upstream
 
 
 def free_port() -> int:
@@ -65,7 +65,7 @@ def write_session_kernels() -> None:
 
 
 def write_tools(folder: Path) -> None:
-    """What the profile offers besides notebooks (portal.session.tools): the session's own config
+    """What the profile offers besides notebooks (portal.session.tools.offer): the session's own config
     folder, first on JUPYTER_CONFIG_PATH, and the R kernel where R is offered and installed."""
     tools = Tools.from_env()
     try:

@@ -2,7 +2,7 @@
 # The slice's gauges inside real Slurm jobs on a real GPU (issue 32; run on the `device` machine as
 # root from the repo root, .devcarry carried: `prepare.sh debs` fills it).
 #  1. Slurm 22.05 with the demo's confinement (CONFINE=1 through slurm-up.sh, apptainer.sh's fallbacks).
-#  2. alice, a 1-GPU job (8 CPUs, 16 GB): portal.session.sliceusage reads the job as the session's
+#  2. alice, a 1-GPU job (8 CPUs, 16 GB): portal.session.usage.sliceusage reads the job as the session's
 #     server does (its cgroup from /proc/self/cgroup, its GPUs from Slurm's variables) once a second
 #     while a bf16 matmul runs on the job's GPU in the same job.
 #  3. bob, a CPU job on the same node (4 CPUs, 8 GB): the same reading shows no GPU, NVML unloaded.
@@ -29,7 +29,7 @@ cat > $SRC/read_gauges.py <<'PYEOF'
 """In the job: the session server's own reading of its slice, once a second; with --matmul a bf16
 matrix product runs on the job's GPU in a child process of the same job from the third second."""
 import json, os, subprocess, sys, time
-from portal.session import sliceusage
+from portal.session.usage import sliceusage
 
 MATMUL = """
 import time, torch

@@ -1,7 +1,7 @@
 """The slice's gauges on a real GPU (bench/results/gpu-validation.md, "Gauges"): run as root on the device machine.
 
 A job-like cgroup v2 (memory.max, cpu.max, as Slurm's task/cgroup sets them) holds this process; the
-job's environment names GPU 0 as Slurm would. portal.session.sliceusage reads memory, CPU and the
+job's environment names GPU 0 as Slurm would. portal.session.usage.sliceusage reads memory, CPU and the
 job's GPU once a second while a bf16 matrix product runs on that GPU in a child process, then a
 CPU slice's reading (no GPU variables), then a kernel of a 512 MB slice past its limit (OOM count).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pynvml
 
-from portal.session import sliceusage
+from portal.session.usage import sliceusage
 
 CG = Path("/sys/fs/cgroup")
 OUT = Path(os.environ.get("OUT", "/tmp"))

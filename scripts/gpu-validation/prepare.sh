@@ -16,9 +16,9 @@ rm -rf .devcarry && mkdir -p .devcarry/debs .devcarry/whl
 if [ "${1:-}" = shares ]; then  # shares.sh: Slurm, NVML's Python binding for the gauges, a share's #SBATCH lines
   /opt/dsportal/env/bin/python -m pip download -q --no-deps -d .devcarry/whl nvidia-ml-py
   /opt/dsportal/env/bin/python - <<'PYEOF'
-from portal import settings
-from portal.rules import slice_for
-from portal.templating import render
+from portal.core import settings
+from portal.core.rules import slice_for
+from portal.core.templating import render
 # no slurmdbd there; its one partition, gpu, holds the shares (slurm-up.sh SHARDS=4)
 profile = settings.load("config/portal.yaml").profile("class-gpu").model_copy(update={"account": None, "partition": "gpu"})
 chosen = slice_for(profile, None)
@@ -45,9 +45,9 @@ $PY -m pip download -q --only-binary=:all: --python-version 3.12 --implementatio
 [ "${1:-}" = apptainer ] && { du -sh .devcarry; exit 0; }
 [ "${1:-}" = scaling ] && rm -rf .devcarry/whl  # (only the kernel checks need those)
 $PY - <<'PYEOF'
-from portal import settings
-from portal.templating import render
-from portal.rules import slice_for
+from portal.core import settings
+from portal.core.templating import render
+from portal.core.rules import slice_for
 s = settings.load("config/portal.yaml")
 for gpus in (1, 2):
     chosen = slice_for(s.profile("gpu"), gpus, None)

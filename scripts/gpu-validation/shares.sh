@@ -5,7 +5,7 @@
 # #SBATCH lines the portal renders for a "¼ GPU" session (prepare.sh shares), run the same matmul at once
 # on the same card, each holding some GPU memory; while they run, a whole-GPU job is submitted and waits.
 # Each share says what it sees (CUDA_VISIBLE_DEVICES, nvidia-smi -L) and what the session's gauges read
-# (portal.session.sliceusage with DSPORTAL_GPU_SHARE=1/4: its own GPU memory against its part).
+# (portal.session.usage.sliceusage with DSPORTAL_GPU_SHARE=1/4: its own GPU memory against its part).
 set -u
 R=$PWD; C=$R/.devcarry; S=$R/scripts/gpu-validation; O=${OUT:-/tmp/out}; mkdir -p $O
 exec > >(tee $O/gpu-shares.log) 2>&1
@@ -38,7 +38,7 @@ result = {"user": os.environ.get("USER"), "job": os.environ.get("SLURM_JOB_ID"),
 def read_gauges():
     time.sleep(seconds / 2)
     from dataclasses import asdict
-    from portal.session.sliceusage import SliceUsage
+    from portal.session.usage.sliceusage import SliceUsage
     usage = SliceUsage()
     result["gauges"] = [{k: v for k, v in asdict(g).items() if k in ("index", "share", "utilization_percent",
                         "memory_used_bytes", "memory_total_bytes", "own_memory_bytes", "share_memory_bytes",

@@ -109,7 +109,7 @@ mkdir -p $(for n in $(seq $NODES); do echo /var/spool/slurmd/gpunode$n; done)
 # task/cgroup) its job cgroups then inherit; the runner's cgroup does not delegate them.
 mkdir -p /sys/fs/cgroup/system.slice/slurmd.service
 slurmctld -c -i; sleep 2
-# Each node's own TmpFS, as the demo's nodes have (portal/cluster/demo/slurmdaemons.py): Slurm's PMIx
+# Each node's own TmpFS, as the demo's nodes have (democluster/slurmdaemons.py): Slurm's PMIx
 # plugin keeps a folder per step there (spmix_appdir_<uid>_<job>.<step>), which a job's second node
 # on the same host would find taken in a shared /tmp. Ranks' containers bind /opt/nodes.
 for n in $(seq $NODES); do

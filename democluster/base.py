@@ -1,0 +1,137 @@
+"""What every part of the demo cluster shares: its state folder, its daemons' pid files, its config files."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from portal.admin.pidfiles import alive as alive  # the demo's modules take it from here
+
+STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def demo_file(name: str) -> Path:
+    """A file of the checkout's config/demo/: the demo runs from the checkout, never from the installed package."""
+    return Path(__file__).resolve().parents[1] / "config" / "demo" / name
+
+
+def render(name: str, **context) -> str:
+    return jinja2.Template(demo_file(name).read_text(), undefined=jinja2.StrictUndefined).render(**context)
+
+
+def directory() -> dict:
+    """users.yaml, with each course's students added as users, group members and a Slurm account."""
+    data = yaml.safe_load(demo_file("users.yaml").read_text())
+    for course in data.get("courses", []):
+        students = [f"{course['prefix']}{n:02d}" for n in range(1, int(course["students"]) + 1)]
+        data["users"] += [{"name": name, "uid": int(course["first_uid"]) + n, "full_name": f"Student {name}",
+                           "password": f"{name}-demo", "role": f"student of {course['name']}", "student": True,
+                           "course": course["name"]}
+                          for n, name in enumerate(students)]
+        data["groups"].append({"name": course["name"], "gid": course["gid"],
+                               "members": [course["instructor"], *students]})
+        next(g for g in data["groups"] if g["name"] == data["login_group"])["members"] += students
+        data["slurm_accounts"].append({"name": course["name"], "description": course["description"],
+                                       "users": [course["instructor"], *students]})
+    return data
+
+
+def write_if_changed(path: Path, text: str, mode: int) -> bool:
+    """Write ``text`` unless the file already holds it (an unchanged config keeps its mtime, which
+    decides whether daemons restart); the mode is set either way. True when written."""
+    changed = not path.exists() or path.read_text() != text
+    if changed:
+        path.write_text(text)
+    os.chmod(path, mode)
+    return changed
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def secret_file(path: Path, owner_of: Path) -> None:
+    """A random secret at ``path`` (made once, never rewritten), mode 0600, owned as ``owner_of`` is,
+    each time: the hub's data folder, which may have changed hands since (the hub's own account)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))
+        say(f"secret written to {path}")
+    owner = os.stat(owner_of if owner_of.exists() else path.parent)
+    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    os.chmod(path, 0o600)
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise DemoError(f"{' '.join(argv)} failed ({result.returncode}): {(result.stderr or result.stdout).strip()}")
+    return result
+
+
+def stop_pid(pidfile: Path, name: str, wait: float = 10.0, group: bool = False) -> None:
+    """TERM, then KILL after ``wait`` s, to the pid in ``pidfile`` (``group``: its whole process group,
+    whose leader it is)."""
+    pid = alive(pidfile)
+    if not pid:
+        return
+    kill = os.killpg if group else os.kill
+    try:
+        kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and alive(pidfile):
+            time.sleep(0.2)
+        if alive(pidfile):
+            kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    say(f"stopped {name}")
+    pidfile.unlink(missing_ok=True)
+
+
+def wait_for(check, what: str, timeout: float = 30.0, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as error:  # noqa: BLE001 - any failure means "not yet"
+            last_error = error
+        time.sleep(interval)
+    raise DemoError(f"{what} did not come up within {timeout:.0f} s" + (f": {last_error}" if last_error else ""))
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    def __getattr__(self, name):  # state.munge, state.slurm, state.ldap, state.log, state.run, state.gpus
+        return self.root / name
+
+
+def paths() -> Paths:
+    return Paths(STATE)
+
+
+def slurm_conf_path() -> Path:
+    return paths().slurm / "slurm.conf"
+
+
+def slurm_env() -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(slurm_conf_path())}

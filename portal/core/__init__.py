@@ -1,0 +1,1 @@
+"""portal.yaml's model and what every side reads: settings, rules, the session's spec, templating."""

@@ -1,0 +1,56 @@
+"""Small things both sides judge before, or without, the settings model (portal.core.settings, pydantic):
+what a user sent as JSON in words, a request for more walltime, a user's Unix groups.
+
+A session's server imports this at start (its sharing gate, its walltime API); portal.core.rules and
+portal.core.settings, which a session loads only when its job launcher is first used, build on it.
+No imports but the standard library's.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+
+MOST_EXTENSION_MINUTES = 24 * 60  # one request for more walltime; the profile's max_walltime caps the total
+
+
+def json_kind(value) -> str:
+    """What a value sent as JSON is, in words: 'a list', 'an object', 'true/false', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def extension_minutes(body) -> int:
+    """The minutes of a request for more walltime, ``{"minutes": N, ...}`` (portal.hub.extend and the
+    session's ExtendHandler judge it alike), or ValueError in words."""
+    minutes = body.get("minutes") if isinstance(body, dict) else None
+    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MOST_EXTENSION_MINUTES:
+        given = (json_kind(body) if not isinstance(body, dict) else json_kind(minutes) if "minutes" in body
+                 else "an object without 'minutes'")
+        if isinstance(minutes, int) and not isinstance(minutes, bool) and abs(minutes) < 10**9:
+            given = str(minutes)
+        raise ValueError(f"expected {{'minutes': <1-{MOST_EXTENSION_MINUTES}>}}, not {given}")
+    return minutes
+
+
+def unix_groups(username: str) -> set[str]:
+    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
+    try:
+        entry = pwd.getpwnam(username)
+    except KeyError:
+        return set()
+    names = set()
+    for gid in os.getgrouplist(username, entry.pw_gid):
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names

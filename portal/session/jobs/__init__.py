@@ -1,0 +1,1 @@
+"""Jobs launched from a session: multi-node MPI jobs, the %%horovod magic, schedules."""

@@ -1,0 +1,1 @@
+"""What a session offers besides notebooks: terminal, R, VS Code, git, TensorBoard, and the guard of /proxy/<port>/."""

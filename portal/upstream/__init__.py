@@ -1,0 +1,1 @@
+"""Every patch of upstream internals: its record, its check, and the patches with no feature home."""
