@@ -209,32 +209,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         names are JupyterHub 6's safe slugs: lowercase letters, digits and single hyphens)."""
         return session_job_name(self.user.name, self.name)
 
-    def job_script(self, request: SessionRequest) -> str:
-        chosen = request.slice
-        env_prefix = self.session_environment.rstrip("/")
-        command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
-        return render(
-            "session.sbatch.j2",
-            job_name=self.job_name,
-            server_name=self.name,
-            partition=chosen.profile.partition,
-            gpus=chosen.gpus,
-            shares=chosen.shares,
-            cpus=chosen.cpus,
-            mem_mb=chosen.mem_mb,
-            walltime=chosen.walltime,
-            log_path=f"{self._expand(self.log_dir)}/session-%j.log",
-            workdir=self._expand(self.workdir),
-            profile=chosen.profile.model_dump(),
-            environment=env_prefix,
-            umask=self.umask,
-            command=command + self.get_args(),
-            catalog=self.kernel_catalog(chosen.profile.name),
-            mail_user=request.mail_user,
-            # Not for a walltime that is hardly longer: Slurm would signal it as it starts.
-            save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else 0,
-        )
-
     def kernel_catalog(self, profile: str) -> str:
         """JSON for the kernelspecs the job writes (portal.session.singleuser): this profile's images, the data mounts."""
         images = [i.model_dump(mode="json") for i in self.images if not i.profiles or profile in i.profiles]
@@ -302,12 +276,37 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.request is None:  # fails closed: only PartitionSpawner, which judges the request, starts this one
             raise SpawnFailed("This session was started without a judged request: start it again from the spawn "
                               "page.", reason="not-judged", status_code=400)
-        self.slice = self.request.slice
+        # The judged request's script, rendered and submitted here in one step: the GPU count goes from the
+        # request to the #SBATCH line through this function and templating.render alone.
+        request = self.request
+        chosen = self.slice = request.slice
+        profile = chosen.profile
+        env_prefix = self.session_environment.rstrip("/")
+        command = [f"{env_prefix}/bin/python", "-m", "portal.session.singleuser", f"{env_prefix}/bin/jupyterhub-singleuser"]
         try:
-            script = self.job_script(self.request)
+            script = render(
+                "session.sbatch.j2",
+                job_name=self.job_name,
+                server_name=self.name,
+                partition=profile.partition,
+                gpus=chosen.gpus,
+                shares=chosen.shares,
+                cpus=chosen.cpus,
+                mem_mb=chosen.mem_mb,
+                walltime=chosen.walltime,
+                log_path=f"{self._expand(self.log_dir)}/session-%j.log",
+                workdir=self._expand(self.workdir),
+                profile=profile.model_dump(),
+                environment=env_prefix,
+                umask=self.umask,
+                command=command + self.get_args(),
+                catalog=self.kernel_catalog(profile.name),
+                mail_user=request.mail_user,
+                # Not for a walltime that is hardly longer: Slurm would signal it as it starts.
+                save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else 0,
+            )
         except ValueError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        profile = self.slice.profile
         self.session_json = self.session_spec().to_env()
         self.submitted_wall = time.time()
         try:

@@ -29,6 +29,7 @@ from portal.core.images import building_detail
 from portal.core.rules import (
     RequestError,
     SessionRequest,
+    check_length,
     judge_request,
     may_use,
     plain_mail_address,
@@ -36,13 +37,12 @@ from portal.core.rules import (
     slice_for,
     wants_mail,
 )
-from portal.core.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime
+from portal.core.settings import LdapSettings, Profile, parse_memory_mb, parse_walltime, shown
 from portal.core.settingtraits import setting
 from portal.core.templating import render
 from portal.core.userjson import unix_groups
 from portal.slurm.slurmclient import SlurmError
 from spawner import certs, mailaddress, metrics
-from spawner.form import options_from_form
 from spawner.gpuspawner import RequestRefused, SlurmGPUSpawner, SpawnFailed, session_job_name
 
 # What the tokens a shareable session's visitors hold may carry besides access to it (JupyterHub intersects
@@ -269,11 +269,25 @@ class PartitionSpawner(WrapSpawner):
                              "(A link may preset this form: /hub/spawn#profile=NAME&gpus=N&walltime=HH:MM:SS.)")
 
     async def options_from_form(self, formdata):
+        """The form's fields read into options and judged, before JupyterHub stores them: a refusal brings the
+        form back with the message. The chosen profile's own fields (each profile has its own 'gpus.NAME' and
+        'walltime.NAME'), and the e-mail and sharing checkboxes ('mail', 'shared') shared by all profiles.
+        Every field sent is measured first, those of the other profiles too."""
         try:
-            options = options_from_form(formdata)
+            for key, values in formdata.items():
+                for value in values:
+                    check_length(f"the form's field {shown(key)}", value)
         except RequestError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
-        # Judged now, before JupyterHub stores the options: a refusal brings the form back with the message.
+        profile = (formdata.get("profile") or [""])[0]
+        options = {"profile": profile}
+        for key in ("gpus", "walltime"):
+            if values := formdata.get(f"{key}.{profile}"):
+                options[key] = values[0].strip()
+        for box in ("mail", "shared"):
+            if ticked := formdata.get(box):
+                # A ticked checkbox sends "on"; anything else goes on as sent, for the rules to refuse in words.
+                options[box] = True if ticked[0] == "on" else ticked[0]
         request = self.judged(options)
         self.mail_looked_up = (_options_key(options), await self.mail_user_for(options))  # its start takes it
         self.check_session_limit(request.profile)
@@ -300,7 +314,7 @@ class PartitionSpawner(WrapSpawner):
 
     # ------------------------------------------------------ internal TLS (hub.internal_ssl)
     async def create_certs(self):
-        await self.judge()  # a request that will be refused gets no key (and leaves no record in the store)
+        await self.admit()  # a request that will be refused gets no key (and leaves no record in the store)
         # The session's node is not known yet when its certificate is made: it names every node.
         names = await certs.node_alt_names(SlurmGPUSpawner.shared_client(self.config))
         if self.user.settings.get("subdomain_host"):
@@ -391,18 +405,18 @@ class PartitionSpawner(WrapSpawner):
         super().clear_state()
         self.child_profile = ""
 
-    async def judge(self) -> SessionRequest:
-        """The start's request (that of the form or the REST API, judged as it came in; else the options of an
-        earlier start, which a start without options reuses, judged now) and the profile's session limit
-        counted. Raises with the reason; nothing is made for a request that is refused. JupyterHub makes a
+    async def admit(self) -> str:
+        """Whether the start may go on: its request judged (that of the form or the REST API, judged as it came
+        in; else the options of an earlier start, which a start without options reuses, judged now), her address
+        looked up if it asks for mail, and the profile's session limit counted. Returns the job's --mail-user ('':
+        no mail). Raises with the reason; nothing is made for a request that is refused. JupyterHub makes a
         session's certificates before start(): create_certs asks first (no key made, no store record left for a
-        refused request), start() again (the same judgement)."""
+        refused request), start() again. The start takes the judged request from judged() itself."""
         key = _options_key(self.user_options)
         try:
             request = self.judged(self.user_options)  # the entry's judgement (the memo, checked against her groups)
             if self.mail_looked_up is None or self.mail_looked_up[0] != key:  # not by the form or create_certs
                 self.mail_looked_up = (key, await self.mail_user_for(self.user_options))
-            request = replace(request, mail_user=self.mail_looked_up[1])
         except RequestRefused:
             self.count_refusal(self.user_options)
             # JupyterHub keeps a start's options as the defaults of the next start (a plain one reuses
@@ -412,7 +426,7 @@ class PartitionSpawner(WrapSpawner):
                 session.commit()
             raise
         self.check_session_limit(request.profile)
-        return request
+        return self.mail_looked_up[1]
 
     async def start(self):
         # Validate before anything reaches Slurm: a refused request never constructs a child.
@@ -420,15 +434,18 @@ class PartitionSpawner(WrapSpawner):
         # fails for now (the directory down, her session limit reached) leaves it for the next one.
         kept = self.kept_job
         try:
-            request = await self.judge()
+            mail_user = await self.admit()
         except RequestRefused:
             if kept:  # refused now (a profile withdrawn, a limit lowered): its queued job goes too
                 await self._let_kept_go(kept, "its request is refused now")
                 self.session_ended = (f"Your session job {kept['job_id']}, queued when the portal restarted, was "
                                       "taken out of the queue: its request is refused now. Start your session again.")
             raise
-        # The limit was counted after judge's last await: from there to select_profile nothing else
+        # The limit was counted after admit's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
+        # The request admitted, from judged's memo: the GPU count goes from the judgement to the child through
+        # this start alone.
+        request = replace(self.judged(self.user_options), mail_user=mail_user)
         self.mail_looked_up = None
         self.session_ended = ""
         if self.child_spawner is not None and self.child_profile != request.profile.name:

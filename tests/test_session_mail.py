@@ -2,7 +2,8 @@
 
 Real parts: her address is the `mail` of her LDAP entry (the demo's slapd); the mail is Slurm's own
 at BEGIN (MailProg on the login node); exim4 delivers it to /var/mail/<user>, where the test reads
-it. The first tests need no cluster: the #SBATCH lines, the rules and the form's fields.
+it. The first tests need no cluster: the #SBATCH lines and the rules (the form's checkbox, read by the
+spawner: test_spawner_life.py).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import pytest
 from conftest import CONFIG, HUB, stop_and_wait
 from democluster.mta import exim_settings
 from hubclient import HubUser, active_jobs
-from portal.core.rules import RequestError, parse_options, plain_mail_address, wants_mail
+from portal.core.rules import RequestError, judge_request, plain_mail_address, wants_mail
 from portal.core.settings import load
 from portal.core.templating import render
-from spawner.form import options_from_form
 from spawner.mailaddress import address_in_directory
 from test_batch_script import script
 from test_profiles import scontrol
@@ -61,7 +61,7 @@ def test_a_mail_option_that_is_not_true_or_false_is_refused_in_words(value):
         wants_mail({"mail": value})
     profiles = load(CONFIG).profiles
     with pytest.raises(RequestError, match="mail must be true or false"):
-        parse_options({"profile": "cpu", "mail": value}, profiles, set(), "gpu")
+        judge_request({"profile": "cpu", "mail": value}, profiles, set(), "gpu", [])
 
 
 @pytest.mark.quick
@@ -84,14 +84,6 @@ def test_plain_addresses_pass(address):
 def test_addresses_that_are_not_plain_are_refused_in_words(address):
     with pytest.raises(RequestError, match="is not a plain address"):
         plain_mail_address(address)
-
-
-@pytest.mark.quick
-def test_the_forms_checkbox_becomes_the_mail_option():
-    base = {"profile": ["cpu"], "gpus.cpu": ["0"], "walltime.cpu": ["01:00:00"]}
-    assert options_from_form({**base, "mail": ["on"]})["mail"] is True
-    assert "mail" not in options_from_form(base)
-    assert options_from_form({**base, "mail": ["eve@evil.test"]})["mail"] == "eve@evil.test"  # refused by the rules
 
 
 @pytest.mark.quick

@@ -13,7 +13,7 @@ import pytest
 from conftest import CONFIG, stop_and_wait
 from hubclient import HubUser, active_jobs
 from portal.admin import usage
-from portal.core.rules import RequestError, parse_options, slice_for
+from portal.core.rules import RequestError, judge_request, slice_for
 from portal.core.settings import Profile, load
 from portal.core.templating import render
 from portal.session.usage.sliceusage import share_per_gpu
@@ -37,8 +37,8 @@ def test_a_share_is_a_gpus_part_of_its_cpus_and_memory_and_the_profiles_default(
     assert (without.shares, without.gpus, without.cpus, without.mem_mb) == (0, 0, 2, 12288)
     with pytest.raises(RequestError, match=re.escape('choose one of 0, or a share: "1/4" (¼ GPU)')):
         slice_for(profile, 1)
-    asked = parse_options({"profile": "class-gpu", "gpus": "1/4"}, load(CONFIG).profiles, {"class101"}, "gpu")
-    assert asked.shares == 1
+    asked = judge_request({"profile": "class-gpu", "gpus": "1/4"}, load(CONFIG).profiles, {"class101"}, "gpu", [])
+    assert asked.slice.shares == 1
 
 
 @pytest.mark.quick

@@ -381,6 +381,25 @@ def test_her_address_is_looked_up_once_a_start_and_reaches_the_jobs_mail_line(hu
     run(scenario())
 
 
+def test_the_forms_checkbox_becomes_the_mail_option(hub, monkeypatch):
+    """The e-mail checkbox ticked ("on") is the option mail: true, left unticked no option; anything else goes on
+    as sent, for the rules to refuse in words (test_session_mail.py: the rules of the option)."""
+    async def address(self):
+        return "me@example.org"
+
+    monkeypatch.setattr(PartitionSpawner, "mail_address", address)
+    base = {"profile": ["cpu"], "gpus.cpu": ["0"], "walltime.cpu": ["01:00:00"]}
+
+    async def scenario():
+        spawner = hub.spawner()
+        assert (await spawner.options_from_form({**base, "mail": ["on"]}))["mail"] is True
+        assert "mail" not in await spawner.options_from_form(base)
+        with pytest.raises(RequestRefused, match="mail must be true or false"):
+            await spawner.options_from_form({**base, "mail": ["eve@evil.test"]})
+
+    run(scenario())
+
+
 def test_a_judgement_is_taken_again_only_for_the_same_options_rules_and_groups(hub, slurm, monkeypatch):
     """A judgement is reused only while what it was made from is the same: other options, or her groups changed
     (she left a group a profile is reserved for), are judged anew."""
@@ -396,13 +415,13 @@ def test_a_judgement_is_taken_again_only_for_the_same_options_rules_and_groups(h
 
 
 def test_the_rules_judge_a_request_in_one_place():
-    """portal.core.rules.judge_request is called from PartitionSpawner.judged alone (its helper parse_options from
-    judge_request alone): the bar of one call site of the judge."""
+    """portal.core.rules.judge_request is called from PartitionSpawner.judged alone: the bar of one call site of the
+    judge (which reads the options itself, with no helper of its own: the GPU count's path stays short)."""
     import ast
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    calls: dict[str, list[str]] = {"judge_request": [], "parse_options": []}
+    calls: dict[str, list[str]] = {"judge_request": []}
     for folder in ("portal", "spawner"):
         for path in (root / folder).rglob("*.py"):
             tree = ast.parse(path.read_text(), str(path))
@@ -414,8 +433,125 @@ def test_the_rules_judge_a_request_in_one_place():
                         name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
                         if name in calls:
                             calls[name].append(f"{path.relative_to(root)}:{function.name}")
-    assert calls == {"judge_request": ["spawner/partitionspawner.py:judged"],
-                     "parse_options": ["portal/core/rules.py:judge_request"]}, calls
+    assert calls == {"judge_request": ["spawner/partitionspawner.py:judged"]}, calls
+
+
+def test_the_gpu_count_goes_from_the_form_to_gres_through_at_most_seven_functions(hub, slurm):
+    """The GPU count's path, measured (issue 68's bar: at most 7 functions, never back to a module it has left).
+
+    A form asking for 4 GPUs is submitted and started as JupyterHub does; a profile hook (sys.setprofile) sees
+    every call into the project's own code (a function defined under portal/ or spawner/: not jinja, pydantic,
+    traitlets, JupyterHub, batchspawner, nor this test's FakeSlurm) from the form's submission until FakeSlurm's
+    sbatch receives the batch script holding ``#SBATCH --gres=gpu:4``, where the path ends.
+
+    - What carries the count: the form's fields (``{"gpus.gpu": ["4"]}``), a dict whose ``gpus`` carries it (the
+      options; the template's context), a SessionSlice or SessionRequest of 4 GPUs, the batch script's text with
+      its --gres line, and the count as the form sent it, "4". A bare number 4 cannot be told from any other 4
+      (an hour of a walltime): it carries the count only as the value a call holding "4" returns (its reading).
+    - The count is in a call when one of the call's own variables is a carrier (its arguments as it is called;
+      its locals each time it returns or awaits, and as sbatch is called for the calls then running), or when
+      the call returns one. What lies on an object is not looked into: the start hands the judged request to its
+      child as an attribute, and the count is in the methods that hold it in a variable (PartitionSpawner.start,
+      submit_batch_script), not in SlurmGPUSpawner.start between them, which never holds it.
+    - The count goes on from a call when the call returns a carrier, or when the script reaches sbatch from it
+      or from a call below it. A call that returns the count to the one that made it takes it no further: that
+      one must hand it on itself.
+    - A call is on the path when the count is in it and goes on from it. A function that only looks at the
+      count (check_length, wants_mail, the memo's key, share_of's "is it a share?") or reads it for something
+      else (the session's idle limit, admit's session limit) is not: the count does not travel through it.
+      Property getters and validators are not set apart: one is on the path if it returns a carrier (none does;
+      the dataclasses' generated __init__ is no file of the project's).
+    - A function is counted once, however often it is called (a coroutine's every resumption; judged, at the
+      form and again at the start).
+    - The path has two legs, JupyterHub's two calls into the spawner: the form's submission (its fields judged)
+      and the start (that judgement submitted). They meet in what the hub keeps between them (the options, the
+      judgement's memo), and both begin in PartitionSpawner, which JupyterHub calls. Within each leg, the
+      modules of the path's functions, in the order the count first reaches them, never come back to one it
+      has left.
+    """
+    import sys
+    from pathlib import Path
+
+    from portal.core.rules import SessionRequest, SessionSlice
+
+    count = 4
+    gres = f"\n#SBATCH --gres=gpu:{count}\n"
+    root = Path(__file__).resolve().parent.parent
+    own = tuple(f"{root / folder}{os.sep}" for folder in ("portal", "spawner"))
+    sbatch = FakeSlurm.submit.__code__
+
+    def carries(value) -> bool:
+        if isinstance(value, (SessionRequest, SessionSlice)):
+            chosen = value.slice if isinstance(value, SessionRequest) else value
+            return chosen.gpus == count and not chosen.shares
+        if isinstance(value, dict):
+            return any(carries(dict.get(value, key)) if key == "gpus" else
+                       isinstance(key, str) and key.startswith("gpus.") and carries((dict.get(value, key) or [0])[0])
+                       for key in list(value))
+        return isinstance(value, str) and (value.strip() == str(count) or gres in value)
+
+    calls: dict = {}  # frame -> its record, in the order the calls began
+
+    def holds(frame) -> bool:
+        return any(carries(value) for value in list(frame.f_locals.values()))
+
+    def caller(frame):
+        frame = frame.f_back
+        while frame is not None and frame not in calls:
+            frame = frame.f_back
+        return frame
+
+    def hook(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code is sbatch and gres in frame.f_locals.get("script", ""):
+            sys.setprofile(None)  # the script is Slurm's: the path ends
+            running = caller(frame)
+            calls[running]["sbatch"] = True
+            while running is not None:
+                calls[running]["in"] |= holds(running)
+                running = caller(running)
+        elif event == "call" and frame not in calls and code.co_filename.startswith(own):
+            calls[frame] = {"function": f"{Path(code.co_filename).relative_to(root)}:{code.co_qualname}",
+                            "caller": caller(frame), "in": holds(frame), "returns": False, "sbatch": False}
+        elif event == "return" and frame in calls:
+            record = calls[frame]
+            record["in"] |= holds(frame) or carries(arg)
+            record["returns"] |= carries(arg) or (record["in"] and type(arg) is int and arg == count)
+
+    def onward(frame) -> bool:
+        """Whether the script reaches sbatch from this call or from one below it."""
+        return calls[frame]["sbatch"] or any(onward(below) for below, record in calls.items() if record["caller"] is frame)
+
+    async def scenario():
+        spawner = hub.spawner()
+        sys.setprofile(hook)
+        try:
+            starting = hub.spawn_soon(spawner, form={"profile": ["gpu"], "gpus.gpu": [str(count)],
+                                                     "walltime.gpu": ["01:30:00"]})
+            job = await submitted(slurm)
+        finally:
+            sys.setprofile(None)
+        await serve(hub, spawner, starting, job)
+        await hub.stop(spawner)
+
+    run(scenario())
+    assert slurm.submissions[-1].sbatch.get("--gres") == f"gpu:{count}"
+    path: dict[str, list[str]] = {}  # leg (the function JupyterHub called) -> its functions, first reached first
+    for frame, record in calls.items():
+        if record["in"] and (record["returns"] or onward(frame)):
+            leg = frame
+            while calls[leg]["caller"] is not None:
+                leg = calls[leg]["caller"]
+            functions = path.setdefault(calls[leg]["function"], [])
+            if record["function"] not in functions:
+                functions.append(record["function"])
+    shown = "\n".join(f"{leg}:\n  " + "\n  ".join(functions) for leg, functions in path.items())
+    distinct = {function for functions in path.values() for function in functions}
+    assert len(path) == 2 and len(distinct) <= 7, f"{len(distinct)} functions:\n{shown}"
+    for functions in path.values():
+        modules = [function.split(":")[0] for function in functions]
+        visited = [module for i, module in enumerate(modules) if i == 0 or module != modules[i - 1]]
+        assert len(visited) == len(set(visited)), f"the count comes back to a module it has left:\n{shown}"
 
 
 def test_a_link_cannot_start_a_session(hub, slurm):

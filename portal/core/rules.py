@@ -101,6 +101,7 @@ class SessionSlice:
 
 FRACTIONS = {2: "½", 3: "⅓", 4: "¼", 5: "⅕", 6: "⅙", 8: "⅛"}
 SHARE_REQUEST = re.compile(r"1/([0-9]{1,2})")
+COUNT = re.compile(r"[0-9]+")
 
 
 def share_name(per_gpu: int) -> str:
@@ -121,21 +122,22 @@ def share_of(profile: Profile, gpus) -> bool:
     return True
 
 
-def _as_int(name: str, value) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    number = whole_number(value)
-    if number is None or number < 0:  # digits 0-9 only: whole_number refuses '²' and '٢'
-        raise RequestError(f"{name} must be a whole number (digits 0-9), not {described(value)}")
-    return number
-
-
 def slice_for(profile: Profile, gpus=None, walltime=None, per: str = "") -> SessionSlice:
-    """The exact Slurm slice for ``gpus`` GPUs (``per`` node, for a job) on ``profile``: CPUs and memory follow the GPUs."""
+    """The exact Slurm slice for ``gpus`` GPUs (``per`` node, for a job) on ``profile``: CPUs and memory follow the GPUs.
+    ``gpus`` is a number or the text of one (the form's), read here: the count goes from a request to its slice in
+    this one function."""
     if gpus in (None, "") and profile.default_share:
         gpus = f"1/{profile.gpu_shares}"
     shares = share_of(profile, gpus)
-    gpus = 0 if shares else profile.default_gpus if gpus in (None, "") else _as_int("GPU count", gpus)
+    if shares:
+        gpus = 0
+    elif gpus in (None, ""):
+        gpus = profile.default_gpus
+    elif not isinstance(gpus, int) or isinstance(gpus, bool):
+        text = gpus.strip() if isinstance(gpus, str) else ""
+        if not COUNT.fullmatch(text):  # digits 0-9 only, as whole_number: int() takes '٢' (Arabic-Indic) as 2
+            raise RequestError(f"GPU count must be a whole number (digits 0-9), not {described(gpus)}")
+        gpus = int(text)
     if not shares and gpus not in profile.gpu_choices:
         choices = ", ".join(map(str, profile.gpu_choices))
         if profile.gpu_shares and not per:  # a session may hold a share; a job's nodes hold whole GPUs
@@ -168,33 +170,6 @@ OPTIONS = ("profile", "gpus", "walltime", "mail", "shared")
 PLAIN_MAIL_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*")
 
 
-def parse_options(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str) -> SessionSlice:
-    """Validate a request (spawn form or hub API ``user_options``) into the slice to submit."""
-    if not isinstance(options, dict):
-        raise RequestError("options must be an object like {'profile': 'gpu', 'gpus': 1}")
-    unknown = sorted(str(k) for k in options if k not in OPTIONS)
-    if unknown:
-        raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
-    for key in OPTIONS:
-        check_length(key, options.get(key))
-    for key in ("profile", "walltime"):
-        if key in options and not isinstance(options[key], str):
-            raise RequestError(f"{key} must be text, not {described(options[key])}")
-    if "gpus" in options and options["gpus"] is None:
-        raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
-    wants_mail(options)
-    wants_sharing(options)
-    name = options.get("profile") or default_profile
-    by_name = {p.name: p for p in profiles}
-    if name not in by_name:
-        offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
-        raise RequestError(f"unknown partition profile {shown(name)}: choose one of {offered}")
-    profile = by_name[name]
-    if not may_use(profile, user_groups):
-        raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
-    return slice_for(profile, options.get("gpus"), options.get("walltime"))
-
-
 @dataclass(frozen=True)
 class SessionRequest:
     """A spawn request, judged: the slice the session holds and what else it asked for. Made once, where the
@@ -214,13 +189,35 @@ class SessionRequest:
 def judge_request(options: dict, profiles: list[Profile], user_groups: set[str], default_profile: str,
                   sharing_groups: list[str]) -> SessionRequest:
     """The one judge of a spawn request (the form's fields read into options, or the REST API's
-    ``user_options``): a :class:`SessionRequest`, or RequestError with the reason."""
-    chosen = parse_options(options, profiles, user_groups, default_profile)
-    shared = wants_sharing(options)
+    ``user_options``): a :class:`SessionRequest`, or RequestError with the reason. The options go from here
+    straight to slice_for (which a job's nodes share), through no helper of their own: the GPU count's path
+    from the form to the job's script stays short (test_spawner_life.py measures it)."""
+    if not isinstance(options, dict):
+        raise RequestError("options must be an object like {'profile': 'gpu', 'gpus': 1}")
+    unknown = sorted(str(k) for k in options if k not in OPTIONS)
+    if unknown:
+        raise RequestError(f"unknown option(s) {', '.join(map(shown, unknown))}: allowed are {', '.join(OPTIONS)}")
+    for key in OPTIONS:
+        check_length(key, options.get(key))
+    for key in ("profile", "walltime"):
+        if key in options and not isinstance(options[key], str):
+            raise RequestError(f"{key} must be text, not {described(options[key])}")
+    if "gpus" in options and options["gpus"] is None:
+        raise RequestError("gpus must be a whole number, not null (leave it out for the profile's default)")
+    mail, shared = wants_mail(options), wants_sharing(options)
+    name = options.get("profile") or default_profile
+    by_name = {p.name: p for p in profiles}
+    if name not in by_name:
+        offered = ", ".join(p.name for p in profiles if may_use(p, user_groups))
+        raise RequestError(f"unknown partition profile {shown(name)}: choose one of {offered}")
+    profile = by_name[name]
+    if not may_use(profile, user_groups):
+        raise RequestError(f"{profile.display_name} is reserved for members of {', '.join(profile.groups)}")
+    chosen = slice_for(profile, options.get("gpus"), options.get("walltime"))
     if shared and not user_groups & set(sharing_groups):
         raise RequestError("you may not share sessions: your admin allows sharing only within "
                            f"{', '.join(sharing_groups) or 'no group'}; start it without sharing")
-    return SessionRequest(slice=chosen, mail=wants_mail(options), shared=shared)
+    return SessionRequest(slice=chosen, mail=mail, shared=shared)
 
 
 def wants_mail(options: dict) -> bool:
