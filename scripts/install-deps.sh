@@ -82,7 +82,10 @@ for extension in jupyter_lsp notebook_shim; do
 done
 # PyTorch (CPU) and Horovod for multi-node jobs come after, from scripts/build-extras.sh (make demo runs it
 # in the background, make test before the tests): they take minutes, and the portal serves without them.
-# Our own code: always the checkout's current version (a copy, readable by every user).
+# Our own code: always the checkout's current version (a copy, readable by every user). setuptools builds in
+# build/ and never deletes there what the checkout no longer has: a module moved or removed would be installed
+# still, from an earlier build. So the build starts empty.
+rm -rf build
 pip_ install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 # Every package's requirements met: nothing missing, nothing at a version another one excludes.
 "$ENV/bin/pip" check --disable-pip-version-check >/dev/null || { "$ENV/bin/pip" check; exit 1; }
