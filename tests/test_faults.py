@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import CONFIG, DSPORTAL
+from conftest import CONFIG, DSPORTAL, wait_no_jobs
 from hubclient import active_jobs
 
 OUTAGE = 60  # seconds slurmdbd is down
@@ -130,6 +130,104 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     assert alice.web.get(f"{alice.hub_origin}/hub/home", timeout=15).status_code == 200
     assert hub_pidfile().read_text().strip() == hub_pid  # the same hub: no restart
     assert [j["job_id"] for j in active_jobs("alice")] == job and "uid" in alice.run_code("print('uid')")
+
+
+CLASS_DURING_OUTAGE = [f"student{n:02d}" for n in range(1, 31)]  # a class of 30 of class101
+
+
+def test_a_class_of_30_starting_as_the_hubs_database_goes_down_loses_no_session(portal, admin):
+    """30 students press Start at once; 3 s later the hub's MariaDB stops for 30 s. Each is told 503 in words while
+    it is down (or to retry, in words, as the hub sheds load), and tries again as it says; every student ends with
+    one session ready and one job, nobody's start leaves a second job or none, and the same hub (no restart)
+    serves them all once the database is back."""
+    import threading
+
+    from conftest import HUB, login
+    from democluster import accounting
+    from democluster.base import paths, stop_pid
+    from democluster.hub import hub_pidfile
+    from portal.hub.databasedown import WORDS
+
+    students = {name: login(HUB, name) for name in CLASS_DURING_OUTAGE}
+    hub_pid = hub_pidfile().read_text().strip()
+    told: dict[str, list[int]] = {name: [] for name in students}
+    wrong: list[str] = []
+    ready_at: dict[str, float] = {}
+
+    def answer(name: str, response) -> bool:
+        """Whether the start went through; a refusal in words is noted, any other is wrong."""
+        if response.status_code in (201, 202):
+            return True
+        told[name].append(response.status_code)
+        if response.status_code == 503:
+            if response.json().get("message") != WORDS:
+                wrong.append(f"{name}: 503 {response.text[:300]}")
+        elif response.status_code == 429:
+            if "try again" not in response.json().get("message", ""):
+                wrong.append(f"{name}: 429 {response.text[:300]}")
+        elif response.status_code == 400 and "is already" in response.text:
+            return True  # an earlier try went through after all (its answer was lost in the outage)
+        else:
+            wrong.append(f"{name}: {response.status_code} {response.text[:300]}")
+        return False
+
+    def start(name: str) -> None:
+        user = students[name]
+        deadline = time.monotonic() + 300
+        try:
+            while not answer(name, user.start_server({"profile": "class"})):
+                assert time.monotonic() < deadline, f"{name} not started in 300 s"
+                time.sleep(3)
+            while time.monotonic() < deadline:
+                response = user.api("GET", f"/hub/api/users/{name}")
+                if response.status_code == 200:
+                    server = response.json().get("servers", {}).get("")
+                    if server and server.get("ready"):
+                        ready_at[name] = time.monotonic()
+                        return
+                    if not server:  # the start failed: she presses Start again, as her page says
+                        while not answer(name, user.start_server({"profile": "class"})):
+                            assert time.monotonic() < deadline, f"{name} not started again in 300 s"
+                            time.sleep(3)
+                elif not answer(name, response):
+                    pass
+                time.sleep(2)
+            wrong.append(f"{name}: no session ready 300 s after pressing Start")
+        except Exception as error:  # noqa: BLE001 (reported below, with every student's)
+            wrong.append(f"{name}: {error!r}")
+
+    threads = [threading.Thread(target=start, args=(name,)) for name in students]
+    pressed = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(3)
+        stop_pid(paths().root / "mariadb-run" / "mariadb.pid", "MariaDB", wait=30)
+        down = time.monotonic()
+        time.sleep(DB_OUTAGE)
+    finally:
+        accounting.ensure_accounting()  # MariaDB (and slurmdbd, if it stopped) again
+    back = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=360)
+    try:
+        jobs = {name: active_jobs(name) for name in students}
+        last = max(ready_at.values(), default=back)
+        refused = sum(1 for answers in told.values() if 503 in answers)
+        print(f"a class of 30 pressed Start 3 s before the hub's MariaDB stopped for {back - down:.1f} s: "
+              f"{len(ready_at)} of 30 ready, the last {last - back:.1f} s after MariaDB was back "
+              f"({last - pressed:.1f} s after Start); {refused} told 503 in words at least once, "
+              f"{sum(1 for a in told.values() if 429 in a)} told to retry (429)")
+        assert not wrong, "\n".join(wrong)
+        assert sorted(ready_at) == sorted(students)
+        assert {name: len(found) for name, found in jobs.items() if len(found) != 1} == {}  # one job each
+        assert refused > 0, told  # the outage reached their requests, and was said in words
+        assert hub_pidfile().read_text().strip() == hub_pid  # the same hub: no restart
+    finally:
+        for name in students:
+            admin.api("DELETE", f"/hub/api/users/{name}/server")
+        for name in students:
+            wait_no_jobs(name)
 
 
 FULL_USER = "member300"  # a department member no other test uses: her home becomes a 1 MB file system here

@@ -80,3 +80,50 @@ def test_a_proxy_killed_with_kill_9_and_started_again_gets_every_route_back_with
     assert "back again" in alice.run_code("print('back again')")  # a kernel's websocket through the new proxy
     log = (demo.paths().log / "hub.log").read_text(errors="replace")
     assert "dsportal: the proxy had lost its routes (it restarted): every running session's route put back" in log
+
+
+def test_an_open_jupyterlab_page_works_on_by_itself_when_the_proxy_is_killed_with_kill_9(alice, portal):
+    """In a real browser: her notebook open in JupyterLab, its kernel run once; the proxy killed with -9 and
+    started again by its service. The same page, never reloaded, runs its next cell through the new proxy: the
+    kernel's connection comes back by itself, and nothing of the notebook is lost."""
+    from playwright.sync_api import sync_playwright
+
+    from test_browser import open_lab
+
+    alice.spawn({"profile": "cpu"})
+    alice.run_code(
+        "import nbformat, os\n"
+        "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(\"print('before', 6 * 7)\"),\n"
+        "                                     nbformat.v4.new_code_cell(\"print('after', 6 * 7)\")])\n"
+        "nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}\n"
+        "nbformat.write(nb, os.path.expanduser('~/proxy-restart.ipynb'))\n")
+    job = [j["job_id"] for j in active_jobs("alice")]
+    with sync_playwright() as playwright:
+        browser, page = open_lab(playwright, "lab/tree/proxy-restart.ipynb?reset")
+        cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
+        cells.nth(1).wait_for(timeout=60_000)
+
+        def run(cell: int, text: str, timeout_ms: int) -> None:
+            cells.nth(cell).locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")
+            cells.nth(cell).locator(".jp-OutputArea-output", has_text=text).wait_for(timeout=timeout_ms)
+
+        run(0, "before 42", 90_000)
+        proxy = int(PROXY_PIDFILE.read_text())
+        os.kill(proxy, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proxy}").exists() and "zombie" not in Path(f"/proc/{proxy}/status").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        page.wait_for_timeout(2000)  # RestartSec; the page meanwhile finds its server gone
+        demo.ensure_proxy_service()
+        started = time.monotonic()
+        run(1, "after 42", 120_000)
+        answered_s = time.monotonic() - started
+        dialogs = page.locator(".jp-Dialog").all_inner_texts()
+        page.screenshot(path="/tmp/dsportal-screenshots/proxy-restart.png")
+        browser.close()
+    print(f"her open page ran its next cell {answered_s:.1f} s after the new proxy listened, not reloaded; "
+          f"dialogs left open: {dialogs}")
+    assert dialogs == [], dialogs  # nothing for her to dismiss
+    assert [j["job_id"] for j in active_jobs("alice")] == job  # the same session
