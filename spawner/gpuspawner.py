@@ -12,7 +12,7 @@ import asyncio
 import json
 import pwd
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import batchspawner
@@ -110,6 +110,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     kept = None  # {"job_id", "slice", "token_id"}: a start the hub's startup check found still queued, to be resumed
     resume_job_id = ""  # set by PartitionSpawner: this start takes over that queued job instead of submitting
     token_id = 0  # the id (JupyterHub's orm.APIToken.id) of the token the starting job was submitted with
+    restarts = 0  # Slurm's restart count of the job's run that serves: more means Slurm requeued it (preemption)
     taken_over_token = -1  # while a start takes a kept job over: the token id its report may bring (0: unknown)
     token_adopted = False  # that report came: the session's token is the job's own (PartitionSpawner.start_polling)
     # not `environment`: JupyterHub's Spawner.environment is the job's environment variables
@@ -253,12 +254,15 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.slice is not None:
             state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
                               "walltime": self.slice.walltime, "shares": self.slice.shares}
+        if self.restarts:  # the serving run of a job Slurm requeued: a further requeue is told apart
+            state["restarts"] = self.restarts
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.starting = state.get("starting") is True
         self.token_id = state.get("token_id") if isinstance(state.get("token_id"), int) else 0
+        self.restarts = state.get("restarts") if isinstance(state.get("restarts"), int) else 0
         if "slice" in state:  # as it was validated at the start, whatever the config says now
             self.slice = SessionSlice(profile=self.profile, **state["slice"])
         # (a session started before slices were kept, by 0.1.0: kept running, without an idle limit)
@@ -269,6 +273,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.request = None
         self.job = None
         self.token_id = 0
+        self.restarts = 0
         self.starting = False
 
     # ------------------------------------------------ batchspawner's job interface
@@ -303,7 +308,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 catalog=self.kernel_catalog(profile.name),
                 mail_user=request.mail_user,
                 # Not for a walltime that is hardly longer: Slurm would signal it as it starts.
-                save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else 0,
+                # A preemptible one always: Slurm sends the same signal as it preempts (preempt_send_user_signal).
+                save_ahead=self.save_ahead if parse_walltime(chosen.walltime) > self.save_ahead + 60 else
+                int(bool(profile.preemption)),
             )
         except ValueError as error:
             raise RequestRefused(f"Your session request was refused: {error}") from None
@@ -547,6 +554,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                 raise await self._failure(self.job, "ended before JupyterLab started")
 
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
+        self.restarts = self.job.restarts if self.job is not None else 0  # the run that serves (a requeue: more)
         return self.ip, self.port
 
     async def poll(self):
@@ -558,6 +566,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if not self.job_id:
             return 1
         status = await self.query_job_status()
+        job = self.job
+        if (job is not None and self.server and not self.starting and job.restarts > self.restarts
+                and (job.pending or job.ending)):
+            return await self._requeued(job)
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
         if checking and self.server and self.starting and status in (JobStatus.PENDING, JobStatus.RUNNING,
                                                                      JobStatus.UNKNOWN):
@@ -594,6 +606,24 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if time.monotonic() >= deadline:
                 return listed or job
             await asyncio.sleep(0.3)
+
+    async def _requeued(self, job: Job) -> int:
+        """Slurm preempted the running session's job and put it back in the queue (its partition's PreemptMode
+        REQUEUE): the server it ran is gone, and the job runs it again later, maybe on another node. As for a
+        start cut short by a hub restart (:meth:`_keep_for_resume`), the session ends here with its job kept,
+        not cancelled, and dsportal's service starts it again (portal.hub.resume): that start takes the job
+        over and waits, in her page's progress, until Slurm runs it."""
+        saved = await self._saved_at_the_end(replace(job, state="PREEMPTED"))
+        self.kept = {"job_id": self.job_id, "slice": self.get_state().get("slice"), "token_id": self.token_id}
+        self.last_end = (f"Your session job {self.job_id} was preempted: Slurm stopped it for higher-priority work "
+                         f"(partition {job.partition} is preemptible).{saved} It is back in Slurm's queue and keeps "
+                         "its place: the portal starts your session again by itself when Slurm runs it again "
+                         "(starting it yourself takes the same job over).")
+        self.log.info("Session job %s of %s was preempted and requeued (restart %d): kept, to be resumed",
+                      self.job_id, self.user.name, job.restarts)
+        metrics.SESSIONS_ENDED.labels(job.partition, "REQUEUED").inc()
+        self.clear_state()  # nothing to cancel: JupyterHub's stop of this session finds no job
+        return 1
 
     def _keep_for_resume(self, status) -> int:
         """The hub's startup check of a session whose start an earlier hub process began and never saw
@@ -699,13 +729,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         self.clear_state()
 
     async def _saved_at_the_end(self, job: Job | None) -> str:
-        """What JupyterLab saved as the walltime ended, from the session's log (portal.session.usage.walltime); for a
+        """What JupyterLab saved as the walltime ended or Slurm preempted the job, from the session's log
+        (portal.session.usage.walltime); for a
         node that failed, what is kept (nothing could be saved as it went)."""
         if job is not None and job.state == "NODE_FAIL":
             return (" Its node failed, so nothing could be saved as it ended: your files are as you last saved them "
                     "(JupyterLab saves an open notebook every 2 minutes), and your home folder is on shared storage, "
                     "not on that node. Start it again to continue.")
-        if job is None or job.state != "TIMEOUT":
+        if job is None or job.state not in ("TIMEOUT", "PREEMPTED"):
             return ""
         log_path = self.session_log()
         tail = await self.slurm.read_as_user(self.user.name, log_path, 60, not_before=self.submitted_wall or None)
@@ -741,7 +772,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     start = datetime.fromtimestamp(job.start_time)
                     minutes = max(1, int((job.start_time - time.time()) // 60))
                     estimate = f"; Slurm estimates it starts at {start:%H:%M} (in about {minutes} min)"
-                yield {"message": f"Job {job.job_id} queued on partition {job.partition}{reason}{estimate} ({waited} s)"}
+                queued_as = "was preempted for higher-priority work and waits to run again" if job.restarts else "queued"
+                yield {"message": f"Job {job.job_id} {queued_as} on partition {job.partition}{reason}{estimate} "
+                                  f"({waited} s)"}
             elif job.running:
                 yield {"message": f"Job {job.job_id} running on {job.batch_host}; starting JupyterLab ({waited} s)"}
             await asyncio.sleep(1)

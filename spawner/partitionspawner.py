@@ -396,6 +396,7 @@ class PartitionSpawner(WrapSpawner):
         self.session_ended = state.get("session_ended", "")
         kept = state.get("kept_job")
         self.kept_job = kept if isinstance(kept, dict) and str(kept.get("job_id", "")).isdigit() else {}
+        self.will_resume = bool(self.kept_job)
 
     def clear_state(self):
         # A job that ended outside the portal (the child's poll saw it): say why on the next page.
@@ -470,7 +471,7 @@ class PartitionSpawner(WrapSpawner):
             return await child.start()
         except BaseException:
             if child.taken_over_token >= 0 and not child.resume_job_id:  # Slurm answered about the kept job
-                self.kept_job = {}
+                self.kept_job, self.will_resume = {}, False
                 if child.taken_over_token > 0 and not child.token_adopted:
                     self._forget_token(child.taken_over_token)  # the kept job's token: nothing uses it now
             raise
@@ -494,7 +495,7 @@ class PartitionSpawner(WrapSpawner):
         """Take a kept job (kept_job) out of the queue, for a start that will not take it over, and revoke
         its token; only that session's job (her name for it in Slurm: a job id Slurm gave again after a reset
         may be another's, or another of hers). The cancel goes on in the background until Slurm takes it."""
-        self.kept_job = {}
+        self.kept_job, self.will_resume = {}, False
         self._forget_token(int(kept.get("token_id") or 0))
         slurm = SlurmGPUSpawner.shared_client(self.config)
         job_id = int(kept["job_id"])
@@ -527,7 +528,7 @@ class PartitionSpawner(WrapSpawner):
         try:
             child = self.child_spawner
             if child.taken_over_token >= 0:  # a kept job taken over: recorded as this start's own
-                self.kept_job = {}
+                self.kept_job, self.will_resume = {}, False
             elif self.api_token and (token := orm.APIToken.find(session, self.api_token)) is not None:
                 child.token_id = token.id  # the token this job was submitted with (a restart's take-over checks it)
             self.orm_spawner.state = self.get_state()
@@ -541,8 +542,9 @@ class PartitionSpawner(WrapSpawner):
         if self.child_spawner is not None:
             self.child_spawner.hub_checking = self.pending == "check"
         status = await super().poll()
-        if self.child_spawner is not None and self.child_spawner.kept:  # a start cut short by a hub restart
+        if self.child_spawner is not None and self.child_spawner.kept:  # a hub restart, or Slurm requeued the job
             self.kept_job, self.child_spawner.kept = self.child_spawner.kept, None
+            self.will_resume = True  # JupyterHub's stop keeps the job's token: the start that takes the job over lets it in
         idle = self.idle_seconds() if status is None else None
         self._report_idle(idle)
         if idle is not None and idle > (self.child_spawner.idle_limit() or float("inf")):

@@ -49,9 +49,9 @@ from portal.slurm.slurmparse import (
 CONTROLLER_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
 
 DEFAULT_NODES = (
-    Node(name="node1", state="idle", partitions=("gpu",), cpus=64, alloc_cpus=0, mem_mb=512_000, alloc_mem_mb=0,
+    Node(name="node1", state="idle", partitions=("gpu", "scavenger"), cpus=64, alloc_cpus=0, mem_mb=512_000, alloc_mem_mb=0,
          gpus=4, alloc_gpus=0, address="10.0.0.1"),
-    Node(name="node2", state="idle", partitions=("gpu", "cpu"), cpus=64, alloc_cpus=0, mem_mb=512_000,
+    Node(name="node2", state="idle", partitions=("gpu", "cpu", "scavenger"), cpus=64, alloc_cpus=0, mem_mb=512_000,
          alloc_mem_mb=0, gpus=4, alloc_gpus=0, address="10.0.0.2"),
     Node(name="node3", state="idle", partitions=("cpu",), cpus=32, alloc_cpus=0, mem_mb=128_000, alloc_mem_mb=0,
          gpus=0, alloc_gpus=0, address="10.0.0.3"),
@@ -120,13 +120,14 @@ class Record:
     output: str = ""
     listed: bool = True  # squeue still shows it (an ended job until MinJobAge)
     recorded: tuple[str, int, str] | None = None  # (state, exit code, reason) accounting has, where squeue lags
+    restarts: int = 0  # times Slurm put it back in the queue (a preemption's REQUEUE)
 
     def job(self) -> Job:
         return Job(job_id=self.job_id, user=self.user, name=self.name, state=self.state, reason=self.reason,
                    partition=self.partition, batch_host=self.batch_host,
                    nodes=self.batch_host, exit_code=self.exit_code, start_time=self.start_time,
                    submit_time=self.submit_time, gpus=self.gpus, profile=profile_of(self.comment),
-                   priority=self.priority, time_limit=self.time_limit)
+                   priority=self.priority, time_limit=self.time_limit, restarts=self.restarts)
 
 
 @dataclass
@@ -345,6 +346,15 @@ class FakeSlurm(slurmclient.Slurm):
         record = self.record(job_id)
         assert state not in PENDING_STATES | RUNNING_STATES, state
         record.state, record.exit_code, record.reason, record.recorded = state, exit_code, reason, None
+        return record
+
+    def requeue(self, job_id) -> Record:
+        """Slurm preempted the running job and put it back in the queue (PreemptMode=REQUEUE): the same job id,
+        pending until it may start again (BeginTime), its restart count one more."""
+        record = self.record(job_id)
+        assert record.state in RUNNING_STATES, f"job {job_id} is {record.state}, not running"
+        record.state, record.reason, record.batch_host = "PENDING", "BeginTime", ""
+        record.restarts += 1
         return record
 
     def forget(self, job_id) -> Record:

@@ -7,6 +7,7 @@ here, the service's reading of the hub's /users answer and its requests, against
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -78,3 +79,18 @@ def test_the_service_gives_up_after_its_time_and_says_so(caplog):
     asyncio.run(resume.resume_kept(hub, pauses=(0.01,), pause_most=0.01, resume_for=0.05))
     assert 2 <= len([c for c in hub.calls if c[0] == "POST"]) < 100
     assert "still not started again after 0 s" in caplog.text
+
+
+def test_sessions_whose_job_slurm_requeued_are_started_again_as_they_are_found():
+    """Where a profile preempts by requeueing, the service keeps looking (every STEADY s, for as long as it runs):
+    a session kept later (her job preempted and put back in the queue) is started again at the next pass."""
+    kept = users(("alice", {"": {"stopped": True, "state": KEPT}}))
+    hub = Recorder([[], [], kept, []] + [[]] * 1000)
+
+    async def for_a_while():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(resume.keep_resuming(hub, every=0.01), 0.5)
+
+    asyncio.run(for_a_while())
+    assert [c for c in hub.calls if c[0] == "POST"] == [("POST", "/users/alice/server", {"user_options": None})]
+    assert len([c for c in hub.calls if c[0] == "GET"]) > 4  # it went on looking

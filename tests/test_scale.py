@@ -22,7 +22,7 @@ def squeue_line(**fields) -> str:
     """One job as the hub's squeue prints it (SQUEUE_FORMAT2: every field followed by the separator)."""
     values = {"JobID": "1", "UserName": "alice", "State": "PENDING", "Reason": "Resources", "Partition": "cpu",
               "PriorityLong": "100", "SubmitTime": "1764150000", "StartTime": "N/A", "TimeLimit": "2:00:00",
-              "BatchHost": "n/a", "NodeList": "", "exit_code": "0", "tres-per-node": "N/A",
+              "BatchHost": "n/a", "NodeList": "", "exit_code": "0", "tres-per-node": "N/A", "RestartCnt": "0",
               "Name": "dsportal-alice", "Comment": "dsportal-profile=class", **fields}
     return "".join(values[name] + SEPARATOR for name in SQUEUE_FIELDS) + "\n"
 

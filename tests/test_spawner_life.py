@@ -56,6 +56,8 @@ PROFILES = [
     Profile(name="share", partition="gpu", display_name="A quarter of a GPU", gpu_choices=[0], default_gpus=0,
             gpu_shares=4, default_share=True, groups=[MY_GROUP]),
     Profile(name="staff", partition="gpu", display_name="GPU partition, staff", groups=[NOBODYS_GROUP]),
+    Profile(name="scavenger", partition="scavenger", display_name="GPU partition, scavenger", gpu_choices=[1],
+            default_gpus=1, preemption="requeue"),
 ]
 GPU_FORM = {"profile": ["gpu"], "gpus.gpu": ["2"], "walltime.gpu": ["04:00:00"]}
 START_TIMEOUT = 60  # the hub's start_timeout: the time to come up once Slurm runs the job
@@ -187,6 +189,9 @@ class Hub:
         try:
             if await spawner.poll() is None:
                 await spawner.stop()
+            if not spawner.will_resume and spawner.api_token:  # the session's token goes with it, unless kept
+                if (token := orm.APIToken.find(self.db, spawner.api_token)) is not None:
+                    self.db.delete(token)
         finally:
             spawner.orm_spawner.server = None
             spawner.clear_state()
@@ -266,13 +271,18 @@ def test_the_form_shows_the_users_profiles_with_the_free_gpus_slurm_reports(hub,
     async def scenario():
         slurm.go_down()
         form = await hub.spawner()._options_form()  # the form still comes, without live resources
-        assert form.count("Live resources are unavailable right now (the scheduler did not answer).") == 3
+        assert form.count("Live resources are unavailable right now (the scheduler did not answer).") == 4
         slurm.come_back()
         await running_session(hub)  # 2 of node1's 4 GPUs
         form = await hub.spawner("prep")._options_form()
         assert "GPU partition" in form and "A quarter of a GPU" in form and "CPU partition" in form
         assert "GPU partition, staff" not in form  # reserved for a group she is not in
         assert "<b>6 of 8 GPUs</b> (4 on one node)" in form, form
+        # Which profiles Slurm may preempt, and what then happens: the scavenger's alone.
+        assert form.count("dsportal-preemptible") == 1
+        assert ("<b>Preemptible:</b> Slurm may stop a session\n        here for higher-priority work. JupyterLab then "
+                "warns you and saves your open notebooks first, and the portal starts the session again by itself "
+                "when Slurm runs it\n        again.") in form, form
 
     run(scenario())
 
@@ -284,7 +294,7 @@ def test_a_form_asking_for_what_the_profile_does_not_offer_is_refused_and_nothin
                 ({"profile": ["gpu"], "gpus.gpu": ["3"]}, "3 GPUs is not offered on GPU partition: choose one of 0, 1, 2, 4"),
                 ({"profile": ["gpu"], "walltime.gpu": ["13:00:00"]}, "walltime 13:00:00 is longer than the 12:00:00"),
                 ({"profile": ["staff"]}, f"GPU partition, staff is reserved for members of {NOBODYS_GROUP}"),
-                ({"profile": ["nope"]}, "unknown partition profile 'nope': choose one of gpu, cpu, share")):
+                ({"profile": ["nope"]}, "unknown partition profile 'nope': choose one of gpu, cpu, share, scavenger")):
             with pytest.raises(RequestRefused) as refused:
                 await hub.spawn(spawner, form=form)
             assert refused.value.status_code == 400 and words in refused.value.jupyterhub_message, refused.value
@@ -582,7 +592,7 @@ def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_fo
         # report_wait: the profile's queue limit and the hub's start_timeout
         assert (spec.idle_limit, spec.report_wait, spec.sharing_groups) == (7200, 30 * 60 + START_TIMEOUT, [])
         assert spec.launch_policy.default_profile == "gpu" and spec.templates is None
-        assert [p.name for p in spec.launch_policy.profiles] == ["gpu", "cpu", "share"]  # hers: not staff's
+        assert [p.name for p in spec.launch_policy.profiles] == ["gpu", "cpu", "share", "scavenger"]  # not staff's
         assert slurm.commands.count("sbatch") == 1
         assert spawner.child_spawner.job_id == str(job) and spawner.server.port == PORT
 
@@ -712,6 +722,55 @@ def test_the_walltimes_end_says_what_jupyterlab_saved(hub, slurm):
         said = spawner.child_spawner.last_end
         assert said.startswith(f"Your session job {job} reached its time limit (Slurm: TIMEOUT, reason TimeLimit;")
         assert said.endswith(" As it ended, JupyterLab saved: 3 notebooks (analysis.ipynb, ...)."), said
+
+    run(scenario())
+
+
+SCAVENGER_FORM = {"profile": ["scavenger"], "gpus.scavenger": ["1"], "walltime.scavenger": ["00:02:00"]}
+
+
+def test_a_preempted_session_whose_job_slurm_requeued_is_kept_and_taken_over_when_started_again(hub, slurm):
+    """A session of a partition that preempts by requeueing: its job is submitted requeueable, with its log
+    appended to and the warning's signal even for a short walltime. Slurm preempts it and puts it back in the
+    queue: the hub's poll ends the session with its job kept (not cancelled, its token kept), says what
+    JupyterLab saved, and the start that dsportal's service makes again takes the same job over."""
+    async def scenario():
+        spawner, job = await running_session(hub, form=SCAVENGER_FORM, node="node2")
+        sbatch = slurm.submitted()[-1].sbatch
+        assert sbatch.get("--requeue") == "" and sbatch.get("--open-mode") == "append" and "--no-requeue" not in sbatch
+        assert sbatch.get("--signal", "").startswith("B:USR1@"), sbatch  # a 2-minute walltime: still warned
+        token = spawner.api_token
+        slurm.write_log(job, f"{sessionvars.WALLTIME_SAVED} work.ipynb\n")
+        slurm.requeue(job)
+        await slurm.later()
+        assert await spawner.poll() == 1
+        await hub.stop(spawner)
+        assert slurm.cancels == []  # the job waits in the queue, its place kept
+        assert spawner.kept_job["job_id"] == str(job) and spawner.will_resume
+        assert orm.APIToken.find(hub.db, token) is not None  # the job's token, for its report when it runs again
+        said = spawner.session_ended
+        assert said.startswith(f"Your session job {job} was preempted: Slurm stopped it for higher-priority work "
+                               "(partition scavenger is preemptible). As it ended, JupyterLab saved: work.ipynb."), said
+        assert "the portal starts your session again by itself when Slurm runs it again" in said
+        resumed = hub.spawn_soon(spawner)  # dsportal's service: the REST API's start with her stored options
+        await until(lambda: spawner.child_spawner is not None and spawner.child_spawner.job_id == str(job))
+        assert len(slurm.submitted()) == 1 and not spawner.kept_job and not spawner.will_resume
+        slurm.start(job, "node1")  # Slurm runs it again, elsewhere
+        assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+        assert await resumed == ("node1", PORT)
+        assert spawner.child_spawner.restarts == 1 and spawner.session_ended == ""
+        slurm.requeue(job)  # preempted again: told apart from the run it took over
+        await slurm.later()
+        assert await spawner.poll() == 1 and spawner.kept_job["job_id"] == str(job)
+
+    run(scenario())
+
+
+def test_a_session_that_is_not_preemptible_is_submitted_not_requeueable(hub, slurm):
+    async def scenario():
+        await running_session(hub)
+        sbatch = slurm.submitted()[-1].sbatch
+        assert "--no-requeue" in sbatch and "--requeue" not in sbatch and "--open-mode" not in sbatch
 
     run(scenario())
 

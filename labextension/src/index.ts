@@ -252,8 +252,8 @@ function watchWalltime(app: JupyterFrontEnd, notify: Notify): void {
   void look();
 }
 
-// When Slurm tells the session its walltime ends (portal/session/usage/walltime.py): save every open
-// document with unsaved changes, say which to the server (it writes them to the session's log,
+// When Slurm tells the session its walltime ends, or that it preempts the job
+// (portal/session/usage/walltime.py): save every open document with unsaved changes, say which to the server (it writes them to the session's log,
 // which the hub quotes on the next page), and tell the user.
 const WALLTIME_ENDING = 'https://dsportal.invalid/events/walltime-ending/v1';
 
@@ -276,10 +276,18 @@ function saveBeforeTheEnd(app: JupyterFrontEnd, notify: Notify): void {
       }
     }
     await api('POST', 'walltime/saved', { saved }).catch(() => undefined);
+    const left = duration(Number(event.seconds_left) || 0);
+    const what = saved.length ? `saved ${saved.join(', ')}` : 'every document was saved already';
+    const preempted = String(event.reason || '').startsWith('preempted');
     void notify(
-      `Your session's walltime ends in about ${duration(Number(event.seconds_left) || 0)}: ` +
-        (saved.length ? `saved ${saved.join(', ')}` : 'every document was saved already') +
-        '. Its kernels are being shut down; start a new session to go on.',
+      preempted
+        ? `Slurm is stopping your session in about ${left} for higher-priority work (this profile is preemptible): ` +
+            `${what}. Its kernels are being shut down; ` +
+            (event.reason === 'preempted-requeue'
+              ? 'the portal starts your session again by itself when Slurm runs it again.'
+              : 'start a new session to go on.')
+        : `Your session's walltime ends in about ${left}: ${what}. Its kernels are being shut down; ` +
+            'start a new session to go on.',
       'warning'
     );
   });

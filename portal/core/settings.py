@@ -562,6 +562,13 @@ class Profile(_Model):
         1, ge=1, le=20, description="How many sessions of this profile one user may hold at once (JupyterHub's "
         "named servers: each is a Slurm job with its own slice; pending ones count). A start past it is refused "
         "in words, naming the sessions she has.")
+    preemption: Literal["", "requeue", "cancel"] = Field(
+        "", description="Whether Slurm may preempt the partition's jobs for higher-priority work, as its "
+        "PreemptMode says (slurm.conf, with a GraceTime of at least 60 s and SlurmctldParameters="
+        "preempt_send_user_signal): requeue or cancel; empty: never. The spawn form says so. A preempted "
+        "session is warned in JupyterLab, which saves every open document, and its next page says what "
+        "happened; with requeue its job is submitted requeueable and the portal starts the session again, by "
+        "itself, when Slurm runs the job again.")
 
     @field_validator("gpu_choices")
     @classmethod

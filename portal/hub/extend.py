@@ -286,7 +286,7 @@ async def serve() -> None:
         log.warning("the hub that started this service is gone: stopping")
         return
     log.info("more walltime for sessions at %s%s", url.geturl(), PREFIX)
-    resuming = asyncio.ensure_future(resume.resume_kept(Hub()))  # noqa: F841 - held until the service stops
+    resuming = asyncio.ensure_future(_resume(Hub(), settings))  # noqa: F841 - held until the service stops
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -304,3 +304,11 @@ async def serve() -> None:
 
 if __name__ == "__main__":
     asyncio.run(serve())
+
+
+async def _resume(hub, settings) -> None:
+    """Sessions a hub restart cut short, started again; then, where a profile preempts by requeueing, those
+    whose job Slurm requeued, as they are found (portal.hub.resume)."""
+    await resume.resume_kept(hub)
+    if any(profile.preemption == "requeue" for profile in settings.profiles):
+        await resume.keep_resuming(hub)

@@ -1,4 +1,5 @@
-"""Sessions whose start a hub restart cut short, started again as the hub comes back.
+"""Sessions whose start a hub restart cut short, started again as the hub comes back; and sessions whose job
+Slurm preempted and put back in the queue, started again as they are found.
 
 JupyterHub cannot go on with a start after its restart (it stores a spawner's state once start()
 returns, and its startup check stops whatever has no server yet). A session job still queued when
@@ -16,6 +17,11 @@ Up to AT_ONCE starts are asked for at once. The hub's answer to each start is lo
 outright (her request no longer allowed) is told to her on her home page by the spawner, which lets
 its job go. Until her session is started again, her home page says her job keeps its place and that
 starting it herself takes it over.
+
+A session whose job Slurm preempted and requeued (its partition's PreemptMode REQUEUE) is kept the same way by
+the spawner's poll. Where a profile preempts by requeueing, the service looks for kept sessions every STEADY
+seconds for as long as it runs (:func:`keep_resuming`), and starts each again: that start takes the job over
+and waits, in her page's progress, until Slurm runs it again.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ PAUSE_MOST = 60
 RESUME_FOR = 3600  # seconds after the service starts: then what is left is logged (her page says so already)
 AT_ONCE = 8  # starts asked for at once (each waits up to the hub's slow_spawn_timeout for its answer)
 PAGE = 200  # users per request (JupyterHub's api_page_max_limit default)
+STEADY = 20  # seconds between the passes that find sessions whose job Slurm requeued (keep_resuming)
 
 
 def kept_in(users: list) -> list[tuple[str, str]]:
@@ -69,11 +76,11 @@ async def resume(hub, user: str, name: str) -> bool:
     response = await hub.call("POST", path, {"user_options": None})
     said = response.body.decode(errors="replace")[:300] if response.body else response.reason
     if response.code in (201, 202):
-        log.info("Session %s/%s, cut short by a hub restart, started again: it takes over its queued job",
-                 user, name)
+        log.info("Session %s/%s, whose job was kept (a hub restart, or Slurm requeued it), started again: it "
+                 "takes over its queued job", user, name)
         return True
-    log.warning("Session %s/%s, cut short by a hub restart, not started again yet (%s: %s)",
-                user, name, response.code, said)
+    log.warning("Session %s/%s, whose job was kept (a hub restart, or Slurm requeued it), not started again yet "
+                "(%s: %s)", user, name, response.code, said)
     return False
 
 
@@ -105,3 +112,22 @@ async def resume_kept(hub, pauses=PAUSES, pause_most: float = PAUSE_MOST, resume
                         "each user's page says to start it (that start takes the queued job over)", resume_for)
             return
         await asyncio.sleep(pause)
+
+
+async def keep_resuming(hub, every: float = STEADY) -> None:
+    """Every ``every`` seconds, for as long as the service runs: start again each session whose job was kept
+    since (Slurm preempted and requeued it). A pass that fails is logged; the next one asks again."""
+    at_once = asyncio.Semaphore(AT_ONCE)
+
+    async def one(user: str, name: str) -> bool:
+        async with at_once:
+            return await resume(hub, user, name)
+
+    while True:
+        await asyncio.sleep(every)
+        try:
+            left = await kept_sessions(hub)
+            if left:
+                await asyncio.gather(*(one(user, name) for user, name in left))
+        except Exception:  # the next pass asks again; the service's own work goes on
+            log.exception("Looking for sessions whose job Slurm requeued failed; asked again later")

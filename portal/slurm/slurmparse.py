@@ -79,6 +79,7 @@ class Job:
     profile: str = ""  # the portal profile, from the job's comment (dsportal-profile=NAME)
     priority: int = 0  # while pending: the scheduler serves higher first
     time_limit: int = 0  # minutes (0: none known)
+    restarts: int = 0  # times Slurm put the job back in the queue to run again (a preemption's REQUEUE)
 
     @property
     def pending(self) -> bool:
@@ -243,7 +244,7 @@ SESSION_JOB_PREFIX = "dsportal-"
 # What the hub's squeue prints of each job (squeue -O names), every value whole (width 0) and followed
 # by the call's own random separator. The user-set values (a job's name and comment) come last.
 SQUEUE_FIELDS = ("JobID", "UserName", "State", "Reason", "Partition", "PriorityLong", "SubmitTime", "StartTime",
-                 "TimeLimit", "BatchHost", "NodeList", "exit_code", "tres-per-node", "Name", "Comment")
+                 "TimeLimit", "BatchHost", "NodeList", "exit_code", "tres-per-node", "RestartCnt", "Name", "Comment")
 _NOT_SET = ("", "N/A", "n/a", "(null)", "None", "NONE", "Unknown")
 
 
@@ -281,7 +282,7 @@ def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[
     others: list[tuple[int, str, int, int]] = []
     for start in range(0, len(values) - 1, count):
         (job_id, user, state, reason, partition, priority, submitted, started, limit, batch_host, nodes, exit_code,
-         tres, name, comment) = values[start:start + count]
+         tres, restarts, name, comment) = values[start:start + count]
         job_id = job_id.strip()  # each job's line after the first begins with the line break
         if not (job_id.isascii() and job_id.isdigit()):
             raise SlurmError(f"squeue's answer could not be read (job id {job_id[:20]!r})")
@@ -299,7 +300,7 @@ def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[
             start_time=_epoch(started), submit_time=_epoch(submitted),
             gpus=_gpu_count(tres.replace("gres:", "") if tres not in _NOT_SET else ""),
             profile=profile_of(comment if comment not in _NOT_SET else ""), priority=_number_text(priority),
-            time_limit=_minutes(limit))
+            time_limit=_minutes(limit), restarts=_number_text(restarts))
     return sessions, others
 
 

@@ -1,7 +1,10 @@
-"""The walltime's end: every open document saved, the kernels shut down cleanly, the user told.
+"""The walltime's end, or a preemption: every open document saved, the kernels shut down cleanly, the user told.
 
 Slurm signals the session's batch script shortly before the time limit (``--signal=B:USR1@N``,
-templates/session.sbatch.j2), which passes the signal to this server. The server then
+templates/session.sbatch.j2), which passes the signal to this server. It sends the same signal as it
+preempts the job for higher-priority work (a partition with a PreemptMode and a GraceTime, and
+SlurmctldParameters=preempt_send_user_signal): squeue then shows the job's PreemptTime, and the time left
+is the grace time. The server then
 1. emits :data:`SCHEMA_ID` on Jupyter's event bus: each open JupyterLab saves every document with
    unsaved changes and says which (POST dsportal/api/walltime/saved);
 2. writes which files were saved to the session's log (the user's own file): the hub quotes that
@@ -12,8 +15,10 @@ templates/session.sbatch.j2), which passes the signal to this server. The server
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+import time
 
 from tornado import web
 
@@ -29,7 +34,12 @@ SCHEMA = {
     "description": "Slurm will stop this session soon: open documents should be saved now.",
     "type": "object",
     "required": ["seconds_left"],
-    "properties": {"seconds_left": {"type": "integer", "description": "About how long the session has left."}},
+    "properties": {
+        "seconds_left": {"type": "integer", "description": "About how long the session has left."},
+        "reason": {"enum": ["walltime", "preempted", "preempted-requeue"],
+                   "description": "Why: the walltime's end, or Slurm preempting the job (which runs again later: "
+                   "preempted-requeue)."},
+    },
 }
 GRACE = 45  # seconds the open JupyterLabs get to save before the kernels are shut down
 MOST_FILES, LONGEST_PATH = 50, 300  # what one report may name
@@ -63,16 +73,45 @@ async def _walltime_ending(server_app, ending: _Ending) -> None:
     if ending.started:
         return
     ending.started = True
-    left = sessionspec.current().save_ahead
-    _say(f"dsportal: the walltime ends in about {left} s: JupyterLab saves every open document, then the kernels "
-         "are shut down")
-    server_app.event_logger.emit(schema_id=SCHEMA_ID, data={"seconds_left": left})
+    left, reason = sessionspec.current().save_ahead, "walltime"
+    preempted = await preemption()
+    if preempted is not None:
+        left, reason = preempted
+        _say(f"dsportal: Slurm preempts this session for higher-priority work in about {left} s"
+             f"{' (it runs again later)' if reason == 'preempted-requeue' else ''}: JupyterLab saves every open "
+             "document, then the kernels are shut down")
+    else:
+        _say(f"dsportal: the walltime ends in about {left} s: JupyterLab saves every open document, then the kernels "
+             "are shut down")
+    server_app.event_logger.emit(schema_id=SCHEMA_ID, data={"seconds_left": left, "reason": reason})
     try:
         await asyncio.wait_for(ending.saved.wait(), GRACE)
     except TimeoutError:
         _say(f"dsportal: no JupyterLab was open to save documents within {GRACE} s")
     await server_app.kernel_manager.shutdown_all()
-    _say("dsportal: kernels shut down before the walltime's end")
+    _say("dsportal: kernels shut down before the walltime's end" if reason == "walltime" else
+         "dsportal: kernels shut down before the preemption")
+
+
+async def preemption() -> tuple[int, str] | None:
+    """(seconds left, reason) where Slurm is preempting this job (squeue shows its PreemptTime); None where it is
+    not, or where squeue does not answer within 10 s (then the walltime's words: the save is the same)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return None
+    try:
+        asked = await asyncio.create_subprocess_exec(
+            "squeue", "-h", "-j", job, "-O", "PreemptTime:30|,EndTime:30|,Requeue:10|",
+            env={**os.environ, "SLURM_TIME_FORMAT": "%s"}, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL)
+        out, _ = await asyncio.wait_for(asked.communicate(), 10)
+    except (OSError, TimeoutError):
+        return None
+    fields = [field.strip() for field in out.decode(errors="replace").split("|")]
+    if len(fields) < 3 or not fields[0].isdigit():  # N/A: not preempted
+        return None
+    left = max(0, int(fields[1]) - int(time.time())) if fields[1].isdigit() else 0
+    return left, "preempted-requeue" if fields[2] in ("1", "yes", "YES") else "preempted"
 
 
 class SavedHandler(MessageAPIHandler):
