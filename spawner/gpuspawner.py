@@ -12,7 +12,7 @@ import asyncio
 import json
 import pwd
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
 import batchspawner
@@ -249,8 +249,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         state = super().get_state()
         if self.starting:  # a state stored between sbatch and the port report (PartitionSpawner._store_state)
             state["starting"] = True
-            if self.token_id:
-                state["token_id"] = self.token_id
+        if self.token_id:  # the job's token: a take-over after a hub restart or a requeue checks its report by it
+            state["token_id"] = self.token_id
         if self.slice is not None:
             state["slice"] = {"gpus": self.slice.gpus, "cpus": self.slice.cpus, "mem_mb": self.slice.mem_mb,
                               "walltime": self.slice.walltime, "shares": self.slice.shares}
@@ -365,7 +365,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             return JobStatus.NOTFOUND
         self.job_status = f"{job.state} {job.batch_host}".strip()
         if job.ending:  # the session's server is gone with its batch script
-            return JobStatus.NOTFOUND
+            # A start waiting on a job its partition may requeue (a take-over of one Slurm is requeueing, a
+            # preemption as it boots): Slurm either queues it again or ends it; the next look tells.
+            requeueable = self.slice is not None and self.slice.profile.preemption == "requeue"
+            return JobStatus.PENDING if self.starting and requeueable else JobStatus.NOTFOUND
         if job.running:
             return JobStatus.RUNNING
         if job.pending:
@@ -568,7 +571,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         status = await self.query_job_status()
         job = self.job
         if (job is not None and self.server and not self.starting and job.restarts > self.restarts
-                and (job.pending or job.ending)):
+                and (job.pending or job.running)):
             return await self._requeued(job)
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
         if checking and self.server and self.starting and status in (JobStatus.PENDING, JobStatus.RUNNING,
@@ -613,12 +616,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         start cut short by a hub restart (:meth:`_keep_for_resume`), the session ends here with its job kept,
         not cancelled, and dsportal's service starts it again (portal.hub.resume): that start takes the job
         over and waits, in her page's progress, until Slurm runs it."""
-        saved = await self._saved_at_the_end(replace(job, state="PREEMPTED"))
+        run = await self._last_run_log()
+        said = [line for line in run if line.startswith(sessionvars.WALLTIME_SAVED)]
+        saved = f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}." if said else ""
+        # Told a preemption by Slurm's signal (the session wrote so); a requeue without it: its node failed, or
+        # someone requeued it (scontrol requeue).
+        why = ("was preempted: Slurm stopped it for higher-priority work (partition "
+               f"{job.partition} is preemptible)" if any(line.startswith(sessionvars.PREEMPTED) for line in run) else
+               "was stopped by Slurm and put back in its queue (no preemption was announced: its node may have "
+               "failed, or it was requeued)")
         self.kept = {"job_id": self.job_id, "slice": self.get_state().get("slice"), "token_id": self.token_id}
-        self.last_end = (f"Your session job {self.job_id} was preempted: Slurm stopped it for higher-priority work "
-                         f"(partition {job.partition} is preemptible).{saved} It is back in Slurm's queue and keeps "
-                         "its place: the portal starts your session again by itself when Slurm runs it again "
-                         "(starting it yourself takes the same job over).")
+        self.last_end = (f"Your session job {self.job_id} {why}.{saved} It waits in Slurm's queue and keeps its "
+                         "place: the portal starts your session again by itself when Slurm runs it again (starting "
+                         "it yourself takes the same job over).")
         self.log.info("Session job %s of %s was preempted and requeued (restart %d): kept, to be resumed",
                       self.job_id, self.user.name, job.restarts)
         metrics.SESSIONS_ENDED.labels(job.partition, "REQUEUED").inc()
@@ -664,8 +674,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             if ours and (job.pending or job.running):  # this session's, but for another profile: not waited for
                 self.slurm.cancel_soon(self.user.name, job.job_id)
                 ended = f" (it was for profile {job.profile}, and was cancelled)"
-            self.last_end = (f"Your session job {job_id}, queued when the portal restarted, is no longer waiting or "
-                             f"running{ended}: start your session again.")
+            self.last_end = (f"Your session job {job_id}, kept in Slurm's queue for your session, is no longer "
+                             f"waiting or running{ended}: start your session again.")
             raise SpawnFailed(self.last_end, reason="resume-gone")
         self.job_id, self.job = str(job.job_id), job
         self.token_id = max(0, self.taken_over_token)
@@ -738,12 +748,19 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     "not on that node. Start it again to continue.")
         if job is None or job.state not in ("TIMEOUT", "PREEMPTED"):
             return ""
-        log_path = self.session_log()
-        tail = await self.slurm.read_as_user(self.user.name, log_path, 60, not_before=self.submitted_wall or None)
-        said = [line for line in tail.splitlines() if line.startswith(sessionvars.WALLTIME_SAVED)]
+        said = [line for line in await self._last_run_log() if line.startswith(sessionvars.WALLTIME_SAVED)]
         if not said:
             return ""
         return f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}."
+
+    async def _last_run_log(self) -> list[str]:
+        """The session log's last lines of the job's last run: a requeued job appends to its log, each run
+        beginning with the batch script's line 'dsportal: session job N for ...'."""
+        tail = await self.slurm.read_as_user(self.user.name, self.session_log(), 60,
+                                             not_before=self.submitted_wall or None)
+        lines = tail.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith(f"dsportal: session job {self.job_id} for ")]
+        return lines[starts[-1]:] if starts else lines
 
     def end_message(self, job: Job | None) -> str:
         when = datetime.now().strftime("%Y-%m-%d %H:%M")

@@ -328,6 +328,8 @@ class PartitionSpawner(WrapSpawner):
         """A named session deleted for good: its certificate's record and files leave the hub's store
         (each named session has its own; the default session's stays, reused at its next start)."""
         super().delete_forever()
+        if self.kept_job:  # its job waits in the queue for a session that is gone: out, its token revoked
+            asyncio.ensure_future(self._let_kept_go(self.kept_job, "the session was deleted"))
         if self.name:
             certs.forget_session(self.internal_certs_location, self.user.name, self.name)
 
@@ -396,7 +398,6 @@ class PartitionSpawner(WrapSpawner):
         self.session_ended = state.get("session_ended", "")
         kept = state.get("kept_job")
         self.kept_job = kept if isinstance(kept, dict) and str(kept.get("job_id", "")).isdigit() else {}
-        self.will_resume = bool(self.kept_job)
 
     def clear_state(self):
         # A job that ended outside the portal (the child's poll saw it): say why on the next page.
@@ -405,6 +406,7 @@ class PartitionSpawner(WrapSpawner):
         metrics.session_idle(id(self), "", 0, None)
         super().clear_state()
         self.child_profile = ""
+        self.will_resume = False  # JupyterHub's stop has kept or dropped the token by now (set by poll alone)
 
     async def admit(self) -> str:
         """Whether the start may go on: its request judged (that of the form or the REST API, judged as it came
@@ -439,8 +441,9 @@ class PartitionSpawner(WrapSpawner):
         except RequestRefused:
             if kept:  # refused now (a profile withdrawn, a limit lowered): its queued job goes too
                 await self._let_kept_go(kept, "its request is refused now")
-                self.session_ended = (f"Your session job {kept['job_id']}, queued when the portal restarted, was "
-                                      "taken out of the queue: its request is refused now. Start your session again.")
+                self.session_ended = (f"Your session job {kept['job_id']}, kept in Slurm's queue for your session, "
+                                      "was taken out of the queue: its request is refused now. Start your session "
+                                      "again.")
             raise
         # The limit was counted after admit's last await: from there to select_profile nothing else
         # runs on the hub's loop, so two starts at once cannot both take the last place.
@@ -471,7 +474,7 @@ class PartitionSpawner(WrapSpawner):
             return await child.start()
         except BaseException:
             if child.taken_over_token >= 0 and not child.resume_job_id:  # Slurm answered about the kept job
-                self.kept_job, self.will_resume = {}, False
+                self.kept_job = {}
                 if child.taken_over_token > 0 and not child.token_adopted:
                     self._forget_token(child.taken_over_token)  # the kept job's token: nothing uses it now
             raise
@@ -495,7 +498,7 @@ class PartitionSpawner(WrapSpawner):
         """Take a kept job (kept_job) out of the queue, for a start that will not take it over, and revoke
         its token; only that session's job (her name for it in Slurm: a job id Slurm gave again after a reset
         may be another's, or another of hers). The cancel goes on in the background until Slurm takes it."""
-        self.kept_job, self.will_resume = {}, False
+        self.kept_job = {}
         self._forget_token(int(kept.get("token_id") or 0))
         slurm = SlurmGPUSpawner.shared_client(self.config)
         job_id = int(kept["job_id"])
@@ -528,7 +531,7 @@ class PartitionSpawner(WrapSpawner):
         try:
             child = self.child_spawner
             if child.taken_over_token >= 0:  # a kept job taken over: recorded as this start's own
-                self.kept_job, self.will_resume = {}, False
+                self.kept_job = {}
             elif self.api_token and (token := orm.APIToken.find(session, self.api_token)) is not None:
                 child.token_id = token.id  # the token this job was submitted with (a restart's take-over checks it)
             self.orm_spawner.state = self.get_state()

@@ -25,7 +25,7 @@ def test_check_passes_on_the_demo_cluster(portal):
     # The demo's login node guards the hub's ports as deploy.md section 6 does: the compute nodes and itself only.
     nodes = ", ".join(network.address(node) for node in ("node1", "node2", "node3"))
     assert f"[ok] hub's ports: 8081, 8082 answer only this host and {nodes}" in result.stdout, result.stdout
-    assert "computes 55 (profiles gpu, staff, course, class, class-gpu, cpu)" in result.stdout  # R, tried as a user
+    assert "computes 55 (profiles gpu, staff, course, class, class-gpu, cpu, scavenger)" in result.stdout  # R, tried as a user
     # The demo keeps its shares on a node of their own (partition share), as Slurm 22.05 would mix them.
     assert "[ok] GPU shares class-gpu: 4 shares per GPU on node3" in result.stdout, result.stdout
     # Each compute node by its own address on the node network, reached from the login node.

@@ -267,8 +267,9 @@ def test_horovod_magic_trains_digits_with_mpirun(alice_session):
 
 def test_policy_and_slice_are_served_to_the_owner(alice_session, bob):
     policy = alice_session.api("GET", "/user/alice/dsportal/api/policy").json()
-    assert [p["name"] for p in policy["profiles"]] == ["gpu", "cpu"]  # staff is not alice's
-    assert policy["node_gpus"] == {"gpu": 4, "cpu": 4} and policy["node_count"] == {"gpu": 2, "cpu": 2}
+    assert [p["name"] for p in policy["profiles"]] == ["gpu", "cpu", "scavenger"]  # staff is not alice's
+    assert policy["node_gpus"] == {"gpu": 4, "cpu": 4, "scavenger": 4}
+    assert policy["node_count"] == {"gpu": 2, "cpu": 2, "scavenger": 2}
     # The status bar's slice: what the session job holds (gpu profile, 1 GPU: 8 CPUs, 48 GB, 8 h).
     found = alice_session.api("GET", "/user/alice/dsportal/api/slice").json()
     job = active_jobs("alice")[0]

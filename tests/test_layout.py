@@ -139,3 +139,17 @@ def imports_everything(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level:
             found.add(node.module or "")
     return found
+
+
+def test_a_modules_main_block_comes_last():
+    """`python -m MODULE` runs the module's __main__ block as it is reached: a definition below it does not
+    exist yet when the program runs (the service once crashed so, NameError, on a helper defined below)."""
+    late = []
+    for name, path in modules().items():
+        body = ast.parse(path.read_text()).body
+        for index, node in enumerate(body):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'",
+                                                                    '__name__ == "__main__"'):
+                if index != len(body) - 1:
+                    late.append(f"{name}: line {node.lineno}")
+    assert not late, "a __main__ block with definitions after it:\n" + "\n".join(late)

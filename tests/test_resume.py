@@ -82,15 +82,34 @@ def test_the_service_gives_up_after_its_time_and_says_so(caplog):
 
 
 def test_sessions_whose_job_slurm_requeued_are_started_again_as_they_are_found():
-    """Where a profile preempts by requeueing, the service keeps looking (every STEADY s, for as long as it runs):
-    a session kept later (her job preempted and put back in the queue) is started again at the next pass."""
-    kept = users(("alice", {"": {"stopped": True, "state": KEPT}}))
-    hub = Recorder([[], [], kept, []] + [[]] * 1000)
+    """Where a profile preempts by requeueing, the service keeps looking (every STEADY s, for as long as it runs)
+    at the session jobs Slurm restarted, and asks the hub about their users alone: a session kept later (her job
+    preempted and put back in the queue) is started again at the next pass."""
+    kept = {"name": "alice", "servers": {"": {"stopped": True, "state": KEPT}}}
+
+    class Hub(Recorder):
+        async def call(self, method, path, body=None, token=""):
+            self.calls.append((method, path, body))
+            if method == "GET":
+                return SimpleNamespace(code=200, body=json.dumps(kept).encode(), reason="OK")
+            return SimpleNamespace(code=202, body=b"", reason="Accepted")
+
+    class Slurm:
+        passes = 0
+
+        async def jobs(self):
+            self.passes += 1
+            requeued = SimpleNamespace(user="alice", restarts=1, pending=True, running=False)
+            other = SimpleNamespace(user="bob", restarts=0, pending=False, running=True)
+            return {1: other, 2: requeued} if self.passes == 3 else {1: other}
+
+    hub, slurm = Hub([]), Slurm()
 
     async def for_a_while():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(resume.keep_resuming(hub, every=0.01), 0.5)
+            await asyncio.wait_for(resume.keep_resuming(hub, slurm, every=0.01), 0.3)
 
     asyncio.run(for_a_while())
-    assert [c for c in hub.calls if c[0] == "POST"] == [("POST", "/users/alice/server", {"user_options": None})]
-    assert len([c for c in hub.calls if c[0] == "GET"]) > 4  # it went on looking
+    assert hub.calls == [("GET", "/users/alice?include_stopped_servers=1", None),
+                         ("POST", "/users/alice/server", {"user_options": None})]
+    assert slurm.passes > 4  # it went on looking

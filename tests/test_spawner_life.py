@@ -740,13 +740,15 @@ def test_a_preempted_session_whose_job_slurm_requeued_is_kept_and_taken_over_whe
         assert sbatch.get("--requeue") == "" and sbatch.get("--open-mode") == "append" and "--no-requeue" not in sbatch
         assert sbatch.get("--signal", "").startswith("B:USR1@"), sbatch  # a 2-minute walltime: still warned
         token = spawner.api_token
-        slurm.write_log(job, f"{sessionvars.WALLTIME_SAVED} work.ipynb\n")
+        slurm.write_log(job, f"dsportal: session job {job} for {ME} on node2: 1 GPU(s)\n"
+                             f"{sessionvars.PREEMPTED} for higher-priority work in about 58 s\n"
+                             f"{sessionvars.WALLTIME_SAVED} work.ipynb\n")
         slurm.requeue(job)
         await slurm.later()
-        assert await spawner.poll() == 1
+        assert await spawner.poll() == 1 and spawner.will_resume  # JupyterHub's stop keeps the job's token
         await hub.stop(spawner)
         assert slurm.cancels == []  # the job waits in the queue, its place kept
-        assert spawner.kept_job["job_id"] == str(job) and spawner.will_resume
+        assert spawner.kept_job["job_id"] == str(job) and not spawner.will_resume  # for the stops to come
         assert orm.APIToken.find(hub.db, token) is not None  # the job's token, for its report when it runs again
         said = spawner.session_ended
         assert said.startswith(f"Your session job {job} was preempted: Slurm stopped it for higher-priority work "
@@ -759,9 +761,16 @@ def test_a_preempted_session_whose_job_slurm_requeued_is_kept_and_taken_over_whe
         assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
         assert await resumed == ("node1", PORT)
         assert spawner.child_spawner.restarts == 1 and spawner.session_ended == ""
-        slurm.requeue(job)  # preempted again: told apart from the run it took over
+        # Requeued again, with no preemption announced (its node failed, or an scontrol requeue): told apart from
+        # the run it took over, and in other words; the first run's save is not quoted again.
+        first_run = slurm.logs[slurm.record(job).output].text
+        slurm.write_log(job, first_run + f"dsportal: session job {job} for {ME} on node1: 1 GPU(s)\n")  # appended
+        slurm.requeue(job)
         await slurm.later()
         assert await spawner.poll() == 1 and spawner.kept_job["job_id"] == str(job)
+        assert spawner.child_spawner.last_end.startswith(
+            f"Your session job {job} was stopped by Slurm and put back in its queue (no preemption was announced: "
+            "its node may have failed, or it was requeued). It waits in Slurm's queue"), spawner.child_spawner.last_end
 
     run(scenario())
 
@@ -1052,7 +1061,7 @@ def test_a_kept_job_that_ended_before_its_session_was_resumed_is_told_in_words_a
         slurm.end(job, "CANCELLED", reason="None")  # she cancelled it herself meanwhile
         with pytest.raises(SpawnFailed) as failed:
             await restarted.spawn(again)
-        message = f"Your session job {job}, queued when the portal restarted, is no longer waiting or running"
+        message = f"Your session job {job}, kept in Slurm's queue for your session, is no longer waiting or running"
         assert failed.value.jupyterhub_message.startswith(message) and failed.value.reason == "resume-gone", failed.value
         assert again.session_ended.startswith(message), again.session_ended
         assert len(slurm.submitted()) == 1 and slurm.cancels == []

@@ -22,6 +22,8 @@ REPORT_PORT = "DSPORTAL_REPORT_PORT"  # set by singleuser: this server is a sess
 # Not a variable: the line a session writes to its log (the user's) when its walltime ends, naming the
 # files JupyterLab saved; the hub quotes it on the page that says the walltime ended.
 WALLTIME_SAVED = "dsportal: saved before the walltime ended:"
+# Nor this: the line it writes as Slurm preempts it (a requeued job's page says it was preempted by it).
+PREEMPTED = "dsportal: Slurm preempts this session"
 
 # Set by `dsportal templates check` for the notebooks it runs.
 TEMPLATE_CHECK = "DSPORTAL_TEMPLATE_CHECK"  # "1": notebooks pick their short settings (fewer epochs)

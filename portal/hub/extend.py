@@ -210,10 +210,15 @@ class ExtendHandler(web.RequestHandler):
         return json.dumps({"message": result.message, "time_limit_s": result.time_limit_s})
 
 
+def _slurm(settings):
+    """The service's Slurm client, set as the hub's (config.py): one per process, its squeue shared."""
+    return shared_client(settings.slurm.conf, str(settings.slurm.bin_dir), settings.slurm.submit_as,
+                         settings.slurm.squeue_interval, str(settings.slurm.mediator))
+
+
 def make_app(settings) -> web.Application:
-    slurm = shared_client(settings.slurm.conf, str(settings.slurm.bin_dir), settings.slurm.submit_as,
-                          settings.slurm.squeue_interval, str(settings.slurm.mediator))  # as the hub's (config.py)
-    shared = {"hub": Hub(), "slurm": slurm, "settings": settings, "busy": asyncio.Semaphore(AT_ONCE), "users": {}}
+    shared = {"hub": Hub(), "slurm": _slurm(settings), "settings": settings, "busy": asyncio.Semaphore(AT_ONCE),
+              "users": {}}
     return web.Application([(url_path_join(PREFIX, "extend"), ExtendHandler, shared)])
 
 
@@ -286,7 +291,7 @@ async def serve() -> None:
         log.warning("the hub that started this service is gone: stopping")
         return
     log.info("more walltime for sessions at %s%s", url.geturl(), PREFIX)
-    resuming = asyncio.ensure_future(_resume(Hub(), settings))  # noqa: F841 - held until the service stops
+    resuming = asyncio.ensure_future(_resume(Hub(), _slurm(settings), settings))  # noqa: F841 - held until it stops
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -302,13 +307,13 @@ async def serve() -> None:
     server.stop()
 
 
-if __name__ == "__main__":
-    asyncio.run(serve())
-
-
-async def _resume(hub, settings) -> None:
+async def _resume(hub, slurm, settings) -> None:
     """Sessions a hub restart cut short, started again; then, where a profile preempts by requeueing, those
     whose job Slurm requeued, as they are found (portal.hub.resume)."""
     await resume.resume_kept(hub)
     if any(profile.preemption == "requeue" for profile in settings.profiles):
-        await resume.keep_resuming(hub)
+        await resume.keep_resuming(hub, slurm)
+
+
+if __name__ == "__main__":
+    asyncio.run(serve())

@@ -19,9 +19,10 @@ its job go. Until her session is started again, her home page says her job keeps
 starting it herself takes it over.
 
 A session whose job Slurm preempted and requeued (its partition's PreemptMode REQUEUE) is kept the same way by
-the spawner's poll. Where a profile preempts by requeueing, the service looks for kept sessions every STEADY
-seconds for as long as it runs (:func:`keep_resuming`), and starts each again: that start takes the job over
-and waits, in her page's progress, until Slurm runs it again.
+the spawner's poll. Where a profile preempts by requeueing, the service looks every STEADY seconds, for as long
+as it runs, at the session jobs Slurm restarted (:func:`keep_resuming`), and starts each kept one again: that
+start takes the job over and waits, in her page's progress, until Slurm runs it again (as any session waiting
+in the queue, it counts among the starts under way).
 """
 
 from __future__ import annotations
@@ -114,9 +115,11 @@ async def resume_kept(hub, pauses=PAUSES, pause_most: float = PAUSE_MOST, resume
         await asyncio.sleep(pause)
 
 
-async def keep_resuming(hub, every: float = STEADY) -> None:
-    """Every ``every`` seconds, for as long as the service runs: start again each session whose job was kept
-    since (Slurm preempted and requeued it). A pass that fails is logged; the next one asks again."""
+async def keep_resuming(hub, slurm, every: float = STEADY) -> None:
+    """Every ``every`` seconds, for as long as the service runs: start again each session whose job Slurm
+    requeued and the hub kept. Slurm names the candidates (a session job, queued or running, with a restart
+    count: one shared squeue); the hub is asked only about their users. A pass that fails is logged; the next
+    one asks again."""
     at_once = asyncio.Semaphore(AT_ONCE)
 
     async def one(user: str, name: str) -> bool:
@@ -126,7 +129,13 @@ async def keep_resuming(hub, every: float = STEADY) -> None:
     while True:
         await asyncio.sleep(every)
         try:
-            left = await kept_sessions(hub)
+            jobs = await slurm.jobs()
+            users = sorted({job.user for job in jobs.values() if job.restarts and (job.pending or job.running)})
+            left = []
+            for user in users:
+                response = await hub.call("GET", f"/users/{quote(user, safe='')}?include_stopped_servers=1")
+                if response.code == 200:
+                    left += kept_in([json.loads(response.body)])
             if left:
                 await asyncio.gather(*(one(user, name) for user, name in left))
         except Exception:  # the next pass asks again; the service's own work goes on

@@ -77,7 +77,7 @@ async def _walltime_ending(server_app, ending: _Ending) -> None:
     preempted = await preemption()
     if preempted is not None:
         left, reason = preempted
-        _say(f"dsportal: Slurm preempts this session for higher-priority work in about {left} s"
+        _say(f"{sessionvars.PREEMPTED} for higher-priority work in about {left} s"
              f"{' (it runs again later)' if reason == 'preempted-requeue' else ''}: JupyterLab saves every open "
              "document, then the kernels are shut down")
     else:
@@ -95,7 +95,8 @@ async def _walltime_ending(server_app, ending: _Ending) -> None:
 
 async def preemption() -> tuple[int, str] | None:
     """(seconds left, reason) where Slurm is preempting this job (squeue shows its PreemptTime); None where it is
-    not, or where squeue does not answer within 10 s (then the walltime's words: the save is the same)."""
+    not, or where squeue does not answer within 3 s (then the walltime's words: the save is the same). squeue from
+    the job's PATH, as the session's job launcher runs Slurm's commands."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return None
@@ -104,8 +105,12 @@ async def preemption() -> tuple[int, str] | None:
             "squeue", "-h", "-j", job, "-O", "PreemptTime:30|,EndTime:30|,Requeue:10|",
             env={**os.environ, "SLURM_TIME_FORMAT": "%s"}, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
-        out, _ = await asyncio.wait_for(asked.communicate(), 10)
-    except (OSError, TimeoutError):
+    except OSError:
+        return None
+    try:
+        out, _ = await asyncio.wait_for(asked.communicate(), 3)
+    except TimeoutError:
+        asked.kill()
         return None
     fields = [field.strip() for field in out.decode(errors="replace").split("|")]
     if len(fields) < 3 or not fields[0].isdigit():  # N/A: not preempted
