@@ -96,9 +96,14 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     from democluster.hub import hub_pidfile
     from portal.hub.databasedown import WORDS
 
+    from test_walltime import EMPTY_NOTEBOOK
+
     alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
     job = [j["job_id"] for j in active_jobs("alice")]
     assert alice.api("GET", "/user/alice/api/status").status_code == 200  # the session knows her token now
+    assert alice.api("PUT", "/user/alice/api/contents/database-down.ipynb", json=EMPTY_NOTEBOOK).status_code in (200,
+                                                                                                              201)
+    last_save = open("/home/alice/database-down.ipynb", "rb").read()
     hub_pid = hub_pidfile().read_text().strip()
     pidfile = paths().root / "mariadb-run" / "mariadb.pid"
     stop_pid(pidfile, "MariaDB", wait=30)
@@ -130,6 +135,7 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     assert alice.web.get(f"{alice.hub_origin}/hub/home", timeout=15).status_code == 200
     assert hub_pidfile().read_text().strip() == hub_pid  # the same hub: no restart
     assert [j["job_id"] for j in active_jobs("alice")] == job and "uid" in alice.run_code("print('uid')")
+    assert open("/home/alice/database-down.ipynb", "rb").read() == last_save  # her work: her last save
 
 
 CLASS_DURING_OUTAGE = [f"student{n:02d}" for n in range(1, 31)]  # a class of 30 of class101
@@ -348,6 +354,11 @@ def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(
         alice.spawn({"profile": "cpu", "walltime": "01:00:00"}, server="prep")
     finally:
         node_state(NODE_DEAD, "resume")
+    # bob's last save, before his node dies: his home is on shared storage, not on the node.
+    from test_walltime import EMPTY_NOTEBOOK
+    assert bob.api("PUT", "/user/bob/api/contents/before-the-node-died.ipynb", json=EMPTY_NOTEBOOK).status_code in (
+        200, 201)
+    last_save = open("/home/bob/before-the-node-died.ipynb", "rb").read()
     on_dead = {user: job_node(user) for user in ("alice", "bob", "carol")}
     assert sorted(n for jobs in on_dead.values() for n in jobs.values()).count(NODE_DEAD) == 3, on_dead
     assert "node1" in on_dead["alice"].values(), on_dead
@@ -389,6 +400,7 @@ def test_a_node_dies_with_three_sessions_each_is_told_in_words_others_untouched(
         assert "Its node failed, so nothing could be saved as it ended: your files are as you last saved them" in home
         assert 'class="d-inline dsportal-relaunch" data-server-name=""' in home and "Start it again as before" in home
     assert states.count("NODE_FAIL") == 3, states
+    assert open("/home/bob/before-the-node-died.ipynb", "rb").read() == last_save  # his work: his last save
     assert not [p for p, t in targets.items() if "node2" in t or "198.51.100.12" in t], targets
     assert any(p.endswith("/user/alice/prep/") for p in targets), targets
     # One click: the notice's form, as the page has it, starts bob's session again with his last choices.

@@ -98,6 +98,7 @@ def test_an_open_jupyterlab_page_works_on_by_itself_when_the_proxy_is_killed_wit
         "nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}\n"
         "nbformat.write(nb, os.path.expanduser('~/proxy-restart.ipynb'))\n")
     job = [j["job_id"] for j in active_jobs("alice")]
+    last_save = Path("/home/alice/proxy-restart.ipynb").read_bytes()
     with sync_playwright() as playwright:
         browser, page = open_lab(playwright, "lab/tree/proxy-restart.ipynb?reset")
         cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
@@ -127,3 +128,4 @@ def test_an_open_jupyterlab_page_works_on_by_itself_when_the_proxy_is_killed_wit
           f"dialogs left open: {dialogs}")
     assert dialogs == [], dialogs  # nothing for her to dismiss
     assert [j["job_id"] for j in active_jobs("alice")] == job  # the same session
+    assert Path("/home/alice/proxy-restart.ipynb").read_bytes() == last_save  # her work: her last save
