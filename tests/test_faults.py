@@ -95,7 +95,6 @@ def test_the_hubs_database_down_30_s_says_so_in_words_keeps_sessions_and_recover
     from democluster.base import paths, stop_pid
     from democluster.hub import hub_pidfile
     from portal.hub.databasedown import WORDS
-
     from test_walltime import EMPTY_NOTEBOOK
 
     alice.spawn({"profile": "cpu", "walltime": "01:00:00"})
