@@ -63,7 +63,7 @@ def render(out: Path, hvd_site: str, horovod_env: dict[str, str] | None = None, 
            image_python: str = "python3") -> None:
     sys.path.insert(0, str(HERE.parent))
     from portal.core import rules, settings
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     gpu = settings.load(HERE.parent / "config" / "portal.yaml").profile("gpu")
     env = {"NCCL_DEBUG": "WARN", "HOROVOD_LOG_LEVEL": "warning", "PYTHONPATH": hvd_site, **NO_MULTICAST}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slurm's cron, `scrontab`, for the installed Debian slurm-client: bookworm's package builds it but
 # leaves it out of debian/slurm-client.install (it ships every other client command). Notebooks run
-# on a schedule (portal/session/jobs/schedules.py) are scrontab entries.
+# on a schedule (portal/session/job/schedules.py) are scrontab entries.
 #
 # Built from Debian's own source of the installed version, linked against Debian's installed
 # libslurmfull.so (only src/scrontab is compiled: about 30 s on 2 cores), with Debian's hardening

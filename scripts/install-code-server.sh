@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# VS Code in the browser for sessions (portal/session/tools/vscode.py): code-server from npm, at the version
+# VS Code in the browser for sessions (portal/session/tool/vscode.py): code-server from npm, at the version
 # and with the hashes of scripts/code-server/package-lock.json, into $PREFIX/code-server (read-only
 # to users). Its install compiles native modules (node-pty for its terminals, kerberos, argon2) with
 # Debian's headers, and its ripgrep (search in files) is Debian's: its own installer would download

@@ -21,7 +21,7 @@ packages=(slurm-wlm munge slapd ldap-utils python3 python3-venv python3-dev proc
           postgresql  # the hub on PostgreSQL: tests/test_database_postgres.py runs a server of its own
           exim4-daemon-light bsd-mailx  # the login node's MTA (local delivery) and Slurm's MailProg /usr/bin/mail
           make dpkg-dev  # scrontab, built from Debian's source (scripts/build-scrontab.sh)
-          r-cran-irkernel  # the sessions' R kernel (portal/session/tools/offer.py)
+          r-cran-irkernel  # the sessions' R kernel (portal/session/tool/offer.py)
           samba samba-ad-dc samba-ad-provision)  # Active Directory for tests/test_ldap_ad.py (never started as a service)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
@@ -85,7 +85,7 @@ done
 # Our own code: always the checkout's current version (a copy, readable by every user). setuptools builds in
 # build/ and never deletes there what the checkout no longer has: a module moved or removed would be installed
 # still, from an earlier build. So the build starts empty.
-rm -rf build
+rm -rf build dsportal.egg-info
 pip_ install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall .
 # Every package's requirements met: nothing missing, nothing at a version another one excludes.
 "$ENV/bin/pip" check --disable-pip-version-check >/dev/null || { "$ENV/bin/pip" check; exit 1; }

@@ -102,7 +102,7 @@ def test_final_states_come_from_accounting_once_slurmctld_forgot_them(alice):
     # its end: from accounting, not "UNKNOWN".
     answer = alice.run_code(
         "import json, os\n"
-        "from portal.session import jobs\n"
+        "from portal.session.job import launcher as jobs\n"
         f"folder = jobs.jobs_root() / '{job_id}'\n"
         "(folder / 'state.json').unlink(missing_ok=True)\n"
         f"info = jobs.load({job_id}, listed={{}})\n"

@@ -14,7 +14,7 @@ import pytest
 
 from democluster import network
 from hubclient import active_jobs
-from portal.session.kernels.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
+from portal.session.kernel.containers import ApptainerRuntime, Bind, CharliecloudRuntime, Launch, SingularityRuntime
 
 PROBE = """
 import json, os
@@ -120,7 +120,7 @@ def test_apptainer_kernel_sees_its_slice_and_nothing_else_of_the_host(alice):
 def test_image_of_an_uninstalled_runtime_is_unavailable_in_words(tmp_path):
     from portal.core.images import image_status
     from portal.core.settings import Image
-    from portal.session.kernels.specs import kernel_spec
+    from portal.session.kernel.specs import kernel_spec
 
     image = Image(name="s", display_name="S", source="docker://x", path=tmp_path, runtime="singularity")
     status, detail = image_status(image)
@@ -173,7 +173,7 @@ def test_charliecloud_binds_onto_folders_the_image_has():
 def test_corrupt_images_are_reported_unreadable(tmp_path):
     from portal.core.images import image_status
     from portal.core.settings import Image
-    from portal.session.kernels.specs import kernel_spec
+    from portal.session.kernel.specs import kernel_spec
 
     not_an_image = tmp_path / "half-built"
     not_an_image.mkdir()
@@ -199,7 +199,7 @@ def test_an_image_being_built_says_so_and_becomes_its_kernel_when_built(tmp_path
     from portal.core.images import HEARTBEAT, heartbeat, image_status, queue
     from portal.core.rules import RequestError, _image
     from portal.core.settings import Image
-    from portal.session.kernels import specs as kernels
+    from portal.session.kernel import specs as kernels
 
     image = Image(name="later", display_name="Later", source="debootstrap:bookworm", path=tmp_path / "images" / "later",
                   runtime="apptainer")

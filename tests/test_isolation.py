@@ -347,7 +347,7 @@ def test_bob_cannot_open_alices_web_services(two_sessions):
 
 def board_socket(board: dict) -> str:
     """The unix socket behind a board (alice's session folder, mode 700)."""
-    out = subprocess.run(["pgrep", "-u", "alice", "-af", "portal.session.tools.tensorboards"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-u", "alice", "-af", "portal.session.tool.tensorboards"], capture_output=True, text=True)
     for line in out.stdout.splitlines():
         words = line.split()
         if str(board["pid"]) == words[0] and "--socket" in words:
@@ -462,7 +462,7 @@ def test_listener_owner_is_read_from_the_kernel_tables():
     """portguard's lookup, on real sockets: IPv4 and IPv6, wildcard and loopback, another user's."""
     import socket
 
-    from portal.session.tools.portguard import listener_uids
+    from portal.session.tool.portguard import listener_uids
 
     mine = socket.socket()
     mine.bind(("127.0.0.1", 0))

@@ -294,7 +294,7 @@ def _policy(**jobs_settings):
 
 @pytest.mark.quick
 def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     monkeypatch.setattr(jobs, "image_status", lambda image: ("built", str(image.path)))
     policy = _policy()
@@ -321,7 +321,7 @@ def test_srun_launch_with_apptainer_ranks(tmp_path, monkeypatch):
 
 def test_job_list_is_newest_first_even_when_slurm_ids_restart(portal, tmp_path):
     """A reset Slurm state starts job ids again at 1: the newest job must still head the list."""
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     root = jobs.jobs_root(str(tmp_path))
     root.mkdir(parents=True)
@@ -345,7 +345,7 @@ def test_a_neighbour_s_job_named_like_a_line_of_hers_does_not_end_her_job_in_the
     scontrol prints a job's name with its line breaks: bob's `sbatch -J $'x\\nJobId=<hers>
     JobState=COMPLETED'` prints a line that reads as hers. The session asks Slurm only about her own
     jobs, each by its id; here an scontrol that lists everyone's, bob's forged line among them."""
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
     from portal.slurm.slurmclient import SlurmCommands
 
     env = {**os.environ, "SLURM_CONF": DEMO_SLURM_CONF}

@@ -19,7 +19,7 @@ import pytest
 
 from democluster import network
 from hubclient import active_jobs
-from portal.session.kernels.kernelsockets import SocketPathTooLong, socket_prefix
+from portal.session.kernel.kernelsockets import SocketPathTooLong, socket_prefix
 
 KERNELS = ("python3", "dsportal-debian-python", "dsportal-debian-python-ch")  # host, Apptainer, Charliecloud
 
@@ -160,7 +160,7 @@ def test_kernel_socket_names_are_short_and_a_folder_too_deep_is_refused_in_words
 
 def test_a_kernel_leaves_no_socket_behind(alice):
     """Shut down, a kernel's six sockets are gone: jupyter_client removes the channels', the kernel's
-    exit its private pipe's (portal.session.kernels.kernelpipe; a forked child's exit leaves it alone)."""
+    exit its private pipe's (portal.session.kernel.kernelpipe; a forked child's exit leaves it alone)."""
     alice.spawn({"profile": "cpu"})
     for kernel in KERNELS:
         out = alice.run_code(FORKED_CHILD_PRINTS + WHERE_AM_I, kernel=kernel)

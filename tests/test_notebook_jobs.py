@@ -66,7 +66,7 @@ def notebook(cells) -> nbformat.NotebookNode:
 ])
 def test_a_notebook_job_request_is_judged_before_anything_is_submitted(tmp_path, request_fields, expected):
     from portal.core.rules import RequestError
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
     with pytest.raises(RequestError) as refused:
@@ -77,7 +77,7 @@ def test_a_notebook_job_request_is_judged_before_anything_is_submitted(tmp_path,
 @pytest.mark.quick
 def test_parameters_belong_to_notebooks_only(tmp_path):
     from portal.core.rules import RequestError
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     with pytest.raises(RequestError, match="grid is for a notebook run as a job"):
         jobs.plan({"code": "print(1)", "grid": {"lr": [1, 2]}}, _policy(), tmp_path)
@@ -85,7 +85,7 @@ def test_parameters_belong_to_notebooks_only(tmp_path):
 
 @pytest.mark.quick
 def test_a_grid_is_one_slurm_array_with_at_most_k_running(tmp_path):
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
     policy = _policy()
@@ -325,7 +325,7 @@ def test_the_notebook_a_job_runs_is_judged_and_read_through_one_open_file(tmp_pa
     """A notebook in a folder someone else can write may be swapped between a check and a copy: a FIFO
     would hang the server's thread, /dev/zero fill her quota. One open file is judged and read."""
     from portal.core.rules import RequestError
-    from portal.session.jobs.launcher import MAX_NOTEBOOK_BYTES, _read_notebook
+    from portal.session.job.launcher import MAX_NOTEBOOK_BYTES, _read_notebook
 
     fine = tmp_path / "fine.ipynb"
     nbformat.write(notebook([("x = 1", [])]), str(fine))
@@ -352,7 +352,7 @@ def test_the_notebook_a_job_runs_is_judged_and_read_through_one_open_file(tmp_pa
 ])
 def test_a_file_named_ipynb_that_is_no_notebook_is_refused_in_words_before_submitting(tmp_path, content, expected):
     from portal.core.rules import RequestError
-    from portal.session.jobs.launcher import _read_notebook
+    from portal.session.job.launcher import _read_notebook
 
     fake = tmp_path / "garbage.ipynb"
     fake.write_bytes(content)
@@ -365,7 +365,7 @@ def test_a_file_named_ipynb_that_is_no_notebook_is_refused_in_words_before_submi
 @pytest.mark.quick
 def test_a_large_notebook_is_judged_as_json_only_and_a_large_non_notebook_still_refused(tmp_path):
     from portal.core.rules import RequestError
-    from portal.session.jobs.launcher import FULLY_READ_BYTES, _read_notebook
+    from portal.session.job.launcher import FULLY_READ_BYTES, _read_notebook
 
     big = notebook([("x = 1", [])])
     big.metadata["padding"] = "x" * (FULLY_READ_BYTES + 1)
@@ -380,7 +380,7 @@ def test_a_large_notebook_is_judged_as_json_only_and_a_large_non_notebook_still_
 @pytest.mark.quick
 def test_a_notebooks_path_is_said_as_it_resolves_and_outside_her_home_plainly(tmp_path, monkeypatch):
     from portal.core.rules import RequestError
-    from portal.session.jobs import launcher as jobs
+    from portal.session.job import launcher as jobs
 
     home = tmp_path / "home" / "alice"
     (home / "work").mkdir(parents=True)
@@ -402,7 +402,7 @@ def test_a_large_grid_s_logs_are_followed_a_slice_at_a_time_and_every_line_arriv
     """Opening the log of a grid of many runs must not read every run's log into memory at once."""
     from pathlib import Path
 
-    from portal.session.jobs.launcher import LogFollower
+    from portal.session.job.launcher import LogFollower
 
     line = "x" * 99 + "\n"
     for task in range(3):
@@ -427,7 +427,7 @@ def test_the_results_csv_holds_no_formula_a_spreadsheet_would_run():
     import csv
     import io
 
-    from portal.session.jobs.launcher import results_csv
+    from portal.session.job.launcher import results_csv
 
     table = {"columns": ["run", "=cmd|' /C calc'!A0", "worst", "loss", "tags"],
              "rows": [{"run": 0, "=cmd|' /C calc'!A0": 1, "worst": "=HYPERLINK(\"http://x\")", "loss": -0.5,

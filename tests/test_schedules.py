@@ -35,7 +35,7 @@ def schedules_api(user, method: str, path: str = "", owner: str | None = None, *
     ("*/20 * * * *", "at crontab time */20 * * * *", 20),
 ])
 def test_a_crontab_time_is_read_in_words_and_its_shortest_gap(when, words, gap):
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     canonical, values = schedules.parse_cron(when)
     assert schedules.describe(canonical) == words
@@ -66,7 +66,7 @@ def test_a_crontab_time_is_read_in_words_and_its_shortest_gap(when, words, gap):
 ])
 def test_a_schedule_more_often_than_the_profile_allows_or_not_a_crontab_time_is_refused(when, expected):
     from portal.core.rules import RequestError
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     with pytest.raises(RequestError) as refused:
         schedules.check_schedule(when, 60)
@@ -75,7 +75,7 @@ def test_a_schedule_more_often_than_the_profile_allows_or_not_a_crontab_time_is_
 
 @pytest.mark.quick
 def test_the_next_run_is_the_first_matching_minute_from_now():
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     canonical, values = schedules.parse_cron("0 2 * * 1")
     assert schedules.next_run(canonical, values, dt.datetime(2026, 11, 28, 20, 45)) == dt.datetime(2026, 11, 30, 2, 0)
@@ -85,7 +85,7 @@ def test_the_next_run_is_the_first_matching_minute_from_now():
 
 @pytest.mark.quick
 def test_only_dsportal_s_own_lines_of_her_crontab_change_and_a_value_cannot_add_a_line():
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     hers = "# my own\nMAILTO=me\n*/5 * * * * /home/alice/bin/check.sh\n"
     schedule = {"id": "0123abcd", "folder": "/home/alice/.dsportal/schedules/0123abcd", "home": "/home/alice",
@@ -97,7 +97,7 @@ def test_only_dsportal_s_own_lines_of_her_crontab_change_and_a_value_cannot_add_
     assert written.startswith(hers), written
     assert "#SCRON --partition=cpu" in written and "#SCRON --account=proj1" in written
     assert "\n0 2 * * * /usr/bin/env SLURM_CONF=/etc/slurm/slurm.conf /opt/dsportal/env/bin/python -P -m " \
-           "portal.session.jobs.schedules fire /home/alice/.dsportal/schedules/0123abcd\n" in written, written
+           "portal.session.job.schedules fire /home/alice/.dsportal/schedules/0123abcd\n" in written, written
     # Paused: its line commented out; resumed: back; deleted: her own lines as they were.
     outside, blocks = schedules._blocks(written)
     blocks["0123abcd"] = schedules._block(schedule, paused=True)
@@ -125,7 +125,7 @@ def test_a_schedule_request_is_judged_as_its_job_would_be_before_anything_is_wri
     import nbformat
 
     from portal.core.rules import RequestError
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
     written = []
@@ -158,7 +158,7 @@ def test_a_firing_that_submits_nothing_says_why_on_the_schedule_and_the_next_one
     import nbformat
 
     from portal.core.rules import RequestError
-    from portal.session.jobs import launcher as jobs, schedules
+    from portal.session.job import launcher as jobs, schedules
 
     nbformat.write(notebook(TRAIN), str(tmp_path / "train.ipynb"))
     monkeypatch.setattr(schedules, "write_crontab", lambda text, home=None: None)
@@ -187,7 +187,7 @@ def test_a_firing_that_submits_nothing_says_why_on_the_schedule_and_the_next_one
 
 @pytest.mark.quick
 def test_an_entry_whose_record_is_gone_is_listed_and_deleted_and_hers_stay(tmp_path, monkeypatch):
-    from portal.session.jobs import schedules
+    from portal.session.job import schedules
 
     schedule = {"id": "0123abcd", "folder": str(tmp_path / "gone"), "home": str(tmp_path), "cron": "0 2 * * *",
                 "python": "/opt/dsportal/env/bin/python", "slurm_conf": "",

@@ -60,7 +60,7 @@ def test_the_hub_the_server_and_its_kernel_collect_garbage_once_started(alice):
     # %tensorboard's module (and the patch checklist) load when the kernel asks for them, the magic's
     # start is the session's own from the moment it loads.
     assert seen["later"] == [], seen
-    assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.jobs.magics"
+    assert alice.run_code("import tensorboard.notebook as n; print(n.start.__module__)").strip() == "portal.session.job.magics"
     log = Path(pwd.getpwnam("alice").pw_dir, ".dsportal/logs", f"session-{job}.log").read_text()
     # (the count of what was frozen is not logged: counting walks every object, at every start)
     assert "dsportal: serving; garbage collection on, the objects of the start left out of it" in log, log[-3000:]

@@ -27,7 +27,7 @@ print("written")
 
 
 def tensorboard_processes(user: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-u", user, "-af", "portal.session.tools.tensorboards"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-u", user, "-af", "portal.session.tool.tensorboards"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "--socket" in line]
 
 

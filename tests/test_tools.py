@@ -1,5 +1,5 @@
 """Issue 51: more than notebooks. R, VS Code and git in a session, each inside its job as its user, as
-the profile's ``tools`` say (portal/session/tools/offer.py, portal/session/tools/vscode.py); nothing listening on TCP
+the profile's ``tools`` say (portal/session/tool/offer.py, portal/session/tool/vscode.py); nothing listening on TCP
 that a neighbour could reach, and bob refused from the login node, from his job on her node and through
 his own server."""
 
@@ -17,8 +17,8 @@ from conftest import stop_and_wait
 from democluster import network
 from hubclient import HubUser, active_jobs
 from portal.core.settings import Profile
-from portal.session.tools import offer as session_tools, vscode
-from portal.session.tools.offer import Tools
+from portal.session.tool import offer as session_tools, vscode
+from portal.session.tool.offer import Tools
 
 # -------------------------------------------------------------------------------- quick: no cluster
 
@@ -101,7 +101,7 @@ def test_the_r_kernel_is_irkernels_with_her_library_and_the_admins_mirror(tmp_pa
 def test_an_image_with_r_gets_an_r_kernel_inside_it(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from portal.session.kernels.specs import r_kernel_spec
+    from portal.session.kernel.specs import r_kernel_spec
 
     image = SimpleNamespace(name="rimage", path=str(tmp_path), runtime="apptainer", runtime_binary=None, r=True)
     spec = r_kernel_spec(image, [], "/home/alice", "/tmp/rt", "0", Tools(frozenset({"r"}), r_repository="file:///cran"))

@@ -68,8 +68,8 @@ print(json.dumps([p.name for p in upstream.PATCHES if p.applied is not None and 
 SESSION_APPLIES = """
 import json
 from portal.session.usage import activity
-from portal.session.kernels import kernelpipe
-from portal.session.jobs import magics
+from portal.session.kernel import kernelpipe
+from portal.session.job import magics
 from portal.session import singleuser
 from portal.upstream import session as upstream
 # as singleuser.main does, then the session's extension and its kernels
@@ -101,8 +101,8 @@ def test_the_patched_classes_use_the_upstream_module():
     from jupyter_server_proxy.handlers import ProxyHandler
 
     from portal.hub.auth import PortalAuthenticator
-    from portal.session.kernels.kernelsockets import PrivateKernelManager
-    from portal.session.tools.tensorboards import BoardProxyHandler
+    from portal.session.kernel.kernelsockets import PrivateKernelManager
+    from portal.session.tool.tensorboards import BoardProxyHandler
 
     assert issubclass(BoardProxyHandler, ProxyHandler)
     assert issubclass(PrivateKernelManager, session_upstream.IpcSocketsNamedByPrefix)
@@ -144,7 +144,7 @@ UPSTREAM_PACKAGES = {"jupyterhub", "batchspawner", "wrapspawner", "ldapauthentic
                      "jupyterlab", "tensorboard", "aiohttp", "zmq", "ldap3", "werkzeug", "traitlets",
                      "jupyter_events", "notebook_shim", "sqlalchemy", "importlib", "re"}
 # the homes of the patches; kernelpipe.py must stay self-contained (container kernels load a copy)
-PATCH_HOMES = {"portal/upstream/hub.py", "portal/upstream/session.py", "portal/session/kernels/kernelpipe.py",
+PATCH_HOMES = {"portal/upstream/hub.py", "portal/upstream/session.py", "portal/session/kernel/kernelpipe.py",
                "portal/upstream/onuse.py",  # onuse: dsportal's own modules loaded on first use (sys.modules)
                "portal/session/kernelstart.py"}  # the Python 3 kernel's launcher, alone as well
 # The whole tree: every package's modules (the demo cluster's too), and the Python files the hub and sessions load
@@ -231,7 +231,7 @@ def test_the_patch_homes_are_the_listed_ones():
     """Every patch names a file that exists; the session's upstream module lists kernelpipe.py's."""
     for patch in PATCHES:
         assert (REPO / patch.where.split(" ")[0]).exists(), patch
-    assert any(p.where.startswith("portal/session/kernels/kernelpipe.py") for p in session_upstream.PATCHES)
+    assert any(p.where.startswith("portal/session/kernel/kernelpipe.py") for p in session_upstream.PATCHES)
     assert any(p.where == "portal/hub/proxy.js" for p in hub_upstream.PATCHES)
 
 
@@ -296,7 +296,7 @@ def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
     from tornado.httputil import HTTPServerRequest
     from tornado.web import Application
 
-    from portal.session.tools import portguard
+    from portal.session.tool import portguard
 
     app = Application(base_url="/user/alice/")
     proxy_config = SimpleNamespace(host_allowlist=["localhost"], non_service_rewrite_response=())
@@ -317,7 +317,7 @@ def test_every_proxy_route_of_a_server_is_guarded(proxy_registered_first):
 
 
 def test_tensorboards_serve_without_an_info_file():
-    from portal.session.tools.tensorboards import BoardProxyHandler
+    from portal.session.tool.tensorboards import BoardProxyHandler
 
     board = session_upstream.tensorboard_without_info_file()
     assert "_register_info" in vars(board)
@@ -325,10 +325,10 @@ def test_tensorboards_serve_without_an_info_file():
 
 
 def test_a_kernel_loads_the_job_launcher_only_when_a_cell_launches_a_job():
-    """Every kernel of a session loads portal.session.jobs.magics; the rules, settings and Slurm client behind
+    """Every kernel of a session loads portal.session.job.magics; the rules, settings and Slurm client behind
     %%horovod load on first use (not paid for by every kernel start), and then work as before."""
     code = (
-        "import sys, portal.session.jobs.magics as m\n"
+        "import sys, portal.session.job.magics as m\n"
         "heavy = ('portal.core.rules', 'portal.core.settings', 'pydantic', 'yaml')\n"
         "print(sorted(n for n in heavy if n in sys.modules and not type(sys.modules[n]).__name__ == '_LazyModule'))\n"
         "try:\n    m._parse('--nodes x')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
@@ -404,9 +404,9 @@ def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
     standing_aside = {"paced-new-work": "portal/hub/pacing.py", "unshareable-share-refused": "portal/hub/sharing.py",
                       "proxy-restart-routes": "portal/hub/proxywatch.py",
                       "database-down-503": "portal/hub/databasedown.py",
-                      "api-activity": "portal/upstream/session.py", "tensorboard-info-file": "portal/session/tools/tensorboards.py",
-                      "kernel-launcher": "portal/session/kernels/specs.py",
-                      "tensorboard-magic": "portal/session/jobs/magics.py"}
+                      "api-activity": "portal/upstream/session.py", "tensorboard-info-file": "portal/session/tool/tensorboards.py",
+                      "kernel-launcher": "portal/session/kernel/specs.py",
+                      "tensorboard-magic": "portal/session/job/magics.py"}
     assert sorted(p.name for p in PATCHES if not p.guards) == sorted(standing_aside)
     for name, home in standing_aside.items():
         text = (REPO / home).read_text()
@@ -417,8 +417,8 @@ def test_every_patch_either_guards_or_is_one_that_stands_aside_in_code():
 def test_standing_aside_the_kernel_launcher_is_ipykernels_own_and_tensorboards_say_they_are_off(tmp_path, monkeypatch):
     import asyncio
 
-    from portal.session.kernels import specs as kernels
-    from portal.session.tools import tensorboards
+    from portal.session.kernel import specs as kernels
+    from portal.session.tool import tensorboards
     from portal.upstream import patchcheck
 
     assert kernels.write_host_kernel(tmp_path / "on").startswith("python3")
@@ -436,7 +436,7 @@ def test_the_tensorboard_magic_stands_aside_where_tensorboard_changed(capsys):
     import dataclasses
     from types import SimpleNamespace
 
-    from portal.session.jobs import magics
+    from portal.session.job import magics
 
     upstream_start = object()
     notebook = SimpleNamespace(start=upstream_start)

@@ -1,4 +1,4 @@
-// The session server's dsportal API (portal/session/jobs/api.py), through JupyterLab's own connection
+// The session server's dsportal API (portal/session/job/api.py), through JupyterLab's own connection
 // settings: base URL, XSRF header and token are those of the page.
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';

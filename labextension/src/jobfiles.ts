@@ -1,4 +1,4 @@
-// The notebooks of notebook jobs (portal/session/jobs/launcher.py: job_notebook), opened in JupyterLab as
+// The notebooks of notebook jobs (portal/session/job/launcher.py: job_notebook), opened in JupyterLab as
 // read-only documents of a drive of their own, "JobFiles:<job id>/<output.ipynb>": the jobs' folder
 // (~/.dsportal/jobs) stays hidden to the file browser and the contents API.
 import { Contents, ServerConnection } from '@jupyterlab/services';

@@ -3,7 +3,7 @@
 // list mine with their state, follow one job's log live with a rank filter, cancel, open a notebook
 // job's executed notebook and its runs' results table; a notification when a job ends. A notebook
 // can also run on a schedule (Slurm's scrontab): each run is then a job of its own in the list.
-// Everything goes through the session's REST API and websocket (portal/session/jobs/api.py), which
+// Everything goes through the session's REST API and websocket (portal/session/job/api.py), which
 // check each request against the user's launch policy: this panel only offers what may pass.
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
@@ -52,7 +52,7 @@ export interface Job {
   schedule: string;
 }
 
-/** A notebook run on a schedule (portal/session/jobs/schedules.py). */
+/** A notebook run on a schedule (portal/session/job/schedules.py). */
 interface Schedule {
   id: string;
   schedule: string;

@@ -1,6 +1,6 @@
 """Node firewall: a portal user's TCP listeners answer that user alone, on any host of the cluster.
 
-File permissions keep slices apart on disk and :mod:`portal.session.tools.portguard` keeps each session's
+File permissions keep slices apart on disk and :mod:`portal.session.tool.portguard` keeps each session's
 ``/proxy/<port>/`` to its own user's services, but a plain ``curl node1:<port>`` from bob's kernel,
 his shell on the login node or his job on another node would still reach alice's web app, her
 torchrun rendezvous store or her ranks' NCCL ports. This nftables table, the same on every host of

@@ -504,7 +504,7 @@ class JobSettings(_Model):
         return value
 
 
-TOOLS = ("terminal", "r", "vscode", "git")  # what a profile may offer besides notebooks (portal.session.tools.offer)
+TOOLS = ("terminal", "r", "vscode", "git")  # what a profile may offer besides notebooks (portal.session.tool.offer)
 
 
 class Profile(_Model):

@@ -3,7 +3,7 @@
 A user may not raise her job's time limit in Slurm (only operators may). This service, run by the
 hub as the hub's account (a Slurm operator), does it for her running session, up to her profile's
 max_walltime, and Slurm still applies the partition's and QoS's limits. JupyterLab asks its own
-server (``POST /user/NAME[/SESSION]/dsportal/api/extend``, portal.session.jobs.api), which asks
+server (``POST /user/NAME[/SESSION]/dsportal/api/extend``, portal.session.job.api), which asks
 here, ``POST /services/dsportal/extend`` ``{"minutes": N, "server": SESSION}``, with the session's
 own token.
 

@@ -5,7 +5,7 @@ jupyter_server's file manager writes a notebook to a temporary file and moves it
 "Unexpected error while saving file: work.ipynb [Errno 28] No space left on device" (or "database or
 disk is full", from the notebook-signing database), a 500. Here the same refusal is a 507 that says
 what happened and what to do. The session's contents manager (ServerApp.contents_manager_class, set in
-the session's config by portal.session.tools.offer.write_config): jupyter_server's own, with this one change.
+the session's config by portal.session.tool.offer.write_config): jupyter_server's own, with this one change.
 """
 
 from __future__ import annotations

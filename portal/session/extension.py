@@ -20,8 +20,8 @@ from __future__ import annotations
 from jupyter_server.utils import url_path_join
 
 from portal.session import nbtemplates, portreport, sharing, singleuser
-from portal.session.jobs import api as jobs_api
-from portal.session.tools import portguard, tensorboards
+from portal.session.job import api as jobs_api
+from portal.session.tool import portguard, tensorboards
 from portal.session.usage import activity, gauges, walltime
 
 

@@ -10,7 +10,7 @@ looks at what the user's code makes) and it runs again, before the kernel answer
 Otherwise this is ipykernel_launcher: the kernelspec runs it as
 ``python -P -m portal.session.kernelstart -f {connection_file}`` (-P: the notebook's folder is not
 searched for this module; IPython puts it on sys.path for the user's imports, as it does with
-ipykernel_launcher). Written into every session by portal.session.kernels.specs.write_host_kernel.
+ipykernel_launcher). Written into every session by portal.session.kernel.specs.write_host_kernel.
 Self-contained (standard library and ipykernel): listed in portal/upstream/session.py's PATCHES.
 """
 

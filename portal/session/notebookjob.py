@@ -6,7 +6,7 @@ Python 3 kernel, or the chosen image's (the same kernelspec a session writes for
 parameters (``notebook-job.json``: one point per run of a grid, a Slurm array task each) are injected
 after the cell tagged ``parameters``, as papermill does.
 
-What it leaves in the job's folder, for the Jobs panel (portal/session/jobs/launcher.py):
+What it leaves in the job's folder, for the Jobs panel (portal/session/job/launcher.py):
 - the executed notebook (``output.ipynb``, ``output-<run>.ipynb`` for a grid), saved after every cell,
   so it can be opened while the job runs;
 - its log (Slurm's ``batch.log`` / ``task-<run>.log``): which cell runs, then what that cell printed;
@@ -89,7 +89,7 @@ def _kernel(spec: dict, runtime: Path) -> str:
     """The kernel's name: the image's kernelspec, written into ``runtime`` (on JUPYTER_PATH), or python3."""
     if not spec.get("image"):
         return "python3"
-    from portal.session.kernels.specs import ensure_kernel_pipe_config, kernel_spec
+    from portal.session.kernel.specs import ensure_kernel_pipe_config, kernel_spec
 
     image = SimpleNamespace(**spec["image"])
     mounts = [SimpleNamespace(**mount) for mount in spec.get("mounts", [])]

@@ -26,7 +26,7 @@ and saves goes to the owner's visits log, which the Share panel shows. :class:`S
 API with the owner's own token (the one her request came with), never the session's.
 
 A session is shareable only when the hub says so; only then does it load live co-editing
-(jupyter-collaboration: portal.session.tools.offer).
+(jupyter-collaboration: portal.session.tool.offer).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tornado.websocket import WebSocketHandler
 from portal.core.userjson import unix_groups
 from portal.session import hubapi
 from portal.session.api import MessageAPIHandler
-from portal.session.tools.offer import GUEST_RECHECK, sharing_groups
+from portal.session.tool.offer import GUEST_RECHECK, sharing_groups
 from portal.upstream import session as upstream
 
 VISIT_REPEAT = 60  # seconds: the same visit (guest, what) is logged once in this time

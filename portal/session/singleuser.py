@@ -32,8 +32,8 @@ from urllib.parse import urlparse, urlunparse
 from jupyter_core.paths import jupyter_path
 
 from portal.core import sessionspec, sessionvars
-from portal.session.kernels.specs import write_catalog, write_host_kernel
-from portal.session.tools.offer import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
+from portal.session.kernel.specs import write_catalog, write_host_kernel
+from portal.session.tool.offer import Tools, sharing_groups, system_r_kernel, write_config, write_r_kernel
 from portal.upstream import patchcheck, session as upstream
 
 
@@ -65,7 +65,7 @@ def write_session_kernels() -> None:
 
 
 def write_tools(folder: Path) -> None:
-    """What the profile offers besides notebooks (portal.session.tools.offer): the session's own config
+    """What the profile offers besides notebooks (portal.session.tool.offer): the session's own config
     folder, first on JUPYTER_CONFIG_PATH, and the R kernel where R is offered and installed."""
     tools = Tools.from_env()
     try:

@@ -6,7 +6,7 @@
 #  3. An image with CUDA PyTorch: the machine's own userland as hard links (no registry can be
 #     reached), without /usr/local/nvidia (the driver must come in through --nv), made a sandbox.
 #  4. alice, 1-GPU job: nvidia-smi, torch and a bf16 matmul in the container; exec times; a kernel
-#     started from the kernelspec portal.session.kernels.specs writes, a notebook cell run through it.
+#     started from the kernelspec portal.session.kernel.specs writes, a notebook cell run through it.
 #  5. bob, CPU-only job on the same node, the same command: no GPU.
 #  6. A SIF of a small sandbox, exec'd by alice.
 # Log: $OUT/gpu-apptainer.log.
@@ -56,7 +56,7 @@ step "4. alice, a 1-GPU job: apptainer exec --containall --nv --bind /tmp:/tmp"
 cat > /usr/local/share/dsportal-run-kernel.py <<'PYEOF'
 """Runs one notebook cell through a kernelspec, as a session's Jupyter server would: jupyter_client
 starts the kernel from the kernelspec's argv and env, its channels on unix sockets in the session's
-runtime folder named as portal.session.kernels.kernelsockets names them (k + 8 hex digits of the kernel id;
+runtime folder named as portal.session.kernel.kernelsockets names them (k + 8 hex digits of the kernel id;
 that module needs jupyter_server, not carried), and nbclient executes the cell."""
 import datetime, os, sys, time, uuid
 import nbformat
@@ -130,7 +130,7 @@ export PYTHONPATH=$KERNEL_SITE:$SRC
 runtime=$(mktemp -d /tmp/dsportal-$(id -un)-$SLURM_JOB_ID-XXXXXXXXXX)/runtime; mkdir -m 700 $runtime
 dest=$HOME/.dsportal/kernels-$SLURM_JOB_ID
 catalog='{"images": [{"name": "torch", "display_name": "PyTorch (the GPU machine'"'"'s userland)", "source": "local: hard links of /usr /etc /opt/torch", "path": "'$IMG'", "runtime": "apptainer", "runtime_binary": null, "python": "'$VENV'/bin/python3", "profiles": [], "packages": [], "wheels": []}], "data_mounts": []}'
-python3 -m portal.session.kernels.specs --dest $dest --catalog "$catalog" --runtime-dir $runtime
+python3 -m portal.session.kernel.specs --dest $dest --catalog "$catalog" --runtime-dir $runtime
 cat $dest/kernels/dsportal-torch/kernel.json
 JUPYTER_PATH=$dest JUPYTER_RUNTIME_DIR=$runtime python3 /usr/local/share/dsportal-run-kernel.py dsportal-torch $runtime
 echo "runtime folder after the kernel's shutdown: $(ls -A $runtime | tr '\n' ' ')"

@@ -104,7 +104,7 @@ class TensorBoards:
         log = open(self.folder / f"{name}.log", "ab")
         prefix = self.url_for(name).rstrip("/")
         process = subprocess.Popen(
-            [sys.executable, "-m", "portal.session.tools.tensorboards", "--logdir", str(path), "--socket", str(sock),
+            [sys.executable, "-m", "portal.session.tool.tensorboards", "--logdir", str(path), "--socket", str(sock),
              "--path-prefix", prefix],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )

@@ -1,15 +1,15 @@
 """Kernelspecs for the container images a session may use, written at session start in the job.
 
 The hub puts the catalog (the profile's images and the data mounts) into the batch script;
-inside the job the session's entry point (portal.session.singleuser; ``python -m portal.session.kernels.specs``
+inside the job the session's entry point (portal.session.singleuser; ``python -m portal.session.kernel.specs``
 by hand) writes one kernelspec per image into a folder only this session reads (``JUPYTER_PATH``),
 with the job's own CUDA_VISIBLE_DEVICES passed in. An
 image that is missing or unreadable still gets a kernelspec that says why, so the launcher
 shows it as unavailable and starting it fails with that reason; the session keeps working.
 
 A container kernel talks to the server over unix sockets in the session's runtime folder (see
-portal.session.kernels.kernelsockets), bound into the image at the same path. Its image's ipykernel loads
-a copy of portal.session.kernels.kernelpipe (written into that folder) so that its pipe for forked
+portal.session.kernel.kernelsockets), bound into the image at the same path. Its image's ipykernel loads
+a copy of portal.session.kernel.kernelpipe (written into that folder) so that its pipe for forked
 children's output is a unix socket there too, not a TCP port.
 """
 
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from portal.core.images import image_status
 from portal.core.wholefile import write_whole
-from portal.session.kernels.containers import Bind, Launch, runtime
-from portal.session.tools.offer import Tools, r_argv, r_environment
+from portal.session.kernel.containers import Bind, Launch, runtime
+from portal.session.tool.offer import Tools, r_argv, r_environment
 from portal.upstream.patchcheck import stands_aside
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: s
 def r_kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None,
                   tools: Tools) -> dict:
     """The R kernel of an image whose catalog entry says it has R (``r``): IRkernel inside the image,
-    started as the host's R kernel is (portal.session.tools.offer.R_START)."""
+    started as the host's R kernel is (portal.session.tool.offer.R_START)."""
     argv, env = container_command(image, mounts, home, runtime_dir, cuda, r_argv("R"), r_environment(tools, home))
     return {
         "display_name": f"R in a container ({image.name})",
@@ -95,7 +95,7 @@ def r_kernel_spec(image: Image, mounts: list[DataMount], home: str, runtime_dir:
 def container_command(image: Image, mounts: list[DataMount], home: str, runtime_dir: str, cuda: str | None,
                       command: list[str], extra_env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that run ``command`` as a kernel inside ``image``: the session's
-    image kernels and a user's own kernel that names an image (portal.session.kernels.ownkernels)."""
+    image kernels and a user's own kernel that names an image (portal.session.kernel.ownkernels)."""
     backend = runtime(image.runtime, image.runtime_binary)
     binds = [Bind(home, home), Bind(runtime_dir, runtime_dir)]
     binds += [Bind(str(m.source), m.target, m.read_only) for m in mounts]

@@ -12,7 +12,7 @@
 submits the cell as a job and shows every rank's output live below it, each line prefixed by
 its rank; the job handle is the cell's result (``_``). From Python::
 
-    from portal.session.jobs.magics import launch
+    from portal.session.job.magics import launch
     job = launch(script="train.py", nodes=2, gpus_per_node=2, image="horovod")
     job.follow()      # print the log so far and then live, until the job ends
     job.status()      # 'RUNNING', 'COMPLETED', ...
@@ -34,7 +34,7 @@ from portal.upstream.onuse import after_import, module_on_use
 # Every Python kernel of a session loads this module; the job machinery (the rules, the settings'
 # models, the Slurm client: slow to import, and most kernels never launch a job) loads when a cell
 # first launches a job.
-jobs = module_on_use("portal.session.jobs.launcher")
+jobs = module_on_use("portal.session.job.launcher")
 _rules = module_on_use("portal.core.rules")
 _slurm = module_on_use("portal.slurm.slurmclient")
 
@@ -174,7 +174,7 @@ def torchrun(line: str, cell: str):
 
 def session_tensorboard(args_string: str = ""):
     """``%tensorboard --logdir DIR`` in a session: the session's own TensorBoard for DIR (a unix
-    socket only its user reaches, see portal/session/tools/tensorboards.py), shown below the cell.
+    socket only its user reaches, see portal/session/tool/tensorboards.py), shown below the cell.
 
     TensorBoard's stock magic starts it on a TCP port of the node, where every other user's
     session could open it; in a session, ``%load_ext tensorboard`` leads here instead.

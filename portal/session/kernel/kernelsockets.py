@@ -6,12 +6,12 @@ code and output of every cell. Here every kernel of a session (the host "Python 
 container kernels) uses ZeroMQ's IPC transport instead: its channels are unix sockets next to its
 connection file, in the session's runtime folder (JUPYTER_RUNTIME_DIR, mode 0700, the user's; the
 sockets themselves the user's alone by the session's umask). Container kernels see that folder at the same
-path (portal.session.kernels.specs binds it).
+path (portal.session.kernel.specs binds it).
 
 jupyter_client names a kernel's sockets after its connection file (``kernel-<uuid>-ipc-N``), but a
 unix socket's path holds at most 107 bytes, and the runtime folder already takes 40-60 of them
 (``/tmp/dsportal-<user>-<job id>-XXXXXXXXXX/runtime``): the sockets here are named after the
-first 8 hex digits of the kernel id (``k1a2b3c4d-1`` .. ``-5``, and ``-pipe``: portal.session.kernels.kernelpipe).
+first 8 hex digits of the kernel id (``k1a2b3c4d-1`` .. ``-5``, and ``-pipe``: portal.session.kernel.kernelpipe).
 A kernel id is random (uuid4), and jupyter_client skips a number whose file exists. A runtime
 folder too deep even for these names fails the kernel's start with a message that says so.
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from portal.core.rules import LaunchPolicy, RequestError, check_length, shown
 from portal.core.wholefile import write_whole
-from portal.session.jobs import launcher as jobs
+from portal.session.job import launcher as jobs
 from portal.slurm.slurmclient import SlurmError
 
 SCHEDULES_DIR = ".dsportal/schedules"
@@ -255,7 +255,7 @@ def _block(schedule: dict, paused: bool) -> list[str]:
                f"--output={folder}/cron.log", f"--chdir={schedule['home']}",
                f"--comment=dsportal-profile={profile['name']},dsportal-schedule={schedule['id']}"]
     options += [f"--{key}={profile[key]}" for key in ("account", "qos", "reservation") if profile.get(key)]
-    command = [schedule["python"], "-P", "-m", "portal.session.jobs.schedules", "fire", folder]  # -P: not from ~
+    command = [schedule["python"], "-P", "-m", "portal.session.job.schedules", "fire", folder]  # -P: not from ~
     if schedule.get("slurm_conf"):
         command = ["/usr/bin/env", f"SLURM_CONF={schedule['slurm_conf']}", *command]
     entry = f"{schedule['cron']} {shlex.join(command)}"
@@ -467,7 +467,7 @@ def _not_submitted(folder: Path, why: str) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "fire":
-        print("usage: python -m portal.session.jobs.schedules fire SCHEDULE_FOLDER", file=sys.stderr)
+        print("usage: python -m portal.session.job.schedules fire SCHEDULE_FOLDER", file=sys.stderr)
         return 2
     return fire(Path(argv[1]))
 

@@ -34,7 +34,7 @@ from portal.core.rules import RESULT_COLUMNS, JobPlan, JobRequest, LaunchPolicy,
 from portal.core.settings import parse_walltime, whole_number
 from portal.core.templating import render
 from portal.core.wholefile import write_whole
-from portal.session.kernels.containers import Bind, Launch, runtime
+from portal.session.kernel.containers import Bind, Launch, runtime
 from portal.session.notebookjob import INPUT, SPEC, output_name, record_name
 from portal.session.usage.sliceusage import share_per_gpu
 from portal.slurm.slurmclient import SlurmCommands, SlurmError, job_gpus, partition_resources
@@ -209,7 +209,7 @@ def not_a_notebook(data: bytes) -> str | None:
 def submit(plan: JobPlan, policy: LaunchPolicy, home: str | None = None, shown_as: str | None = None,
            schedule: str = "") -> JobInfo:
     """sbatch the plan as the calling user; returns the job with its log folder. A schedule's run
-    (portal/session/jobs/schedules.py) names its schedule, and the notebook as the user named it."""
+    (portal/session/job/schedules.py) names its schedule, and the notebook as the user named it."""
     home = home or os.path.expanduser("~")
     notebook = _read_notebook(plan.notebook) if plan.notebook is not None else None
     root = jobs_root(home)
@@ -265,7 +265,7 @@ class JobInfo:
     kind: str = "mpi"  # mpi (Horovod, torchrun, a script or cell) | notebook (a notebook run headless)
     notebook: str | None = None  # the notebook as the user named it (the job runs its copy)
     runs: int = 0  # a notebook job's runs: 1, or one per point of its grid (a Slurm array)
-    schedule: str = ""  # the schedule whose run this is (portal/session/jobs/schedules.py), if any
+    schedule: str = ""  # the schedule whose run this is (portal/session/job/schedules.py), if any
     state: str = "PENDING"
     reason: str = ""
     exit_code: str = ""

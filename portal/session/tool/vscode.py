@@ -5,10 +5,10 @@ module's :func:`server`) and proxies ``/user/NAME/vscode/`` to it, behind the se
 every page of her server is. code-server listens on a **unix socket** in a new folder (mode 700) of
 the session's private TMPDIR, never on TCP, with its own login off (the socket is hers alone) and its
 own port proxy off (``--disable-proxy``: it would forward to any port of the node, past
-portal.session.tools.portguard). It opens her home; its terminals run in the job with the slice's cores,
+portal.session.tool.portguard). It opens her home; its terminals run in the job with the slice's cores,
 memory and GPUs; it ends with the session's job.
 
-A profile whose ``tools`` leave out ``vscode`` (portal.session.tools.offer), or a node without code-server,
+A profile whose ``tools`` leave out ``vscode`` (portal.session.tool.offer), or a node without code-server,
 shows no tile; the address answers why.
 """
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from portal.session.tools.offer import Tools
+from portal.session.tool.offer import Tools
 
 ICON = Path(__file__).with_name("vscode.svg")
 

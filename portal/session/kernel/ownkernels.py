@@ -12,7 +12,7 @@ is checked then, cheaply (its program exists and may be run, the image it names 
 built); one that fails is listed as "<name> (unavailable: <why>)" and starting it answers why
 (:func:`refusal`, raised by the session's kernel provisioner before anything starts), never a kernel that dies
 without a word. A Python kernel also gets the session's private pipe for forked children's output
-(portal.session.kernels.kernelpipe, as image kernels do), since its environment has no dsportal.
+(portal.session.kernel.kernelpipe, as image kernels do), since its environment has no dsportal.
 
 A kernelspec whose metadata says ``{"dsportal": {"image": "<image name>"}}`` runs inside that image,
 one of those the session's profile offers, launched as the session's image kernels are (her home is
@@ -36,14 +36,14 @@ from traitlets import default
 
 from portal.core import sessionvars
 from portal.core.images import image_status
-from portal.session.kernels.specs import (
+from portal.session.kernel.specs import (
     CATALOG_FILE,
     container_command,
     ensure_kernel_pipe_config,
     read_catalog,
     refresh_building_kernels,
 )
-from portal.session.tools.offer import R_KERNEL, Tools
+from portal.session.tool.offer import R_KERNEL, Tools
 
 IMPORT_CHECK_TIMEOUT = 20  # seconds for her Python to say whether it has ipykernel (a cold home on NFS)
 
@@ -87,7 +87,7 @@ class OwnKernelSpecManager(KernelSpecManager):
 
     @property
     def _hidden(self) -> set[str]:
-        """Kernels the profile does not offer (portal.session.tools.offer): the system's R kernel."""
+        """Kernels the profile does not offer (portal.session.tool.offer): the system's R kernel."""
         return set() if Tools.from_env().offers("r") else {R_KERNEL}
 
     def find_kernel_specs(self) -> dict[str, str]:

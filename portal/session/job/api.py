@@ -47,8 +47,8 @@ from portal.upstream.onuse import module_on_use
 
 # The launcher's model (settings, Slurm, containers: 50 ms of imports) loads with its first request,
 # not with every session's start.
-jobs = module_on_use("portal.session.jobs.launcher")
-schedules = module_on_use("portal.session.jobs.schedules")
+jobs = module_on_use("portal.session.job.launcher")
+schedules = module_on_use("portal.session.job.schedules")
 
 POLL_SECONDS = 0.25  # how often rank files are read while a job runs
 STATE_SECONDS = 1.0  # how often Slurm is asked for the job's state while streaming

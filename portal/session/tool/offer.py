@@ -10,8 +10,8 @@ JUPYTER_CONFIG_PATH):
   plugins (page_config's ``disabledExtensions``), and with them nbdime's, which only jupyterlab-git's
   diffs use here (a session without git neither imports nor serves it);
 - r: the R kernel's kernelspec in the session's folder (:func:`write_r_kernel`); without it the
-  system's ``ir`` kernelspec is hidden (portal.session.kernels.ownkernels);
-- vscode: the launcher tile of portal.session.tools.vscode (jupyter-server-proxy).
+  system's ``ir`` kernelspec is hidden (portal.session.kernel.ownkernels);
+- vscode: the launcher tile of portal.session.tool.vscode (jupyter-server-proxy).
 
 What a profile leaves out is not offered; it is not a wall: her terminal (where offered) runs what
 she likes inside her own slice. Each tool runs in the session's job, as the user, within its cores,

@@ -4,13 +4,13 @@ ipykernel's IOPub thread listens on a TCP port of 127.0.0.1 (always, from the ke
 the output of processes the kernel forks (multiprocessing, os.fork): on a shared node anyone there
 can connect to it, push messages (refused without its random key, but each one printed to the
 kernel's log) and count it as one of the user's open ports. With the kernel's channels on private
-unix sockets (portal.session.kernels.kernelsockets), the pipe goes beside them: ``<socket prefix>-pipe``,
+unix sockets (portal.session.kernel.kernelsockets), the pipe goes beside them: ``<socket prefix>-pipe``,
 in the session's runtime folder (0700). A kernel on TCP keeps ipykernel's own pipe.
 
 Self-contained (standard library, zmq and ipykernel only), because it runs in two ways:
 - host kernels call private_iopub_pipe() from the environment's ipython_kernel_config.py;
 - container kernels, whose image has its own ipykernel and no dsportal, load a copy of this file
-  as an extra IPython config file (``--config=...``, portal.session.kernels.specs writes it into the
+  as an extra IPython config file (``--config=...``, portal.session.kernel.specs writes it into the
   runtime folder), which calls it at the bottom.
 Both run before the kernel opens its sockets. An ipykernel whose IOPub thread is built otherwise
 (not 6.x or 7.x) keeps its own pipe.
