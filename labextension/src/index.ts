@@ -280,12 +280,9 @@ function saveBeforeTheEnd(app: JupyterFrontEnd, notify: Notify): void {
     const what = saved.length ? `saved ${saved.join(', ')}` : 'every document was saved already';
     const preempted = String(event.reason || '').startsWith('preempted');
     void notify(
-      preempted
-        ? `Slurm is stopping your session in about ${left} for higher-priority work (this profile is preemptible): ` +
-            `${what}. Its kernels are being shut down; ` +
-            (event.reason === 'preempted-requeue'
-              ? 'the portal starts your session again by itself when Slurm runs it again.'
-              : 'start a new session to go on.')
+      preempted // short: a toast shows 140 characters (the notification center, all)
+        ? `Preempted: Slurm stops this session in about ${left} for higher-priority work; ${what}. ` +
+            (event.reason === 'preempted-requeue' ? 'It comes back by itself later.' : 'Start it again afterwards.')
         : `Your session's walltime ends in about ${left}: ${what}. Its kernels are being shut down; ` +
             'start a new session to go on.',
       'warning'
