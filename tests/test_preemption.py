@@ -13,6 +13,7 @@ from playwright.sync_api import sync_playwright
 from hubclient import DEMO_SLURM_CONF, active_jobs, squeue_jobs
 from test_walltime import EMPTY_NOTEBOOK
 
+REQUEUED = "was preempted for higher-priority work and waits to run again"  # her page's progress meanwhile
 SLURM_ENV = {"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
@@ -62,9 +63,8 @@ def test_a_preempted_session_warns_saves_says_so_and_comes_back_when_its_job_run
             assert time.monotonic() < deadline, f"never told, {alice.model()}"
             model = alice.model()["servers"].get("")
             if model and model.get("pending") == "spawn":
-                words = "was preempted for higher-priority work and waits to run again"
-                told = [e["message"] for e in alice.progress_events(timeout=20, until=lambda e: words in e.get(
-                    "message", "")) if words in e.get("message", "")]
+                told = [e["message"] for e in alice.progress_events(timeout=20, until=lambda e: REQUEUED in e.get(
+                    "message", "")) if REQUEUED in e.get("message", "")]
             time.sleep(1)
         requeued_s = time.monotonic() - preempted
         ready = alice.wait_ready(timeout=300)  # bob's job ends; Slurm runs hers again (after its BeginTime)
