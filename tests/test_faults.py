@@ -147,13 +147,14 @@ def test_a_class_of_30_starting_as_the_hubs_database_goes_down_loses_no_session(
     serves them all once the database is back."""
     import threading
 
-    from conftest import HUB, login
+    from conftest import HUB
     from democluster import accounting
     from democluster.base import paths, stop_pid
     from democluster.hub import hub_pidfile
+    from hubclient import HubUser
     from portal.hub.databasedown import WORDS
 
-    students = {name: login(HUB, name) for name in CLASS_DURING_OUTAGE}
+    students = {name: HubUser(HUB, name).must_login(f"{name}-demo") for name in CLASS_DURING_OUTAGE}
     hub_pid = hub_pidfile().read_text().strip()
     told: dict[str, list[int]] = {name: [] for name in students}
     wrong: list[str] = []

@@ -103,11 +103,17 @@ def test_an_open_jupyterlab_page_works_on_by_itself_when_the_proxy_is_killed_wit
         browser, page = open_lab(playwright, "lab/tree/proxy-restart.ipynb?reset")
         cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
         cells.nth(1).wait_for(timeout=60_000)
+        # Its kernel started and connected (a cell run before then is not sent).
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
 
         def run(cell: int, text: str, timeout_ms: int) -> None:
-            cells.nth(cell).locator(".jp-InputArea-editor").click()
+            cells.nth(cell).locator(".cm-content").click(timeout=90_000)  # once the notebook's spinner is gone
             page.keyboard.press("Shift+Enter")
-            cells.nth(cell).locator(".jp-OutputArea-output", has_text=text).wait_for(timeout=timeout_ms)
+            try:
+                cells.nth(cell).locator(".jp-OutputArea-output", has_text=text).wait_for(timeout=timeout_ms)
+            except Exception:
+                page.screenshot(path=f"/tmp/dsportal-screenshots/proxy-restart-cell{cell}.png")
+                raise
 
         run(0, "before 42", 90_000)
         proxy = int(PROXY_PIDFILE.read_text())
