@@ -180,7 +180,8 @@ def test_jobs_panel_docks_launches_follows_filters_and_cancels(alice):
         panel.wait_for(timeout=30_000)
         assert page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="Jobs").count() == 1
         page.wait_for_function("window.dsportalLab.jobsPolicy === true", timeout=30_000)
-        assert panel.locator("select[name=profile] option").all_inner_texts() == ["GPU partition", "CPU partition"]
+        assert panel.locator("select[name=profile] option").all_inner_texts() == ["GPU partition", "CPU partition",
+                                                                                 "GPU partition, scavenger"]
 
         # Horovod, 2 nodes x 2 GPUs in the horovod image: each rank's first line shows while Slurm
         # says RUNNING, then every rank's allreduce, then COMPLETED.
