@@ -775,6 +775,25 @@ def test_a_preempted_session_whose_job_slurm_requeued_is_kept_and_taken_over_whe
     run(scenario())
 
 
+def test_a_session_preempted_and_cancelled_is_told_so_with_what_jupyterlab_saved(hub, slurm):
+    """A partition that preempts by cancelling (PreemptMode=CANCEL): the job ends PREEMPTED; her next page says
+    so, with what JupyterLab saved as it was warned."""
+    async def scenario():
+        spawner, job = await running_session(hub)
+        slurm.write_log(job, f"dsportal: session job {job} for {ME} on node1: 2 GPU(s)\n"
+                             f"{sessionvars.PREEMPTED} for higher-priority work in about 58 s\n"
+                             f"{sessionvars.WALLTIME_SAVED} work.ipynb\n")
+        slurm.end(job, "PREEMPTED")
+        await slurm.later()
+        assert await spawner.poll() == 1
+        said = spawner.child_spawner.last_end
+        assert said.startswith(f"Your session job {job} was preempted (Slurm: PREEMPTED;"), said
+        assert said.endswith(" As it ended, JupyterLab saved: work.ipynb."), said
+        assert slurm.cancels == [] and not spawner.kept_job  # nothing kept: it will not run again
+
+    run(scenario())
+
+
 def test_a_session_that_is_not_preemptible_is_submitted_not_requeueable(hub, slurm):
     async def scenario():
         await running_session(hub)
