@@ -94,6 +94,12 @@ class RequestRefused(SpawnFailed):
         super().__init__(message, reason="invalid-request", status_code=400)
 
 
+def _saved_in(run: list[str]) -> str:
+    """What JupyterLab saved as the session was warned (the last such line of its log's run), in words; '' if none."""
+    said = [line for line in run if line.startswith(sessionvars.WALLTIME_SAVED)]
+    return f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}." if said else ""
+
+
 def session_job_name(user: str, server: str) -> str:
     """The Slurm job name of ``user``'s session ``server`` (session.sbatch.j2's job_name)."""
     return f"dsportal-{user}" + (f":{server}" if server else "")
@@ -617,8 +623,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         not cancelled, and dsportal's service starts it again (portal.hub.resume): that start takes the job
         over and waits, in her page's progress, until Slurm runs it."""
         run = await self._last_run_log()
-        said = [line for line in run if line.startswith(sessionvars.WALLTIME_SAVED)]
-        saved = f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}." if said else ""
+        saved = _saved_in(run)
         # Told a preemption by Slurm's signal (the session wrote so); a requeue without it: its node failed, or
         # someone requeued it (scontrol requeue).
         why = ("was preempted: Slurm stopped it for higher-priority work (partition "
@@ -748,10 +753,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     "not on that node. Start it again to continue.")
         if job is None or job.state not in ("TIMEOUT", "PREEMPTED"):
             return ""
-        said = [line for line in await self._last_run_log() if line.startswith(sessionvars.WALLTIME_SAVED)]
-        if not said:
-            return ""
-        return f" As it ended, JupyterLab saved: {said[-1][len(sessionvars.WALLTIME_SAVED):].strip()}."
+        return _saved_in(await self._last_run_log())
 
     async def _last_run_log(self) -> list[str]:
         """The session log's last lines of the job's last run: a requeued job appends to its log, each run

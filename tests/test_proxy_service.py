@@ -25,6 +25,20 @@ def through_the_proxy(path: str) -> requests.Response:
     return requests.get(f"{HUB}{path}", headers={"Host": "alice.localhost:8000"}, allow_redirects=False, timeout=10)
 
 
+def kill_the_proxy_and_start_it_again() -> int:
+    """The proxy killed with -9; once it is gone, RestartSec, then its service starts it again, the hub
+    untouched (what systemd's Restart=on-failure does). The dead proxy's pid."""
+    proxy = int(PROXY_PIDFILE.read_text())
+    os.kill(proxy, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proxy}").exists() and "zombie" not in Path(f"/proc/{proxy}/status").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(2)  # RestartSec
+    demo.ensure_proxy_service()
+    return proxy
+
+
 def test_the_hub_going_down_and_up_leaves_the_proxy_and_every_route(alice, portal):
     alice.spawn()
     job = [j["job_id"] for j in active_jobs("alice")]
@@ -60,14 +74,7 @@ def test_a_proxy_killed_with_kill_9_and_started_again_gets_every_route_back_with
     alice.spawn()
     job = [j["job_id"] for j in active_jobs("alice")]
     assert through_the_proxy("/user/alice/api").status_code == 200
-    proxy = int(PROXY_PIDFILE.read_text())
-    os.kill(proxy, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{proxy}").exists() and "zombie" not in Path(f"/proc/{proxy}/status").read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    time.sleep(2)  # RestartSec
-    demo.ensure_proxy_service()  # the proxy's service started again, the hub untouched
+    proxy = kill_the_proxy_and_start_it_again()
     started = time.monotonic()
     assert int(PROXY_PIDFILE.read_text()) != proxy
     deadline = started + 30
@@ -116,14 +123,7 @@ def test_an_open_jupyterlab_page_works_on_by_itself_when_the_proxy_is_killed_wit
                 raise
 
         run(0, "before 42", 90_000)
-        proxy = int(PROXY_PIDFILE.read_text())
-        os.kill(proxy, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{proxy}").exists() and "zombie" not in Path(f"/proc/{proxy}/status").read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        page.wait_for_timeout(2000)  # RestartSec; the page meanwhile finds its server gone
-        demo.ensure_proxy_service()
+        kill_the_proxy_and_start_it_again()  # the page meanwhile finds its server gone
         started = time.monotonic()
         run(1, "after 42", 120_000)
         answered_s = time.monotonic() - started

@@ -85,6 +85,15 @@ async def resume(hub, user: str, name: str) -> bool:
     return False
 
 
+async def resume_all(hub, sessions: list[tuple[str, str]], at_once: asyncio.Semaphore) -> None:
+    """Start each of ``sessions`` again (user, session name), at most ``at_once`` at a time."""
+    async def one(user: str, name: str) -> bool:
+        async with at_once:
+            return await resume(hub, user, name)
+
+    await asyncio.gather(*(one(user, name) for user, name in sessions))
+
+
 async def resume_kept(hub, pauses=PAUSES, pause_most: float = PAUSE_MOST, resume_for: float = RESUME_FOR) -> None:
     """Start again every session cut short by the hub's restart: a pass at once, then after each pause
     (``pauses``, then ``pause_most``) while any is left, for ``resume_for`` seconds. A start the hub refuses
@@ -94,17 +103,13 @@ async def resume_kept(hub, pauses=PAUSES, pause_most: float = PAUSE_MOST, resume
     until = loop.time() + resume_for
     at_once = asyncio.Semaphore(AT_ONCE)
 
-    async def one(user: str, name: str) -> bool:
-        async with at_once:
-            return await resume(hub, user, name)
-
     for attempt in itertools.count():
         try:
             left = await kept_sessions(hub)
             if left is not None and not left:
                 return
             if left:
-                await asyncio.gather(*(one(user, name) for user, name in left))
+                await resume_all(hub, left, at_once)
         except Exception:  # the next pass asks again; the service's own work goes on
             log.exception("Resuming sessions cut short by the hub's restart failed; asked again later")
         pause = pauses[attempt] if attempt < len(pauses) else pause_most
@@ -121,11 +126,6 @@ async def keep_resuming(hub, slurm, every: float = STEADY) -> None:
     count: one shared squeue); the hub is asked only about their users. A pass that fails is logged; the next
     one asks again."""
     at_once = asyncio.Semaphore(AT_ONCE)
-
-    async def one(user: str, name: str) -> bool:
-        async with at_once:
-            return await resume(hub, user, name)
-
     while True:
         await asyncio.sleep(every)
         try:
@@ -137,6 +137,6 @@ async def keep_resuming(hub, slurm, every: float = STEADY) -> None:
                 if response.code == 200:
                     left += kept_in([json.loads(response.body)])
             if left:
-                await asyncio.gather(*(one(user, name) for user, name in left))
+                await resume_all(hub, left, at_once)
         except Exception:  # the next pass asks again; the service's own work goes on
             log.exception("Looking for sessions whose job Slurm requeued failed; asked again later")
