@@ -6,8 +6,18 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 # refuse elsewhere (docs/reference/cli.md). A site's hub reads /etc/dsportal/portal.yaml, never this.
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 export DSPORTAL_DEMO := 1
+# The Slurm release of the demo and the suite: Debian's own (bookworm: 22.05) unless SLURM names another, which
+# scripts/build-slurm.sh builds into /opt/dsportal-slurm/RELEASE (make demo SLURM=24.11, make test SLURM=24.11;
+# switching releases starts Slurm's state afresh). Such a demo runs configless, on the portal.yaml it derives from
+# config/portal.yaml (slurm.bin_dir that release's, no slurm.conf): docs/reference/compatibility.md.
+SLURM ?=
+ifneq ($(SLURM),)
+export DSPORTAL_SLURM := $(SLURM)
+export PATH := /opt/dsportal-slurm/$(SLURM)/bin:$(PATH)
+export DSPORTAL_CONFIG := $(or $(DSPORTAL_DEMO_DIR),/var/lib/dsportal-demo)/config/portal-$(SLURM).yaml
+endif
 
-.PHONY: deps lock upgrade-check lint demo demo-log stop clean test quick check bench screenshots dist
+.PHONY: deps slurm lock upgrade-check lint demo demo-log stop clean test quick check bench screenshots dist
 
 # The environment, from requirements.lock (every package's version and hashes).
 deps:
@@ -33,9 +43,13 @@ lint:
 # The demo cluster (democluster/, not installed) runs from this checkout with the portal's environment.
 # The portal serves first; PyTorch, Horovod and the container images follow in the background
 # (scripts/build-extras.sh; `make demo-log` follows it).
-demo: deps
+demo: deps slurm
 	@bash scripts/build-extras.sh --background
 	cd $(CURDIR) && $(PY) -m democluster up --images-later
+
+# The release SLURM names, built once (about 4 min): nothing for Debian's own.
+slurm:
+	@if [ -n "$(SLURM)" ]; then bash scripts/build-slurm.sh $(SLURM); fi
 
 demo-log:
 	tail -n 20 -f $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}/log/extras.log
@@ -50,7 +64,7 @@ check:
 clean: stop
 	rm -rf $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
 
-test: deps
+test: deps slurm
 	bash scripts/build-extras.sh
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from democluster.accounting import accounting_status, stop_accounting
-from democluster.base import STATE, DemoError, alive, directory, paths, stop_pid
+from democluster.base import STATE, DemoError, alive, directory, paths, release_config, stop_pid
 from democluster.content import ensure_courses, ensure_images
 from democluster.hub import ensure_hub, ensure_proxy_service, hub_pidfile, stop_hub, stop_proxy
 from democluster.mta import ensure_mta
@@ -30,7 +30,8 @@ from democluster.people import ensure_accounts, ensure_ldap, ldap_running, stop_
 from democluster.slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
 from portal.core.images import building_detail
 
-__all__ = ["DemoError", "STATE", "banner", "down", "ensure_hub", "ensure_proxy_service", "ensure_slurm", "paths", "status", "stop_hub",
+__all__ = ["DemoError", "STATE", "banner", "release_config",
+           "down", "ensure_hub", "ensure_proxy_service", "ensure_slurm", "paths", "status", "stop_hub",
            "stop_pid", "up"]
 
 

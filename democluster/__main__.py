@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     config = settings_module.config_path(args.config, demo=True)  # the demo's own file by default
     try:
         if args.action == "up":
+            config = demo.release_config(config)  # make demo SLURM=RELEASE: that release's commands
             demo.up(config, images_later=args.images_later)
             print(demo.banner(settings_module.load(config)))
         elif args.action == "down":

@@ -15,6 +15,7 @@ from democluster.base import (
     render,
     run,
     say,
+    slurm_daemon,
     slurm_env,
     stop_pid,
     wait_for,
@@ -22,12 +23,15 @@ from democluster.base import (
 )
 from democluster.network import LOGIN_ADDRESS
 
+# sacctmgr's words for an add that changed nothing: 22.05's, and 24.11's ("Already existing account", "Nothing added").
+ALREADY_THERE = ("Nothing new added", "already exists", "Already existing", "Nothing added")
 DBD_PORT, MARIADB_PORT = 17819, 17306  # slurmdbd (login node, reached by the compute nodes), MariaDB (127.0.0.1)
 
 
-def ensure_accounting() -> None:
+def ensure_accounting(fresh: bool = False) -> None:
     """Slurm accounting: a private MariaDB (127.0.0.1 only) and slurmdbd, so `sacct` keeps every job's
-    final state and usage (GPU-hours) after slurmctld forgets it."""
+    final state and usage (GPU-hours) after slurmctld forgets it. ``fresh``: another Slurm release's
+    accounting database goes first (slurmdbd converts only a release or two back)."""
     p = paths()
     # MariaDB runs as mysql: its socket, pid file and log live in a folder of its own.
     data_dir, run_dir = p.root / "mariadb", p.root / "mariadb-run"
@@ -55,6 +59,10 @@ def ensure_accounting() -> None:
         wait_for(lambda: socket_path.exists() and alive(pidfile), f"MariaDB (log: {run_dir / 'mariadb.log'})",
                   timeout=60)
         say(f"MariaDB started on 127.0.0.1:{MARIADB_PORT}")
+    if fresh:
+        stop_pid(p.run / "slurmdbd.pid", "slurmdbd")
+        run(["mariadb", f"--socket={socket_path}"], input="DROP DATABASE IF EXISTS slurm_acct_db;")
+        say("Slurm's accounting database of the other release dropped")
     sql = ("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
@@ -67,7 +75,7 @@ def ensure_accounting() -> None:
     if changed and alive(p.run / "slurmdbd.pid"):  # a changed conf (PrivateData, ...) holds once restarted
         stop_pid(p.run / "slurmdbd.pid", "slurmdbd")
     if not alive(p.run / "slurmdbd.pid"):
-        run(["/usr/sbin/slurmdbd"], env=env)
+        run([slurm_daemon("slurmdbd")], env=env)
         wait_for(lambda: socket.create_connection(("127.0.0.1", DBD_PORT), timeout=1).close() or True,
                   "slurmdbd", timeout=60)
         say(f"slurmdbd started on 127.0.0.1:{DBD_PORT}")
@@ -81,7 +89,7 @@ def ensure_slurm_associations() -> None:
 
     def sacctmgr(*args: str) -> None:
         result = subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True)
-        if result.returncode != 0 and not ("Nothing new added" in result.stdout or "already exists" in result.stdout):
+        if result.returncode != 0 and not any(word in result.stdout + result.stderr for word in ALREADY_THERE):
             raise DemoError(f"sacctmgr {' '.join(args)} failed: {(result.stderr or result.stdout).strip()}")
 
     for qos in data["slurm_qos"]:
@@ -124,6 +132,6 @@ def ensure_slurm_operator(account: str) -> None:
                  ["add", "user", account, "Account=dsportal", "AdminLevel=Operator"],
                  ["modify", "user", "where", f"name={account}", "set", "AdminLevel=Operator"]):
         result = subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True)
-        if result.returncode != 0 and not any(word in result.stdout + result.stderr for word in
-                                              ("Nothing new added", "already exists", "Nothing modified")):
+        if result.returncode != 0 and not any(word in result.stdout + result.stderr
+                                              for word in (*ALREADY_THERE, "Nothing modified")):
             raise DemoError(f"sacctmgr {' '.join(args)} failed: {(result.stderr or result.stdout).strip()}")

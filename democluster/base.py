@@ -16,6 +16,13 @@ import yaml
 from portal.admin.pidfiles import alive as alive  # the demo's modules take it from here
 
 STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
+# The Slurm release the demo runs (make demo SLURM=24.11 sets $DSPORTAL_SLURM): empty, the machine's own
+# (Debian bookworm's slurm-wlm 22.05, in /usr); else scripts/build-slurm.sh's build of that release, in
+# /opt/dsportal-slurm/RELEASE. A newer release runs configless, as sites do: the login node (the hub, the
+# tests) has no slurm.conf, and sackd there fetches it from slurmctld (SlurmctldParameters=enable_configless).
+SLURM_RELEASE = os.environ.get("DSPORTAL_SLURM", "")
+SLURM_PREFIXES = Path(os.environ.get("DSPORTAL_SLURM_PREFIX", "/opt/dsportal-slurm"))
+CONFIGLESS = bool(SLURM_RELEASE)
 
 
 class DemoError(RuntimeError):
@@ -29,6 +36,33 @@ def demo_file(name: str) -> Path:
 
 def render(name: str, **context) -> str:
     return jinja2.Template(demo_file(name).read_text(), undefined=jinja2.StrictUndefined).render(**context)
+
+
+def release_config(config: Path) -> Path:
+    """The portal.yaml the demo runs on SLURM_RELEASE: ``config`` (the checkout's by default) with slurm.bin_dir
+    that release's commands and, configless, no slurm.conf: STATE/config/portal-RELEASE.yaml, which the
+    Makefile names ($DSPORTAL_CONFIG) for make demo, make test and make check with SLURM=RELEASE.
+    ``config`` as it is on Debian's own release."""
+    if not SLURM_RELEASE:
+        return config
+    target = STATE / "config" / f"portal-{SLURM_RELEASE}.yaml"
+    source = demo_file("../portal.yaml") if Path(os.path.realpath(config)) == Path(os.path.realpath(target)) else config
+    values = {"bin_dir": str(slurm_prefix() / "bin"), "conf": "null" if CONFIGLESS else str(slurm_conf_path())}
+    lines, found, section = [], set(), ""
+    for line in Path(source).read_text().splitlines(keepends=True):
+        if line[:1].isalpha():
+            section = line.split(":", 1)[0]
+        key = line.strip().split(":", 1)[0]
+        if section == "slurm" and line.startswith("  ") and line[2:3].isalpha() and key in values:
+            line = f"  {key}: {values[key]}   # make demo SLURM={SLURM_RELEASE}\n"
+            found.add(key)
+        lines.append(line)
+    if {"bin_dir", "conf"} - found:
+        raise DemoError(f"{source}: no slurm.bin_dir and slurm.conf to set for Slurm {SLURM_RELEASE}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(target.parent, 0o755)
+    write_if_changed(target, "".join(lines), 0o644)
+    return target
 
 
 def directory() -> dict:
@@ -133,5 +167,20 @@ def slurm_conf_path() -> Path:
     return paths().slurm / "slurm.conf"
 
 
-def slurm_env() -> dict[str, str]:
-    return {**os.environ, "SLURM_CONF": str(slurm_conf_path())}
+def slurm_prefix(release: str = SLURM_RELEASE) -> Path:
+    """Where ``release``'s Slurm is installed (bin, sbin)."""
+    return SLURM_PREFIXES / release if release else Path("/usr")
+
+
+def slurm_daemon(name: str, release: str = SLURM_RELEASE) -> str:
+    """slurmctld, slurmd, slurmdbd or sackd of the demo's release."""
+    return str(slurm_prefix(release) / "sbin" / name)
+
+
+def slurm_env(release: str = SLURM_RELEASE) -> dict[str, str]:
+    """The environment of the daemons and of the demo's own Slurm commands (the cluster's admin, on the
+    controller's host: it reads slurm.conf), with ``release``'s commands first on the PATH."""
+    path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    if release:
+        path = f"{slurm_prefix(release) / 'bin'}:{path}"
+    return {**os.environ, "PATH": path, "SLURM_CONF": str(slurm_conf_path())}

@@ -10,7 +10,22 @@ import time
 from pathlib import Path
 
 from democluster.accounting import DBD_PORT, directory, ensure_accounting, ensure_slurm_associations
-from democluster.base import alive, paths, render, run, say, slurm_env, stop_pid, wait_for, write_if_changed
+from democluster.base import (
+    CONFIGLESS,
+    SLURM_RELEASE,
+    DemoError,
+    alive,
+    paths,
+    render,
+    run,
+    say,
+    slurm_daemon,
+    slurm_env,
+    slurm_prefix,
+    stop_pid,
+    wait_for,
+    write_if_changed,
+)
 from democluster.mta import MAIL_PROGRAM, mail_domain
 from democluster.network import LOGIN_ADDRESS, NODES, address, in_node, node_names
 
@@ -181,6 +196,7 @@ def write_slurm_conf() -> bool:
         share_node=SHARE_NODE,
         mail_program=MAIL_PROGRAM,
         mail_domain=mail_domain(),
+        configless=CONFIGLESS,
     )
     # The share node's GPUs each give SHARDS_PER_GPU shares, spread evenly over them (Slurm wants the
     # shards on the files of the node's gpu GRES).
@@ -225,11 +241,72 @@ def write_node_confs(conf: str) -> None:
                          f"share one machine's /tmp)\nTmpFS={tmp}\n", 0o644)
 
 
+# Where sackd, the login node's daemon of a configless cluster (Slurm 23.02 on), keeps the configuration it
+# fetches from slurmctld: Slurm's commands look there when neither SLURM_CONF nor their own default file names one.
+CONFIGLESS_CACHE = Path("/run/slurm/conf")
+
+
+def release_name(release: str) -> str:
+    return f"Slurm {release} ({slurm_prefix(release)})" if release else "Debian's Slurm (/usr)"
+
+
+def release_file() -> Path:
+    return paths().slurm / "release"
+
+
+def switch_release() -> bool:
+    """The demo's Slurm state is of one release: another (make demo SLURM=...) starts from a clean Slurm.
+    slurmctld and slurmdbd read their state only from a release or two before their own, and a client talks
+    only to a controller of its own release or older: the old release's daemons stop, with its jobs cancelled
+    by its own commands; then its state (the queue, the job ids, the accounting database) goes. The people,
+    the images, the hub and its database stay."""
+    p = paths()
+    recorded = release_file().read_text().strip() if release_file().exists() else ""
+    if recorded == SLURM_RELEASE or not (p.slurm / "state").exists():
+        return recorded != SLURM_RELEASE
+    if recorded and not (slurm_prefix(recorded) / "sbin" / "slurmctld").exists():
+        raise DemoError(f"the demo's Slurm state is of {recorded}, which is not installed in {slurm_prefix(recorded)}: "
+                        "make clean first")
+    say(f"{release_name(SLURM_RELEASE)} instead of {release_name(recorded)}: the old release's jobs, queue and "
+        "accounting go")
+    stop_slurm(recorded)
+    stop_pid(p.run / "slurmdbd.pid", "slurmdbd")
+    for folder in (p.slurm / "state", *(p.slurm / "spool" / node for node in node_names())):
+        shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def ensure_sackd(env: dict[str, str]) -> None:
+    """A configless login node's sackd (--conf-server: slurmctld), whose cache the hub's and the users'
+    Slurm commands read: no slurm.conf of the login node's own."""
+    pidfile = paths().run / "sackd.pid"
+    if alive(pidfile):
+        return
+    login_env = {name: value for name, value in env.items() if name != "SLURM_CONF"}
+    CONFIGLESS_CACHE.parent.mkdir(mode=0o755, exist_ok=True)  # sackd makes conf/ in it (systemd's RuntimeDirectory)
+    log = open(paths().log / "sackd.log", "ab")
+    process = subprocess.Popen([slurm_daemon("sackd"), "-D", f"--conf-server={LOGIN_ADDRESS}:{CTLD_PORT}"],
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=login_env,
+                               start_new_session=True, cwd="/")
+    log.close()
+    pidfile.write_text(f"{process.pid}\n")
+    wait_for(lambda: (CONFIGLESS_CACHE / "slurm.conf").exists(), f"sackd (log: {paths().log / 'sackd.log'})",
+             timeout=30)
+    say(f"sackd started: the login node's Slurm configuration comes from slurmctld ({CONFIGLESS_CACHE})")
+
+
+def stop_sackd() -> None:
+    stop_pid(paths().run / "sackd.pid", "sackd")
+    shutil.rmtree(CONFIGLESS_CACHE, ignore_errors=True)
+
+
 def ensure_slurm() -> None:
     p = paths()
+    switched = switch_release()
     ensure_gpus()
     write_slurm_conf()
-    ensure_accounting()
+    ensure_accounting(fresh=switched)
+    release_file().write_text(f"{SLURM_RELEASE}\n")
     env = slurm_env()
     # The cluster is in the accounting database before slurmctld registers with it, and so are the QoS
     # a partition names (slurm.conf's share partition: slurmctld refuses to start without it); their
@@ -244,18 +321,23 @@ def ensure_slurm() -> None:
         stop_pid(p.run / "slurmctld.pid", "slurmctld")
         for node in node_names():
             stop_pid(p.run / f"slurmd-{node}.pid", f"slurmd {node}")
+        stop_sackd()
     if not alive(p.run / "slurmctld.pid"):
-        run(["/usr/sbin/slurmctld"], env=env)
-        say("slurmctld started")
+        run([slurm_daemon("slurmctld")], env=env)
+        say(f"slurmctld started ({release_name(SLURM_RELEASE)})")
     wait_for(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP"),
               "slurmctld", timeout=30)
     ensure_slurm_associations()
+    if CONFIGLESS:
+        ensure_sackd(env)
+    else:
+        stop_sackd()
     restarted_at = None
     for node in node_names():
         pid = alive(p.run / f"slurmd-{node}.pid")
         if not pid:
             restarted_at = restarted_at or time.time()
-            run(in_node(node, [*jobs_yield(), "/usr/sbin/slurmd", "-N", node, "-f", str(node_conf(node))]), env=env)
+            run(in_node(node, [*jobs_yield(), slurm_daemon("slurmd"), "-N", node, "-f", str(node_conf(node))]), env=env)
             say(f"slurmd {node} started on {address(node)}")
         else:
             make_running_slurmd_yield(pid)
@@ -297,10 +379,13 @@ def reap_orphaned_jobs(env: dict[str, str], before: float) -> None:
         say(f"job {job_id} of {user} had no processes left after a restart: cancelled")
 
 
-def stop_slurm() -> None:
-    """Cancel every job (waiting for them to end), then stop the slurmd of each node and slurmctld."""
+def stop_slurm(release: str | None = None) -> None:
+    """Cancel every job (waiting for them to end, with ``release``'s commands: by default the release the
+    demo's state is of), then stop the slurmd of each node, sackd and slurmctld."""
     p = paths()
-    env = slurm_env()
+    if release is None:
+        release = release_file().read_text().strip() if release_file().exists() else SLURM_RELEASE
+    env = slurm_env(release)
     if alive(p.run / "slurmctld.pid"):
         jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
         if jobs:
@@ -313,6 +398,7 @@ def stop_slurm() -> None:
                 time.sleep(0.5)
     for node in node_names():
         stop_pid(p.run / f"slurmd-{node}.pid", f"slurmd {node}")
+    stop_sackd()
     stop_pid(p.run / "slurmctld.pid", "slurmctld")
 
 
@@ -323,6 +409,8 @@ def stop_munge() -> None:
 def slurm_status() -> dict[str, bool]:
     p = paths()
     result = {"munged": bool(alive(p.munge / "run" / "munged.pid")), "slurmctld": bool(alive(p.run / "slurmctld.pid"))}
+    if CONFIGLESS:
+        result["sackd"] = bool(alive(p.run / "sackd.pid"))
     for node in node_names():
         result[f"slurmd {node}"] = bool(alive(p.run / f"slurmd-{node}.pid"))
     return result

@@ -13,8 +13,21 @@ import websocket
 from jupyterhub.utils import subdomain_hook_idna
 
 from browsercookies import BrowserCookies
+from democluster.base import CONFIGLESS, SLURM_RELEASE, slurm_conf_path, slurm_prefix
 
-DEMO_SLURM_CONF = "/var/lib/dsportal-demo/slurm/slurm.conf"
+# The demo's Slurm as its login node sees it (make test SLURM=RELEASE: that release's commands, configless: no
+# slurm.conf, sackd's copy), for the commands the tests run themselves, as root or as a user.
+SLURM_BIN = str(slurm_prefix() / "bin")
+DEMO_SLURM_CONF = None if CONFIGLESS else str(slurm_conf_path())
+SLURM_ENV = {"PATH": f"{SLURM_BIN}:/usr/sbin:/usr/bin:/sbin:/bin" if SLURM_RELEASE else "/usr/sbin:/usr/bin:/sbin:/bin",
+             **({"SLURM_CONF": DEMO_SLURM_CONF} if DEMO_SLURM_CONF else {})}
+
+
+def demo_slurm(**options):
+    """The portal's own Slurm client on the demo's Slurm (as the hub's is)."""
+    from portal.slurm.slurmclient import Slurm
+
+    return Slurm(conf=DEMO_SLURM_CONF, bin_dir=SLURM_BIN, **options)
 
 
 class LoginRefused(AssertionError):
@@ -329,7 +342,7 @@ def receive(ws, deadline: float) -> str | None:
 
 def squeue_jobs() -> dict[int, dict]:
     """What Slurm itself says, independent of the portal's own parser."""
-    out = subprocess.run(["squeue", "--json"], env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/bin:/bin"},
+    out = subprocess.run(["squeue", "--json"], env=SLURM_ENV,
                          capture_output=True, text=True, check=True).stdout
     return {job["job_id"]: job for job in json.loads(out)["jobs"]}
 

@@ -11,12 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from hubclient import active_jobs
-from portal.slurm.slurmclient import Slurm
+from hubclient import active_jobs, demo_slurm
 from test_jobs import jobs_api
 
 DSPORTAL = str(Path(sys.executable).parent / "dsportal")
-SLURM_CONF = Path("/var/lib/dsportal-demo/slurm/slurm.conf")
 
 
 def sacct(job_id: int, user: str = "alice") -> dict[str, str]:
@@ -110,7 +108,7 @@ def test_final_states_come_from_accounting_once_slurmctld_forgot_them(alice):
     assert json.loads(answer) == ["COMPLETED", "from Slurm accounting"], answer
 
     # The hub's Slurm client, for a session that ended while slurmctld forgot it.
-    record = asyncio.run(Slurm(conf=SLURM_CONF).accounting(job_id, "alice"))
+    record = asyncio.run(demo_slurm().accounting(job_id, "alice"))
     assert record is not None and record.state == "COMPLETED" and record.user == "alice", record
 
 

@@ -212,7 +212,7 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
     its usage line: the hub then writes and submits in two runs, and says what to do in its log."""
     import asyncio
 
-    from portal.slurm.slurmclient import Slurm
+    from hubclient import demo_slurm
 
     source = Path(MEDIATOR).read_text()
     start_branch = source[source.index('        if verb == "start"'):source.index('        if verb == "tail"')]
@@ -225,7 +225,7 @@ def test_a_start_writes_the_certificates_and_submits_in_one_run_and_an_older_med
               "#SBATCH --output=/dev/null\ntrue\n")
     try:
         for mediator, name in ((Path(MEDIATOR), "one-run"), (OLD_MEDIATOR, "two-runs")):
-            slurm = Slurm(Path(os.environ["SLURM_CONF"]), submit_as="runuser", mediator=mediator)
+            slurm = demo_slurm(submit_as="runuser", mediator=mediator)
             folder = f"{home}/.dsportal/certs/test-{name}"
             job_id = asyncio.run(slurm.submit("alice", script, f"{home}/.dsportal/logs", env={},
                                               certs=(folder, {"session.crt": f"certificate {name}\n"})))

@@ -16,7 +16,7 @@ import pytest
 import requests
 import websocket
 
-from hubclient import DEMO_SLURM_CONF, active_jobs, receive, squeue_jobs
+from hubclient import SLURM_ENV, active_jobs, receive, squeue_jobs
 
 ALLREDUCE = """
 import os, socket, time
@@ -115,7 +115,7 @@ def stdout_by_rank(messages: list[dict]) -> dict[int, list[str]]:
 
 def scontrol_state(job_id: int) -> str:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
-                         env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/bin:/bin"}).stdout
+                         env=SLURM_ENV).stdout
     fields = dict(part.split("=", 1) for part in out.split() if "=" in part)
     return fields.get("JobState", "")
 
@@ -348,7 +348,7 @@ def test_a_neighbour_s_job_named_like_a_line_of_hers_does_not_end_her_job_in_the
     from portal.session.job import launcher as jobs
     from portal.slurm.slurmclient import SlurmCommands
 
-    env = {**os.environ, "SLURM_CONF": DEMO_SLURM_CONF}
+    env = {**os.environ, **SLURM_ENV}
     job_id = int(subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "-p", "cpu", "-t", "2",
                                  "--wrap", "sleep 120"], env=env, capture_output=True, text=True,
                                 check=True).stdout.split(";")[0])

@@ -10,11 +10,10 @@ import time
 
 from playwright.sync_api import sync_playwright
 
-from hubclient import DEMO_SLURM_CONF, active_jobs, squeue_jobs
+from hubclient import SLURM_ENV, active_jobs, squeue_jobs
 from test_walltime import EMPTY_NOTEBOOK
 
 REQUEUED = "was preempted for higher-priority work and waits to run again"  # her page's progress meanwhile
-SLURM_ENV = {"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def as_bob(*argv: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIG, REPO
+from conftest import DEMO_CONFIG as CONFIG, REPO
 from portal.admin import hubaccount
 from portal.core.settings import DEMO_STATE, PRODUCTION_CONFIG
 

@@ -170,10 +170,10 @@ def test_bad_requests_are_refused_and_submit_nothing(alice):
 
 
 def test_one_squeue_serves_every_session():
-    from portal.slurm.slurmclient import Slurm
+    from hubclient import demo_slurm
 
     async def many_sessions_polling():
-        slurm = Slurm(conf="/var/lib/dsportal-demo/slurm/slurm.conf", cache_seconds=5)
+        slurm = demo_slurm(cache_seconds=5)
         await asyncio.gather(*(slurm.job(n) for n in range(200)))
         return slurm.squeue_calls
 

@@ -139,18 +139,17 @@ def test_a_slow_squeue_serves_everyone_who_waited_for_it(portal, tmp_path):
     (each squeue longer than the snapshot's cache time), those who came during one squeue share the
     next: a burst costs two squeues, not one each, one after another (on which reports waited minutes)."""
     import asyncio
-    import os
     import time
-    from pathlib import Path
 
+    from hubclient import DEMO_SLURM_CONF, SLURM_BIN
     from portal.slurm.slurmclient import Slurm
 
     slow = tmp_path / "bin"
     slow.mkdir()
     for tool in ("squeue", "sinfo", "scontrol"):
-        (slow / tool).write_text(f"#!/bin/sh\nsleep 1.5\nexec /usr/bin/{tool} \"$@\"\n")
+        (slow / tool).write_text(f"#!/bin/sh\nsleep 1.5\nexec {SLURM_BIN}/{tool} \"$@\"\n")
         (slow / tool).chmod(0o755)
-    slurm = Slurm(Path(os.environ["SLURM_CONF"]), slow, cache_seconds=1.0)
+    slurm = Slurm(DEMO_SLURM_CONF, slow, cache_seconds=1.0)
 
     async def burst():
         async def report(delay: float):

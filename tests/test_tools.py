@@ -15,7 +15,7 @@ import pytest
 
 from conftest import stop_and_wait
 from democluster import network
-from hubclient import HubUser, active_jobs
+from hubclient import SLURM_ENV, HubUser, active_jobs
 from portal.core.settings import Profile
 from portal.session.tool import offer as session_tools, vscode
 from portal.session.tool.offer import Tools
@@ -317,7 +317,7 @@ def test_vs_code_is_hers_alone(alice, bob):
     # job_container/tmpfs), not in theirs; its folder on the node's disk is root's and hers alone.
     on_disk = f"{JOB_TMP}/{job['nodes']}/{job['nodes']}/{job['job_id']}/.{job['job_id']}/{sock.removeprefix('/tmp/')}"
     assert os.path.exists(on_disk), on_disk
-    env = {**os.environ, "SLURM_CONF": os.environ.get("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")}
+    env = {**os.environ, **SLURM_ENV}
     for path in (sock, on_disk):
         # (from its folder: the path on disk is longer than a unix socket's address may be)
         probe = (f"import os, socket; os.chdir(os.path.dirname({path!r})); s = socket.socket(socket.AF_UNIX); "

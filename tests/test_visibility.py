@@ -15,12 +15,12 @@ import subprocess
 import time
 
 from conftest import DSPORTAL, HUB
-from hubclient import DEMO_SLURM_CONF, active_jobs
+from hubclient import SLURM_ENV, active_jobs
 
 
 def as_user(user: str, *argv: str) -> str:
     done = subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=120,
-                          env={"SLURM_CONF": DEMO_SLURM_CONF, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+                          env=SLURM_ENV)
     return done.stdout + done.stderr
 
 

@@ -98,8 +98,12 @@ def read_input() -> str:
 
 
 def slurm_env(settings: dict) -> dict[str, str]:
-    """What a Slurm command needs of the environment: a safe PATH, the settings' slurm.conf."""
-    return {"PATH": SAFE_PATH, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
+    """What a Slurm command needs of the environment: a safe PATH with the cluster's own Slurm commands
+    first (sbatch's job gets it: its srun must be the cluster's release), the settings' slurm.conf (none
+    on a configless cluster)."""
+    bin_dir = settings.get("bin_dir", "/usr/bin")
+    path = SAFE_PATH if bin_dir in SAFE_PATH.split(":") else f"{bin_dir}:{SAFE_PATH}"
+    return {"PATH": path, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
 
 
 def slurm_tool(settings: dict, name: str) -> str:

@@ -69,6 +69,13 @@ TAIL_BYTES = 64 * 1024
 PASSED_ON = {"PATH", "LANG", "LANGUAGE", "TZ", "SLURM_CONF", "MUNGE_SOCKET"}
 
 
+def slurm_first(bin_dir: Path | str, path: str) -> str:
+    """``path`` with the folder of the cluster's Slurm commands first, unless it is on it already: the
+    commands a job or a script runs by name (srun, scontrol) are then the cluster's release, not another
+    the node may also have (a site's /opt/slurm/bin beside a distribution's /usr/bin)."""
+    return path if str(bin_dir) in path.split(":") else f"{bin_dir}:{path}"
+
+
 def sacct_argv(sacct: str, fields: tuple[str, ...], separator: str, *, job_ids: Iterable[int] = (), since: str = "",
                user: str | None = None) -> list[str]:
     """Whole jobs (-X), each field followed by ``separator`` (slurmparse.sacct_separator; -p): those of
@@ -173,7 +180,7 @@ class Slurm:
         sbatch's environment) is hers to read in /proc/PID/environ, and the hub holds secrets
         (JUPYTERHUB_CRYPT_KEY, CONFIGPROXY_AUTH_TOKEN, LDAP passwords, API keys)."""
         env = {name: value for name, value in os.environ.items() if name in PASSED_ON or name.startswith("LC_")}
-        env.setdefault("PATH", SAFE_PATH)
+        env["PATH"] = slurm_first(self.bin_dir, env.get("PATH", SAFE_PATH))
         env.update(extra or {})
         if self.conf:
             env["SLURM_CONF"] = str(self.conf)
