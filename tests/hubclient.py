@@ -342,9 +342,22 @@ def receive(ws, deadline: float) -> str | None:
 
 def squeue_jobs() -> dict[int, dict]:
     """What Slurm itself says, independent of the portal's own parser."""
-    out = subprocess.run(["squeue", "--json"], env=SLURM_ENV,
+    out = subprocess.run(["squeue", "--json", "--states=all"], env=SLURM_ENV,
                          capture_output=True, text=True, check=True).stdout
-    return {job["job_id"]: job for job in json.loads(out)["jobs"]}
+    return {job["job_id"]: as_in_22_05(job) for job in json.loads(out)["jobs"]}
+
+
+def as_in_22_05(job: dict) -> dict:
+    """A job of squeue --json in 22.05's words, whichever release said it: from 23.02 on, its state is a list of
+    the state and its flags (["RUNNING"]), and numbers are {"set": ..., "infinite": ..., "number": ...}."""
+    plain = {}
+    for key, value in job.items():
+        if isinstance(value, dict) and {"set", "number"} <= set(value):
+            value = value["number"] if value["set"] and not value.get("infinite") else None
+        elif key == "job_state" and isinstance(value, list):
+            value = value[0] if value else ""
+        plain[key] = value
+    return plain
 
 
 def active_jobs(user: str) -> list[dict]:

@@ -44,6 +44,7 @@ from portal.slurm.slurmparse import (
     home_full as home_full,
     job_gpus as job_gpus,
     newest_by_job,
+    nodes_argv,
     parse_config,
     parse_job_id,
     parse_release,
@@ -166,6 +167,7 @@ class Slurm:
         self._as_user_slots = asyncio.Semaphore(as_user_at_once or max(4, 2 * (os.cpu_count() or 1)))
         self._others_pending: list[tuple[int, str, int, int]] = []  # the last squeue's other pending jobs
         self._sinfo = _Snapshot(self._fetch_nodes, empty=[])
+        self._release: str | None = None  # this host's commands' release, once asked ("": they did not say)
         self._cancels: set[asyncio.Task] = set()  # cancel_soon's, held until they end
         self._places: tuple[dict, dict] = ({}, {})  # (the squeue snapshot, its queue_places)
         # Told of each command: its name (command_name), outcome (ok; error: Slurm refused; unavailable:
@@ -347,7 +349,7 @@ class Slurm:
                    submit_time=0)
 
     async def nodes(self, max_age: float = 10.0) -> list[Node]:
-        """Every node, from one shared ``sinfo --json`` taken at most every ``max_age`` seconds."""
+        """Every node, from one shared listing (slurmparse.nodes_argv: `sinfo --json` on 22.05) taken at most every ``max_age`` seconds."""
         return await self._sinfo.get(max_age)
 
     @property
@@ -387,7 +389,18 @@ class Slurm:
         return sessions
 
     async def _fetch_nodes(self) -> list[Node]:
-        return parse_sinfo_json(await self.run([self.tool("sinfo"), "--json"]))
+        name, *args = nodes_argv(await self.release())
+        return parse_sinfo_json(await self.run([self.tool(name), *args]))
+
+    async def release(self) -> str | None:
+        """The release of this host's Slurm commands ("24.11.5"; None where they do not say), asked once:
+        where releases differ, the layer speaks to it (slurmparse.nodes_argv)."""
+        if self._release is None:
+            try:
+                self._release = parse_release(await self.run([self.tool("sinfo"), "--version"])) or ""
+            except SlurmError:
+                return None
+        return self._release or None
 
     async def resources(self, max_age: float = 10.0) -> dict[str, Resources]:
         return partition_resources(await self.nodes(max_age))
@@ -548,7 +561,12 @@ class SlurmCommands:
         return parse_dbd_backlog(out)
 
     def nodes(self, timeout: float = 10) -> list[Node]:
-        return parse_sinfo_json(self.run([self.tool("sinfo"), "--json"], timeout=timeout))
+        try:
+            release = parse_release(self.run([self.tool("sinfo"), "--version"], timeout=timeout))
+        except SlurmError:
+            release = None
+        name, *args = nodes_argv(release)
+        return parse_sinfo_json(self.run([self.tool(name), *args], timeout=timeout))
 
     def partitions(self) -> list[str]:
         out = self.run([self.tool("sinfo"), "-h", "-o", "%R"])

@@ -182,7 +182,7 @@ class Node:
         alloc_gpus, alloc_shards = gpus_and_shards(item.get("gres_used", ""))
         return cls(
             name=item["name"],
-            state=str(item.get("state") or ""),
+            state=node_state(item.get("state")),
             partitions=tuple(item.get("partitions") or ()),
             cpus=int(item.get("cpus") or 0),
             alloc_cpus=int(item.get("alloc_cpus") or 0),
@@ -194,6 +194,14 @@ class Node:
             shards=shards,
             alloc_shards=alloc_shards,
         )
+
+
+def node_state(state) -> str:
+    """A node's state as 22.05 says it ("idle", "mixed"), also of 23.02's and later lists of state and
+    flags (["IDLE", "DRAIN"]: "idle+drain")."""
+    if isinstance(state, list):
+        return "+".join(str(word).lower() for word in state)
+    return str(state or "")
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,17 @@ def partition_resources(nodes: Iterable[Node]) -> dict[str, Resources]:
     return {name: Resources(**values) for name, values in totals.items()}
 
 
+def nodes_argv(release: str | None) -> list[str]:
+    """The command (its name first) that lists each node as JSON for the commands of ``release``: Slurm 22.05's
+    ``sinfo --json``; from 23.02 on, sinfo's JSON groups the nodes (its "sinfo" list) and ``scontrol --json
+    show nodes`` lists each, in the same fields. A release not known (None): the newer command."""
+    if release and release_line(release) < "23.02":
+        return ["sinfo", "--json"]
+    return ["scontrol", "--json", "show", "nodes"]
+
+
 def parse_sinfo_json(text: str) -> list[Node]:
+    """Each node of nodes_argv's answer, whichever release gave it (its "nodes" list)."""
     return [Node.from_json(item) for item in json.loads(text).get("nodes") or []]
 
 

@@ -55,8 +55,8 @@ _limits_cache: dict[str, tuple[float, dict]] = {}
 
 def with_cluster_limits(policy: LaunchPolicy, max_age: float = 10.0) -> LaunchPolicy:
     """The policy plus, per partition, its usable nodes and the most GPUs one node has, from the
-    session's own ``sinfo --json`` (cached briefly). Without an answer the limits stay unknown
-    and Slurm itself refuses impossible jobs at sbatch."""
+    session's own listing of the nodes (slurmparse.nodes_argv; cached briefly). Without an answer the limits
+    stay unknown and Slurm itself refuses impossible jobs at sbatch."""
     taken, limits = _limits_cache.get("sinfo", (0.0, {}))
     if time.monotonic() - taken > max_age:
         try:
