@@ -70,11 +70,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 from class_start import class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
-from democluster.base import directory  # noqa: E402
+from democluster.base import CONFIGLESS, SLURM_RELEASE, directory, release_config, slurm_prefix  # noqa: E402
 from department import HubLoad, queued_jobs  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
 
-CONFIG = REPO / "config" / "portal.yaml"
+# The demo's settings; on another Slurm release (make bench SLURM=24.11) those the demo derives for it.
+CONFIG = release_config(REPO / "config" / "portal.yaml")
 # The hubs it starts (`dsportal --config ... hub`) read the demo's settings on purpose (settings.refuse_demo).
 os.environ.setdefault("DSPORTAL_DEMO", "1")
 PASSWORDS = {u["name"]: u["password"] for u in directory()["users"]}  # course students included
@@ -104,6 +105,13 @@ c.SlurmSpawner.req_runtime = "08:00:00"
 c.SlurmSpawner.req_prologue = "export PATH={env}/bin:$PATH"
 c.SlurmSpawner.req_keepvars_extra = "PATH"  # else srun runs the server without that PATH
 c.Spawner.env_keep = ["LANG", "SLURM_CONF"]
+{slurm}"""
+# Stock on another Slurm release than the machine's own (make bench SLURM=24.11): its commands by path, as a site
+# with Slurm in /opt/slurm/bin configures batchspawner (sudo gives the commands its own secure PATH).
+STOCK_SLURM = """c.SlurmSpawner.batch_submit_cmd = "{bin}/sbatch --parsable"
+c.SlurmSpawner.batch_query_cmd = "{bin}/squeue -h -j {{job_id}} -o '%T %B'"
+c.SlurmSpawner.batch_cancel_cmd = "{bin}/scancel {{job_id}}"
+c.SlurmSpawner.req_srun = "{bin}/srun"
 """
 
 
@@ -172,7 +180,8 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
         stock_db = db_url.replace("@", f":{db_password_file.read_text()}@", 1)
     (data / "stock_config.py").write_text(textwrap.dedent(STOCK_CONFIG.format(
         config=str(path), bind=bind, hub=hub, proxy=proxy, chp=chp, data=data, start_timeout=start_timeout,
-        env=environment, slice=STOCK_CLASS_SLICE if for_class else STOCK_SLICE, db_url=stock_db)))
+        env=environment, slice=STOCK_CLASS_SLICE if for_class else STOCK_SLICE, db_url=stock_db,
+        slurm=STOCK_SLURM.format(bin=slurm_prefix() / "bin") if SLURM_RELEASE else "")))
     return [str(ENV / "jupyterhub"), "-f", str(data / "stock_config.py")]
 
 
@@ -598,7 +607,8 @@ def main(argv=None) -> int:
     CLASS_SLICE, STOCK_CLASS_SLICE = CLASS_PROFILES[args.class_profile]
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
-    os.environ.setdefault("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")
+    if not CONFIGLESS:
+        os.environ.setdefault("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")
     busy = [u for u in args.users if active_jobs(u)]
     if busy:
         raise SystemExit(f"these users have jobs on the cluster, stop them first: {', '.join(busy)}")

@@ -15,6 +15,7 @@ from democluster.base import (
     render,
     run,
     say,
+    slurm_build,
     slurm_daemon,
     slurm_env,
     stop_pid,
@@ -69,7 +70,7 @@ def ensure_accounting(fresh: bool = False) -> None:
            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
     run(["mariadb", f"--socket={socket_path}"], input=sql)  # the password on its input, never a command line
     conf = render("slurmdbd.conf.j2", state=p.root, dbd_port=DBD_PORT, db_port=MARIADB_PORT, password=password,
-                  login_address=LOGIN_ADDRESS)
+                  login_address=LOGIN_ADDRESS, plugin_dir=slurm_build().get("plugin_dir", ""))
     changed = write_if_changed(p.slurm / "slurmdbd.conf", conf, 0o600)  # slurmdbd refuses a readable one: it holds the password
     env = slurm_env()
     if changed and alive(p.run / "slurmdbd.pid"):  # a changed conf (PrivateData, ...) holds once restarted

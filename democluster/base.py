@@ -172,6 +172,19 @@ def slurm_prefix(release: str = SLURM_RELEASE) -> Path:
     return SLURM_PREFIXES / release if release else Path("/usr")
 
 
+def slurm_build(release: str = SLURM_RELEASE) -> dict[str, str]:
+    """What scripts/build-slurm.sh or unpack-slurm.sh wrote of ``release``'s installation (its stamp): version,
+    source, and for Debian's binary packages (unpack-slurm.sh) the plugin_dir and slurmstepd that Debian
+    compiled in elsewhere. Empty for Debian's own Slurm."""
+    if not release:
+        return {}
+    stamp = slurm_prefix(release) / ".dsportal-slurm"
+    if not stamp.is_file():
+        raise DemoError(f"Slurm {release} is not installed in {slurm_prefix(release)}: make demo SLURM={release} "
+                        f"builds it (scripts/build-slurm.sh {release})")
+    return dict(line.split("=", 1) for line in stamp.read_text().splitlines() if "=" in line)
+
+
 def slurm_daemon(name: str, release: str = SLURM_RELEASE) -> str:
     """slurmctld, slurmd, slurmdbd or sackd of the demo's release."""
     return str(slurm_prefix(release) / "sbin" / name)

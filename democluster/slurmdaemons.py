@@ -19,6 +19,7 @@ from democluster.base import (
     render,
     run,
     say,
+    slurm_build,
     slurm_daemon,
     slurm_env,
     slurm_prefix,
@@ -197,6 +198,7 @@ def write_slurm_conf() -> bool:
         mail_program=MAIL_PROGRAM,
         mail_domain=mail_domain(),
         configless=CONFIGLESS,
+        plugin_dir=slurm_build().get("plugin_dir", ""),
     )
     # The share node's GPUs each give SHARDS_PER_GPU shares, spread evenly over them (Slurm wants the
     # shards on the files of the node's gpu GRES).
@@ -337,7 +339,9 @@ def ensure_slurm() -> None:
         pid = alive(p.run / f"slurmd-{node}.pid")
         if not pid:
             restarted_at = restarted_at or time.time()
-            run(in_node(node, [*jobs_yield(), slurm_daemon("slurmd"), "-N", node, "-f", str(node_conf(node))]), env=env)
+            stepd = ["-d", slurm_build()["slurmstepd"]] if "slurmstepd" in slurm_build() else []
+            run(in_node(node, [*jobs_yield(), slurm_daemon("slurmd"), "-N", node, "-f", str(node_conf(node)), *stepd]),
+                env=env)
             say(f"slurmd {node} started on {address(node)}")
         else:
             make_running_slurmd_yield(pid)

@@ -13,7 +13,10 @@ from hubclient import active_jobs
 def scontrol(job_id: int) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
                          check=True).stdout
-    return dict(re.findall(r"(\S+?)=(\S*)", out))
+    fields = dict(re.findall(r"(\S+?)=(\S*)", out))
+    if "TresPerNode" in fields:  # in 22.05's words: 23.02 on say gres/gpu:2 for gres:gpu:2
+        fields["TresPerNode"] = re.sub(r"(?<![^,])gres/", "gres:", fields["TresPerNode"])
+    return fields
 
 
 def probe_job_id() -> int:

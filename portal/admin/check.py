@@ -45,8 +45,11 @@ def check_slurm(settings) -> list[Result]:
         return [Result("Slurm controller", False, f"not reachable: {error}")]
     results = [Result("Slurm controller", True, f"answers; partitions {', '.join(found) or 'none'}")]
     try:
-        detail, warning = describe_releases(*SlurmCommands.from_settings(settings).releases())
+        commands = SlurmCommands.from_settings(settings)
+        detail, warning = describe_releases(*commands.releases())
         results.append(Result("Slurm release", True, detail, warning=warning))
+        results.append(Result("Slurm configuration", True, config_source(settings.slurm.conf,
+                                                                         commands.config().get("SLURM_CONF", ""))))
     except SlurmError as error:
         results.append(Result("Slurm release", True, f"not known ({error})", warning=True))
     for profile in settings.profiles:
@@ -54,6 +57,19 @@ def check_slurm(settings) -> list[Result]:
         detail = "exists" if ok else f"partition {profile.partition!r} not in sinfo ({', '.join(found)})"
         results.append(Result(f"profile {profile.name}", ok, detail))
     return results
+
+
+def config_source(named, used: str) -> str:
+    """Where this host's Slurm commands found slurm.conf (``used``: scontrol show config's SLURM_CONF), for
+    portal.yaml's slurm.conf (``named``; None: configless)."""
+    if named:
+        return f"{named} (portal.yaml's slurm.conf)"
+    if used.startswith("/run/slurm/conf/"):
+        return (f"configless: this host's commands read {used}, the copy sackd (or a slurmd) here keeps of "
+                "slurmctld's")
+    if used.startswith("/proc/") or used.startswith("/memfd:") or not used:
+        return "configless: this host's commands fetch slurm.conf from slurmctld at each run (DNS SRV or SLURM_CONF_SERVER)"
+    return f"{used} (portal.yaml names none: the commands' own default)"
 
 
 def check_nodes(settings) -> list[Result]:

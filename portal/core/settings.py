@@ -326,15 +326,18 @@ class HubSettings(_Model):
 class SlurmSettings(_Model):
     """How the hub reaches Slurm: its client commands, the mediator it runs as users, how often it asks."""
 
-    conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF). Empty or left out: none "
-                              "(a configless cluster: the commands find slurmctld themselves).")
+    conf: Path | None = Field(None, description="slurm.conf for clients (sets SLURM_CONF). Empty, null or left out: "
+                              "none, for a configless cluster: the commands read the copy sackd or slurmd keeps on this "
+                              "host (/run/slurm/conf), or find slurmctld by DNS SRV.")
 
     @field_validator("conf", mode="before")
     @classmethod
     def _empty_conf_is_none(cls, value):
         return None if isinstance(value, str) and not value.strip() else value
     bin_dir: Path = Field(Path(defaults.SLURM_BIN_DIR), description="The folder of Slurm's client commands "
-                          "(sbatch, squeue, sinfo, scancel, sacct), for the hub, the mediator and the admin's commands.")
+                          "(sbatch, squeue, sinfo, scancel, sacct), for the hub, the mediator and the admin's commands; "
+                          "it is also put first on the PATH the portal's jobs get, so that their srun is the cluster's "
+                          "release (a site's /opt/slurm/bin beside a distribution's /usr/bin).")
     submit_as: Literal["runuser", "sudo"] = Field(
         defaults.SUBMIT_AS, description="How the hub runs the mediator (submit, cancel, certificates, log tail) as "
         "a user: 'sudo' for an unprivileged hub (`dsportal hub sudoers` writes its one rule), 'runuser' for a hub "

@@ -141,8 +141,12 @@ def _exit_status(raw: int) -> int:
 _UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "maint", "reboot")
 
 
-def _gpu_count(gres: str) -> int:
-    return gpus_and_shards(gres)[0]
+def _gpu_count(tres: str) -> int:
+    """The GPUs of a job's tres-per-node: 22.05's "gres:gpu:2", 23.02's and later's "gres/gpu:2"."""
+    return gpus_and_shards(_TRES_GRES.sub("", tres))[0]
+
+
+_TRES_GRES = re.compile(r"(?<![^,])gres[:/]")
 
 
 # A type is optional, and sinfo's gres_used names an untyped one "(null)": shard:(null):3(IDX:...)
@@ -316,7 +320,7 @@ def parse_squeue(text: str, separator: str) -> tuple[dict[int, Job], list[tuple[
             nodes=nodes if nodes not in _NOT_SET else "",
             exit_code=_exit_status(int(code)) if code.isascii() and code.isdigit() else 0,  # the wait status
             start_time=_epoch(started), submit_time=_epoch(submitted),
-            gpus=_gpu_count(tres.replace("gres:", "") if tres not in _NOT_SET else ""),
+            gpus=_gpu_count(tres if tres not in _NOT_SET else ""),
             profile=profile_of(comment if comment not in _NOT_SET else ""), priority=_number_text(priority),
             time_limit=_minutes(limit), restarts=_number_text(restarts))
     return sessions, others

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The whole cluster suite (make test) on one Slurm release, written down as that release's row of
+# docs/reference/compatibility.md: the release, what built it, the Python, the date, the commit, and what
+# passed and failed. A release whose whole suite passed is one `dsportal check` names without a warning
+# (portal/slurm/slurmparse.py's TESTED_RELEASES, which this keeps to the table); one that failed loses it.
+#
+#   scripts/compatibility.sh            # Debian's own Slurm (bookworm: 22.05)
+#   scripts/compatibility.sh 24.11      # scripts/build-slurm.sh's build, the demo configless
+#
+# Switching releases starts the demo's Slurm state afresh (democluster: switch_release), and the demo is
+# left running on the release tried: `make demo` brings back Debian's. The run's whole output is kept in
+# $LOGS (about 50 min on 2 cores). Extra pytest arguments: PYTEST_ARGS, as for make test (a partial run is
+# written down as such, never as "whole suite passed").
+set -uo pipefail
+release=${1:-}
+cd "$(dirname "$0")/.."
+LOGS=${DSPORTAL_COMPAT_LOGS:-/var/log/dsportal-compatibility}
+mkdir -p "$LOGS"
+stamp=$(date -u +%Y-%m-%d)
+log=$LOGS/slurm-${release:-debian}-$stamp-$(date -u +%H%M%S).log
+commit=$(git rev-parse --short HEAD)
+[ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+changes"
+echo "[compatibility] make test SLURM=$release at $commit: $log"
+start=$(date +%s)
+make test SLURM="$release" > "$log" 2>&1
+status=$?
+seconds=$(( $(date +%s) - start ))
+
+if [ -n "$release" ]; then
+  bin=/opt/dsportal-slurm/$release/bin
+  built="$(sed -n 's/^source=//p' "/opt/dsportal-slurm/$release/.dsportal-slurm") (scripts/build-slurm.sh)"
+else
+  bin=/usr/bin
+  built="Debian $(. /etc/os-release && echo "$VERSION_CODENAME") \`slurm-wlm\` $(dpkg-query -W -f='${Version}' slurm-client)"
+fi
+version=$("$bin/sinfo" --version | awk '{ print $2 }')
+python=$(/opt/dsportal/env/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+/opt/dsportal/env/bin/python - "$version" "$built" "$python" "$stamp" "$commit" "$seconds" "$status" "$log" \
+  "${PYTEST_ARGS:-}" <<'EOF'
+import re
+import sys
+from pathlib import Path
+
+version, built, python, date, commit, seconds, status, log, pytest_args = sys.argv[1:]
+text = Path(log).read_text(errors="replace")
+# pytest's last line: "== 612 passed, 3 failed, 2 warnings in 2941.21s (0:49:01) =="
+summary = next((line for line in reversed(text.splitlines()) if re.search(r"\d+ (passed|failed)", line)), "")
+counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?)", summary)}
+failed = sorted({m for m in re.findall(r"^(?:FAILED|ERROR) (tests/\S+?)(?: - |$)", text, re.M)})
+minutes = f"{int(seconds) // 60} min {int(seconds) % 60} s"
+passed, bad = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+if status == "0" and passed and not bad and not pytest_args:
+    result = f"whole suite passed: {passed} tests in {minutes}"
+elif not summary:
+    result = f"did not run to the end (make test exited {status}; log {log})"
+else:
+    result = (f"{passed} passed, {bad} failed in {minutes}" + (f" (PYTEST_ARGS={pytest_args})" if pytest_args else "")
+              + (": " + ", ".join(failed) if failed else ""))
+row = f"| {version} | {built} | {python} | {date} | {commit} | {result} |"
+line = ".".join(version.split(".")[:2])
+
+table = Path("docs/reference/compatibility.md")
+lines = table.read_text().splitlines()
+at = [i for i, existing in enumerate(lines) if re.match(rf"\| {re.escape(line)}\.\d+ \|", existing)]
+if at:
+    lines[at[0]] = row
+else:
+    last = max(i for i, existing in enumerate(lines) if re.match(r"\| \d{2}\.\d{2}\.\d+ \|", existing))
+    lines.insert(last + 1, row)
+table.write_text("\n".join(lines) + "\n")
+
+# TESTED_RELEASES: the releases whose row says the whole suite passed, with that run's date.
+code = Path("portal/slurm/slurmparse.py")
+source = code.read_text()
+tested = dict(re.findall(r'"(\d{2}\.\d{2})": "([0-9-]+)"', re.search(r"TESTED_RELEASES = \{[^}]*\}", source).group()))
+if result.startswith("whole suite passed"):
+    tested[line] = date
+else:
+    tested.pop(line, None)
+body = ", ".join(f'"{k}": "{v}"' for k, v in sorted(tested.items()))
+code.write_text(re.sub(r"TESTED_RELEASES = \{[^}]*\}", f"TESTED_RELEASES = {{{body}}}", source, count=1))
+print(f"[compatibility] {row}")
+EOF
+exit $status
