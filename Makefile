@@ -6,15 +6,23 @@ export PATH := /opt/dsportal/env/bin:$(PATH)
 # refuse elsewhere (docs/reference/cli.md). A site's hub reads /etc/dsportal/portal.yaml, never this.
 export DSPORTAL_CONFIG ?= $(CURDIR)/config/portal.yaml
 export DSPORTAL_DEMO := 1
-# The Slurm release of the demo and the suite: Debian's own (bookworm: 22.05) unless SLURM names another, which
-# scripts/build-slurm.sh builds into /opt/dsportal-slurm/RELEASE (make demo SLURM=24.11, make test SLURM=24.11;
-# switching releases starts Slurm's state afresh). Such a demo runs configless, on the portal.yaml it derives from
-# config/portal.yaml (slurm.bin_dir that release's, no slurm.conf): docs/reference/compatibility.md.
-SLURM ?=
-ifneq ($(SLURM),)
+# The Slurm release of the demo and the suite: SLURM=24.11 or 26.05 (scripts/build-slurm.sh installs it into
+# /opt/dsportal-slurm/RELEASE), SLURM=22.05 Debian's own; unset, the release the demo runs now (Debian's on a
+# fresh machine). Switching releases starts Slurm's state afresh; another release than Debian's runs configless, on
+# the portal.yaml the demo derives from config/portal.yaml (docs/reference/compatibility.md).
+DEMO_DIR := $(or $(DSPORTAL_DEMO_DIR),/var/lib/dsportal-demo)
+ifeq ($(origin SLURM),undefined)
+SLURM := $(shell cat $(DEMO_DIR)/slurm/release 2>/dev/null)
+endif
+ifneq ($(filter-out 22.05,$(SLURM)),)
+ifeq ($(shell echo '$(SLURM)' | grep -xE '[0-9]{2}\.[0-9]{2}'),)
+$(error SLURM=$(SLURM): a Slurm release is YY.MM, e.g. 24.11)
+endif
 export DSPORTAL_SLURM := $(SLURM)
 export PATH := /opt/dsportal-slurm/$(SLURM)/bin:$(PATH)
-export DSPORTAL_CONFIG := $(or $(DSPORTAL_DEMO_DIR),/var/lib/dsportal-demo)/config/portal-$(SLURM).yaml
+export DSPORTAL_CONFIG := $(DEMO_DIR)/config/portal-$(SLURM).yaml
+else
+export DSPORTAL_SLURM := 22.05
 endif
 
 .PHONY: deps slurm lock upgrade-check lint demo demo-log stop clean test quick check bench screenshots dist
@@ -49,10 +57,10 @@ demo: deps slurm
 
 # The release SLURM names, built once (about 4 min): nothing for Debian's own.
 slurm:
-	@if [ -n "$(SLURM)" ]; then bash scripts/build-slurm.sh $(SLURM); fi
+	@if [ "$(DSPORTAL_SLURM)" != 22.05 ]; then bash scripts/build-slurm.sh $(SLURM); fi
 
 demo-log:
-	tail -n 20 -f $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}/log/extras.log
+	tail -n 20 -f $(DEMO_DIR)/log/extras.log
 
 stop:
 	@if [ -x $(PY) ]; then cd $(CURDIR) && $(PY) -m democluster down; fi
@@ -62,7 +70,7 @@ check:
 
 # Stops everything and deletes the demo state (jobs, LDAP data, hub database).
 clean: stop
-	rm -rf $${DSPORTAL_DEMO_DIR:-/var/lib/dsportal-demo}
+	rm -rf $(DEMO_DIR)
 
 test: deps slurm
 	bash scripts/build-extras.sh

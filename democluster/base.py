@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -16,12 +17,27 @@ import yaml
 from portal.admin.pidfiles import alive as alive  # the demo's modules take it from here
 
 STATE = Path(os.environ.get("DSPORTAL_DEMO_DIR", "/var/lib/dsportal-demo"))
-# The Slurm release the demo runs (make demo SLURM=24.11 sets $DSPORTAL_SLURM): empty, the machine's own
-# (Debian bookworm's slurm-wlm 22.05, in /usr); else scripts/build-slurm.sh's build of that release, in
-# /opt/dsportal-slurm/RELEASE. A newer release runs configless, as sites do: the login node (the hub, the
-# tests) has no slurm.conf, and sackd there fetches it from slurmctld (SlurmctldParameters=enable_configless).
-SLURM_RELEASE = os.environ.get("DSPORTAL_SLURM", "")
+# The Slurm release the demo runs: $DSPORTAL_SLURM (make demo SLURM=24.11 sets it), else the release the demo's
+# Slurm state is of (STATE/slurm/release: a demo on 24.11 stays on 24.11 until another is asked for). Empty or
+# 22.05: the machine's own (Debian bookworm's slurm-wlm 22.05, in /usr); else scripts/build-slurm.sh's installation of
+# that release in /opt/dsportal-slurm/RELEASE. A newer release runs configless, as sites do: the login node (the
+# hub, the tests) has no slurm.conf, and sackd there fetches it from slurmctld (SlurmctldParameters=enable_configless).
+DEBIANS_OWN = "22.05"
 SLURM_PREFIXES = Path(os.environ.get("DSPORTAL_SLURM_PREFIX", "/opt/dsportal-slurm"))
+
+
+def _release() -> str:
+    asked = os.environ.get("DSPORTAL_SLURM")
+    if asked is None:
+        recorded = STATE / "slurm" / "release"
+        asked = recorded.read_text().strip() if recorded.is_file() else ""
+    asked = "" if asked in ("", DEBIANS_OWN) else asked
+    if asked and not re.fullmatch(r"[0-9]{2}\.[0-9]{2}", asked):
+        raise SystemExit(f"DSPORTAL_SLURM={asked!r}: a Slurm release is YY.MM (24.11, 26.05) or {DEBIANS_OWN} (Debian's)")
+    return asked
+
+
+SLURM_RELEASE = _release()
 CONFIGLESS = bool(SLURM_RELEASE)
 
 
@@ -167,15 +183,17 @@ def slurm_conf_path() -> Path:
     return paths().slurm / "slurm.conf"
 
 
-def slurm_prefix(release: str = SLURM_RELEASE) -> Path:
-    """Where ``release``'s Slurm is installed (bin, sbin)."""
+def slurm_prefix(release: str | None = None) -> Path:
+    """Where ``release``'s Slurm is installed (bin, sbin; None: the demo's release)."""
+    release = SLURM_RELEASE if release is None else release
     return SLURM_PREFIXES / release if release else Path("/usr")
 
 
-def slurm_build(release: str = SLURM_RELEASE) -> dict[str, str]:
+def slurm_build(release: str | None = None) -> dict[str, str]:
     """What scripts/build-slurm.sh or unpack-slurm.sh wrote of ``release``'s installation (its stamp): version,
     source, and for Debian's binary packages (unpack-slurm.sh) the plugin_dir and slurmstepd that Debian
     compiled in elsewhere. Empty for Debian's own Slurm."""
+    release = SLURM_RELEASE if release is None else release
     if not release:
         return {}
     stamp = slurm_prefix(release) / ".dsportal-slurm"
@@ -185,14 +203,15 @@ def slurm_build(release: str = SLURM_RELEASE) -> dict[str, str]:
     return dict(line.split("=", 1) for line in stamp.read_text().splitlines() if "=" in line)
 
 
-def slurm_daemon(name: str, release: str = SLURM_RELEASE) -> str:
+def slurm_daemon(name: str, release: str | None = None) -> str:
     """slurmctld, slurmd, slurmdbd or sackd of the demo's release."""
     return str(slurm_prefix(release) / "sbin" / name)
 
 
-def slurm_env(release: str = SLURM_RELEASE) -> dict[str, str]:
+def slurm_env(release: str | None = None) -> dict[str, str]:
     """The environment of the daemons and of the demo's own Slurm commands (the cluster's admin, on the
     controller's host: it reads slurm.conf), with ``release``'s commands first on the PATH."""
+    release = SLURM_RELEASE if release is None else release
     path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     if release:
         path = f"{slurm_prefix(release) / 'bin'}:{path}"

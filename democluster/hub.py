@@ -124,9 +124,16 @@ def as_hub_account(settings, command: list[str], env: dict[str, str]) -> tuple[l
     ensure_slurm_operator(account.pw_name)
     for path in [data_dir, *data_dir.rglob("*")]:
         os.lchown(path, account.pw_uid, account.pw_gid)
+    # Written by root into the account's own folder: a new file renamed over whatever the account left there (a link
+    # it planted is replaced, never followed), then given to it.
     config = data_dir / "portal.yaml"
-    config.write_bytes(settings.source.read_bytes())
-    os.chown(config, account.pw_uid, account.pw_gid)
+    fresh = data_dir / f".portal.yaml.{os.getpid()}"
+    fresh.unlink(missing_ok=True)
+    descriptor = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(settings.source.read_bytes())
+        os.fchown(handle.fileno(), account.pw_uid, account.pw_gid)
+    os.replace(fresh, config)
     proxy = alive(data_dir / "proxy.pid")
     if proxy and os.stat(f"/proc/{proxy}").st_uid != account.pw_uid:
         # A proxy an earlier root hub started: the hub starts its own, as its account, and adds every route.

@@ -266,6 +266,10 @@ def switch_release() -> bool:
     recorded = release_file().read_text().strip() if release_file().exists() else ""
     if recorded == SLURM_RELEASE or not (p.slurm / "state").exists():
         return recorded != SLURM_RELEASE
+    slurm_build()  # the release asked for is installed (its stamp), before anything of the old one goes
+    if not Path(slurm_daemon("slurmctld")).exists():
+        raise DemoError(f"{release_name(SLURM_RELEASE)} has no slurmctld: make demo SLURM={SLURM_RELEASE or '22.05'} "
+                        "installs it first")
     if recorded and not (slurm_prefix(recorded) / "sbin" / "slurmctld").exists():
         raise DemoError(f"the demo's Slurm state is of {recorded}, which is not installed in {slurm_prefix(recorded)}: "
                         "make clean first")
@@ -286,11 +290,20 @@ def ensure_sackd(env: dict[str, str]) -> None:
         return
     login_env = {name: value for name, value in env.items() if name != "SLURM_CONF"}
     CONFIGLESS_CACHE.parent.mkdir(mode=0o755, exist_ok=True)  # sackd makes conf/ in it (systemd's RuntimeDirectory)
-    log = open(paths().log / "sackd.log", "ab")
-    process = subprocess.Popen([slurm_daemon("sackd"), "-D", f"--conf-server={LOGIN_ADDRESS}:{CTLD_PORT}"],
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=login_env,
-                               start_new_session=True, cwd="/")
-    log.close()
+    shutil.rmtree(CONFIGLESS_CACHE, ignore_errors=True)  # a killed sackd's copy is not this one's
+    command = [slurm_daemon("sackd"), "-D", f"--conf-server={LOGIN_ADDRESS}:{CTLD_PORT}"]
+    plugin_dir = slurm_build().get("plugin_dir")
+    if plugin_dir:
+        # Debian's packages unpacked beside Debian's own Slurm (scripts/unpack-slurm.sh): until sackd has the
+        # configuration (and its PluginDir) it loads its auth plugin from the folder Debian compiled in, which holds
+        # the installed release's plugins: in a mount namespace of its own, that folder is its release's.
+        compiled_in = f"/usr/lib/{os.uname().machine}-linux-gnu/slurm-wlm"
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sackd-with-its-plugins", plugin_dir, compiled_in,
+                   *command]
+    with open(paths().log / "sackd.log", "ab") as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env=login_env, start_new_session=True, cwd="/")
     pidfile.write_text(f"{process.pid}\n")
     wait_for(lambda: (CONFIGLESS_CACHE / "slurm.conf").exists(), f"sackd (log: {paths().log / 'sackd.log'})",
              timeout=30)
@@ -298,8 +311,12 @@ def ensure_sackd(env: dict[str, str]) -> None:
 
 
 def stop_sackd() -> None:
-    stop_pid(paths().run / "sackd.pid", "sackd")
-    shutil.rmtree(CONFIGLESS_CACHE, ignore_errors=True)
+    """sackd stopped, and its copy of the configuration gone with it (only the demo's: none where it ran none)."""
+    pidfile = paths().run / "sackd.pid"
+    if pidfile.exists():
+        stop_pid(pidfile, "sackd")
+        pidfile.unlink(missing_ok=True)
+        shutil.rmtree(CONFIGLESS_CACHE, ignore_errors=True)
 
 
 def ensure_slurm() -> None:

@@ -15,13 +15,15 @@
 # configure is run directly (not dpkg-buildpackage: that builds every binary package, against trixie's
 # libraries) with bookworm's -dev packages and Debian's hardening flags. Idempotent: a second run only
 # checks the stamp. Usage: build-slurm.sh RELEASE [--rebuild]   (about 4 min on 2 cores)
-# Where the mirror serves no source of the release (unstable's 26.05), scripts/unpack-slurm.sh installs
-# Debian's binary packages of it into the same prefix instead.
+# 26.05: the mirror serves none of unstable's source (seen 2026-12-06: 404 for its .orig.tar.gz, .dsc and
+# .debian.tar.xz), so scripts/unpack-slurm.sh installs Debian's binary packages of it into the same prefix.
 set -euo pipefail
-declare -A SUITE_OF=([24.11]=trixie [26.05]=unstable)
+declare -A SUITE_OF=([24.11]=trixie)
 release=${1:-}
+# Releases whose source the mirror does not serve (unstable's 26.05): Debian's binary packages instead.
+[ "$release" != 26.05 ] || exec bash "$(dirname "$0")/unpack-slurm.sh" "$@"
 suite=${SUITE_OF[$release]:-}
-[ -n "$suite" ] || { echo "usage: build-slurm.sh RELEASE [--rebuild]  (RELEASE: ${!SUITE_OF[*]})" >&2; exit 2; }
+[ -n "$suite" ] || { echo "usage: build-slurm.sh RELEASE [--rebuild]  (RELEASE: ${!SUITE_OF[*]} 26.05)" >&2; exit 2; }
 rebuild=${2:-}
 PREFIX=${DSPORTAL_SLURM_PREFIX:-/opt/dsportal-slurm}/$release
 CACHE=${DSPORTAL_CACHE:-/var/cache/dsportal}/slurm
@@ -45,13 +47,10 @@ CONFIGURE=(--prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurm
            --with-hdf5=no --disable-sview --disable-pam --with-systemdsystemunitdir=no
            --disable-dependency-tracking)
 export DEB_BUILD_MAINT_OPTIONS=hardening=+all,-bindnow  # plugins resolve some symbols lazily, as in debian/rules
-flags=$(printf '%s\n' "${CONFIGURE[@]}" "$(dpkg-buildflags --get CFLAGS)" "$(dpkg-buildflags --get LDFLAGS)" |
+# From / : dpkg-buildflags names the current folder in its flags (-ffile-prefix-map=PWD=.), which must not decide
+# whether the build is still the one asked for (a run from another checkout rebuilt it).
+flags=$(cd / && printf '%s\n' "${CONFIGURE[@]}" "$(dpkg-buildflags --get CFLAGS)" "$(dpkg-buildflags --get LDFLAGS)" |
         sha256sum | cut -c1-16)
-
-# Unpacked from Debian's binary packages already (the mirror served no source): unpack-slurm.sh's own check.
-if [ "$rebuild" != --rebuild ] && grep -qs "^source=Debian .* binary packages" "$PREFIX/.dsportal-slurm"; then
-  exec bash "$(dirname "$0")/unpack-slurm.sh" "$release"
-fi
 
 # --- built already: the stamp (version, Debian revision, patches, seconds, flags) and a binary that runs ---
 stamp=$PREFIX/.dsportal-slurm
@@ -117,11 +116,7 @@ have() { local sum; sum=$(awk -v f="$1" '$1 == "file" && $2 == f { print $3 }' "
 dsc=$(awk '$1 == "file" && $2 ~ /\.dsc$/ { print $2 }' "$record")
 orig=$(awk '$1 == "file" && $2 ~ /\.orig\.tar\./ { print $2 }' "$record")
 packaging=$(awk '$1 == "file" && $2 ~ /\.debian\.tar\./ { print $2 }' "$record")
-if ! have "$orig"; then
-  # Seen with unstable's 26.05.5-1: no file of its source is served, its binary packages are.
-  say "$orig: not served by $MIRROR, or not what Debian $suite's index says: Debian's binary packages instead"
-  exec bash "$(dirname "$0")/unpack-slurm.sh" "$release"
-fi
+have "$orig" || { echo "[slurm] $orig: not served by $MIRROR, or not what Debian $suite's index says" >&2; exit 1; }
 
 # --- unpack, Debian's patches applied where its packaging was served --------------------------------
 work=$CACHE/build-$release

@@ -19,7 +19,7 @@ declare -A SUITE_OF=([26.05]=unstable)
 release=${1:-}
 suite=${SUITE_OF[$release]:-}
 [ -n "$suite" ] || { echo "usage: unpack-slurm.sh RELEASE [--again]  (RELEASE: ${!SUITE_OF[*]})" >&2; exit 2; }
-again=${2:-}
+again=${2:-}; [ "$again" != --rebuild ] || again=--again
 PREFIX=${DSPORTAL_SLURM_PREFIX:-/opt/dsportal-slurm}/$release
 CACHE=${DSPORTAL_CACHE:-/var/cache/dsportal}/slurm-debs/$suite
 MIRROR=${DSPORTAL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -89,7 +89,7 @@ for program in slurmctld slurmd slurmdbd slurmstepd sackd; do
   built=$program; [ -e "$staged/root/usr/sbin/$program-wlm" ] && built=$program-wlm
   ln -s "$root/usr/sbin/$built" "$staged/sbin/$program"
 done
-chmod -R a+rX,go-w "$staged"
+chmod -R a+rX,go-w,ug-s "$staged"  # no setuid or setgid program of that suite's in /opt
 rm -rf "$PREFIX.old"
 [ ! -e "$PREFIX" ] || mv "$PREFIX" "$PREFIX.old"
 mv "$staged" "$PREFIX"

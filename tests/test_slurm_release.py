@@ -74,6 +74,12 @@ def test_a_nodes_state_reads_the_same_from_either_release():
     assert drained.state == "idle+drain" and not drained.usable
     assert (drained.gpus, drained.alloc_gpus, drained.address) == (4, 1, "198.51.100.11")
     assert [n.name for n in parse_sinfo_json(json.dumps({"nodes": [new], "last_update": {}}))] == ["node1"]
+    # Power saving is not unusable (Slurm powers the node up for a job); an answer that lists no nodes is an error.
+    assert Node.from_json({**new, "state": ["IDLE", "POWERED_DOWN"]}).usable
+    from portal.slurm.slurmparse import SlurmError
+
+    with pytest.raises(SlurmError, match="listed no nodes"):
+        parse_sinfo_json(json.dumps({"sinfo": [], "errors": []}))  # 23.02's sinfo --json, asked of a 22.05 reading
 
 
 def test_the_clusters_own_commands_come_first_on_a_jobs_path():
@@ -102,28 +108,37 @@ def test_check_says_where_the_commands_found_slurm_conf():
 def test_the_demo_on_another_release_reads_its_commands_configless(tmp_path, monkeypatch):
     """democluster's portal.yaml for make demo SLURM=24.11: the checkout's, with slurm.bin_dir that release's and no
     slurm.conf; everything else (comments too) as it was."""
-    import importlib
+    import democluster.base as base
+    from portal.core.settings import load
 
+    for name, value in (("SLURM_RELEASE", "24.11"), ("CONFIGLESS", True), ("STATE", tmp_path)):
+        monkeypatch.setattr(base, name, value)
+    source = Path(__file__).resolve().parent.parent / "config" / "portal.yaml"
+    derived = base.release_config(source)
+    assert derived == tmp_path / "config" / "portal-24.11.yaml"
+    changed = [(a, b) for a, b in zip(source.read_text().splitlines(), derived.read_text().splitlines(), strict=True)
+               if a != b]
+    assert [b.split("#")[0].strip() for _, b in changed] == ["conf: null", "bin_dir: /opt/dsportal-slurm/24.11/bin"]
+    assert base.release_config(derived) == derived  # its own path: derived from the checkout's again
+    settings = load(derived)
+    assert settings.slurm.conf is None and str(settings.slurm.bin_dir) == "/opt/dsportal-slurm/24.11/bin"
+
+
+def test_a_release_is_asked_for_or_the_one_the_demo_runs(tmp_path, monkeypatch):
     import democluster.base as base
 
-    monkeypatch.setenv("DSPORTAL_SLURM", "24.11")
-    monkeypatch.setenv("DSPORTAL_DEMO_DIR", str(tmp_path))
-    release = importlib.reload(base)
-    try:
-        source = Path(__file__).resolve().parent.parent / "config" / "portal.yaml"
-        derived = release.release_config(source)
-        assert derived == tmp_path / "config" / "portal-24.11.yaml"
-        changed = [(a, b) for a, b in zip(source.read_text().splitlines(), derived.read_text().splitlines(), strict=True)
-                   if a != b]
-        assert [b.split("#")[0].strip() for _, b in changed] == ["conf: null", "bin_dir: /opt/dsportal-slurm/24.11/bin"]
-        assert release.release_config(derived) == derived  # its own path: derived from the checkout's again
-        from portal.core.settings import load
-
-        settings = load(derived)
-        assert settings.slurm.conf is None and str(settings.slurm.bin_dir) == "/opt/dsportal-slurm/24.11/bin"
-    finally:
-        monkeypatch.undo()
-        importlib.reload(base)
+    monkeypatch.setattr(base, "STATE", tmp_path)
+    monkeypatch.delenv("DSPORTAL_SLURM", raising=False)
+    assert base._release() == ""  # a fresh machine: Debian's own
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "release").write_text("24.11\n")
+    assert base._release() == "24.11"  # the release the demo's state is of
+    for asked, release in (("22.05", ""), ("", ""), ("26.05", "26.05")):
+        monkeypatch.setenv("DSPORTAL_SLURM", asked)
+        assert base._release() == release
+    monkeypatch.setenv("DSPORTAL_SLURM", "../../tmp/x")
+    with pytest.raises(SystemExit, match="a Slurm release is YY.MM"):
+        base._release()
 
 
 def test_a_jobs_gpus_read_the_same_from_either_release():

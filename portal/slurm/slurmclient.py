@@ -186,6 +186,8 @@ class Slurm:
         env.update(extra or {})
         if self.conf:
             env["SLURM_CONF"] = str(self.conf)
+        else:  # configless, as portal.yaml says: not a slurm.conf the hub's own environment happens to name
+            env.pop("SLURM_CONF", None)
         return env
 
     def as_user(self, user: str, *args: str) -> list[str]:
@@ -390,7 +392,11 @@ class Slurm:
 
     async def _fetch_nodes(self) -> list[Node]:
         name, *args = nodes_argv(await self.release())
-        return parse_sinfo_json(await self.run([self.tool(name), *args]))
+        try:
+            return parse_sinfo_json(await self.run([self.tool(name), *args]))
+        except SlurmError:
+            self._release = None  # asked again next time: the commands may have been upgraded meanwhile
+            raise
 
     async def release(self) -> str | None:
         """The release of this host's Slurm commands ("24.11.5"; None where they do not say), asked once:
@@ -482,7 +488,8 @@ class SlurmCommands:
 
     @classmethod
     def from_settings(cls, settings) -> SlurmCommands:
-        return cls(env={**os.environ, **settings.slurm_env()}, bin_dir=settings.slurm.bin_dir)
+        env = {name: value for name, value in os.environ.items() if name != "SLURM_CONF"}  # portal.yaml's alone
+        return cls(env={**env, **settings.slurm_env()}, bin_dir=settings.slurm.bin_dir)
 
     def tool(self, name: str) -> str:
         return str(self.bin_dir / name) if self.bin_dir else name

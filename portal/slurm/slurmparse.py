@@ -204,7 +204,8 @@ def node_state(state) -> str:
     """A node's state as 22.05 says it ("idle", "mixed"), also of 23.02's and later lists of state and
     flags (["IDLE", "DRAIN"]: "idle+drain")."""
     if isinstance(state, list):
-        return "+".join(str(word).lower() for word in state)
+        # Power saving is not unusable: Slurm powers such a node up for a job (POWERED_DOWN holds "down").
+        return "+".join(str(word).lower() for word in state if not str(word).upper().startswith("POWER"))
     return str(state or "")
 
 
@@ -251,14 +252,19 @@ def nodes_argv(release: str | None) -> list[str]:
     """The command (its name first) that lists each node as JSON for the commands of ``release``: Slurm 22.05's
     ``sinfo --json``; from 23.02 on, sinfo's JSON groups the nodes (its "sinfo" list) and ``scontrol --json
     show nodes`` lists each, in the same fields. A release not known (None): the newer command."""
-    if release and release_line(release) < "23.02":
+    if release and tuple(int(part) for part in release_line(release).split(".")) < (23, 2):
         return ["sinfo", "--json"]
     return ["scontrol", "--json", "show", "nodes"]
 
 
 def parse_sinfo_json(text: str) -> list[Node]:
-    """Each node of nodes_argv's answer, whichever release gave it (its "nodes" list)."""
-    return [Node.from_json(item) for item in json.loads(text).get("nodes") or []]
+    """Each node of nodes_argv's answer, whichever release gave it (its "nodes" list). An answer without one (the
+    sinfo --json of 23.02 or later, its commands upgraded under a running hub) is an error, never "no nodes"."""
+    answer = json.loads(text)
+    if "nodes" not in answer:
+        raise SlurmError("Slurm listed no nodes in the form this release's commands were asked for (were they "
+                         "upgraded? asked again)")
+    return [Node.from_json(item) for item in answer["nodes"] or []]
 
 
 # The session jobs' names (spawner/gpuspawner.py: dsportal-<user>[:<server>]).
