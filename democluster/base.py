@@ -54,9 +54,16 @@ def render(name: str, **context) -> str:
     return jinja2.Template(demo_file(name).read_text(), undefined=jinja2.StrictUndefined).render(**context)
 
 
+def has_pmix() -> bool:
+    """Whether the demo's Slurm has its PMIx plugin (srun --mpi=pmix)."""
+    plugins = slurm_build().get("plugin_dir") or str(slurm_prefix() / "lib" / "slurm")
+    return not SLURM_RELEASE or (Path(plugins) / "mpi_pmix.so").exists()
+
+
 def release_config(config: Path) -> Path:
     """The portal.yaml the demo runs on SLURM_RELEASE: ``config`` (the checkout's by default) with slurm.bin_dir
-    that release's commands and, configless, no slurm.conf: STATE/config/portal-RELEASE.yaml, which the
+    that release's commands and, configless, no slurm.conf (and the jobs' ranks started by mpirun where that Slurm
+    has no PMIx plugin): STATE/config/portal-RELEASE.yaml, which the
     Makefile names ($DSPORTAL_CONFIG) for make demo, make test and make check with SLURM=RELEASE.
     ``config`` as it is on Debian's own release."""
     if not SLURM_RELEASE:
@@ -72,6 +79,10 @@ def release_config(config: Path) -> Path:
         if section == "slurm" and line.startswith("  ") and line[2:3].isalpha() and key in values:
             line = f"  {key}: {values[key]}   # make demo SLURM={SLURM_RELEASE}\n"
             found.add(key)
+        elif line.strip() == "launcher: srun" and not has_pmix():
+            # A Slurm built without its PMIx plugin (Debian unstable's 26.05.5): the jobs' ranks through Open MPI's
+            # mpirun inside the allocation (dsportal check names the plugin a profile asks for and this Slurm lacks).
+            line = line.replace("launcher: srun", f"launcher: mpirun   # Slurm {SLURM_RELEASE} here has no mpi/pmix")
         lines.append(line)
     if {"bin_dir", "conf"} - found:
         raise DemoError(f"{source}: no slurm.bin_dir and slurm.conf to set for Slurm {SLURM_RELEASE}")

@@ -199,6 +199,8 @@ def write_slurm_conf() -> bool:
         mail_domain=mail_domain(),
         configless=CONFIGLESS,
         plugin_dir=slurm_build().get("plugin_dir", ""),
+        # job_container/tmpfs is namespace/tmpfs from Slurm 25.11 on (NamespaceType; its job_container.conf stays)
+        namespace_tmpfs=bool(SLURM_RELEASE) and tuple(map(int, SLURM_RELEASE.split("."))) >= (25, 11),
     )
     # The share node's GPUs each give SHARDS_PER_GPU shares, spread evenly over them (Slurm wants the
     # shards on the files of the node's gpu GRES).

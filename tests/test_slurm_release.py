@@ -146,3 +146,14 @@ def test_a_jobs_gpus_read_the_same_from_either_release():
 
     assert [_gpu_count(tres) for tres in ("gres:gpu:2", "gres/gpu:2", "gres/gpu:h100:4,gres/shard:3", "gres:shard:1", "")] \
         == [2, 2, 4, 0, 0]
+
+
+def test_the_mpi_plugins_and_the_private_tmp_are_read_from_either_release():
+    from portal.slurm.slurmparse import mpi_plugins, private_tmp_plugin
+
+    listed = "MPI plugin types are...\n\tnone\n\tpmix\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n"
+    assert mpi_plugins(listed) == {"none", "pmix", "pmi2"}
+    assert mpi_plugins("MPI plugin types are...\n\tnone\n\tcray_shasta\n\tpmi2\n") == {"none", "cray_shasta", "pmi2"}
+    assert private_tmp_plugin({"JobContainerType": "job_container/tmpfs"}) == "job_container/tmpfs"  # to 25.05
+    assert private_tmp_plugin({"NamespaceType": "namespace/tmpfs"}) == "namespace/tmpfs"  # 25.11 on
+    assert private_tmp_plugin({"JobContainerType": "(null)"}) is None

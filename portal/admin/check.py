@@ -21,7 +21,13 @@ from portal.core import ldapconnect, settings as settings_module
 from portal.core.images import runtime_command
 from portal.core.templatesources import notebooks
 from portal.slurm.slurmclient import CATCHING_UP, SlurmCommands
-from portal.slurm.slurmparse import SlurmError, describe_releases, gpus_and_shards
+from portal.slurm.slurmparse import (
+    SlurmError,
+    describe_releases,
+    gpus_and_shards,
+    mpi_plugins,
+    private_tmp_plugin,
+)
 
 USER_SIDE_MODULES = "jupyterhub, jupyterlab, ipykernel, jupyter_server_proxy, portal.session.singleuser"
 
@@ -70,6 +76,34 @@ def config_source(named, used: str) -> str:
     if used.startswith("/proc/") or used.startswith("/memfd:") or not used:
         return "configless: this host's commands fetch slurm.conf from slurmctld at each run (DNS SRV or SLURM_CONF_SERVER)"
     return f"{used} (portal.yaml names none: the commands' own default)"
+
+
+def check_mpi(settings) -> list[Result]:
+    """Each MPI plugin the profiles' jobs ask srun for (jobs.launcher srun), among those this Slurm has (srun
+    --mpi=list: a release or a build may lack one, as Debian unstable's 26.05.5 lacks pmix)."""
+    asked: dict[str, list[str]] = {}
+    for profile in settings.profiles:
+        if profile.jobs.launcher == "srun":
+            asked.setdefault(profile.jobs.mpi_plugin, []).append(profile.name)
+    if not asked:
+        return []
+    commands = SlurmCommands.from_settings(settings)
+    try:
+        out = commands.run([commands.tool("srun"), "--mpi=list"])
+    except SlurmError as error:
+        return [Result("MPI jobs", True, f"not known (srun --mpi=list: {error})", warning=True)]
+    have = mpi_plugins(out)
+    results = []
+    for plugin, profiles in sorted(asked.items()):
+        names = ", ".join(profiles)
+        if plugin in have:
+            results.append(Result("MPI jobs", True, f"srun --mpi={plugin} (profiles {names})"))
+        else:
+            results.append(Result("MPI jobs", False, f"profiles {names} start their ranks with srun --mpi={plugin}, "
+                                  f"which this Slurm lacks (srun --mpi=list: {', '.join(sorted(have)) or 'none'}): "
+                                  "set their jobs.launcher to mpirun, or jobs.mpi_plugin to one it has that your MPI "
+                                  "speaks"))
+    return results
 
 
 def check_nodes(settings) -> list[Result]:
@@ -342,11 +376,12 @@ def _job_confinement(config: dict[str, str]) -> Result:
 
 
 def _private_tmp(config: dict[str, str]) -> Result:
-    if config.get("JobContainerType") == "job_container/tmpfs":
-        return Result("private /tmp", True, "each job has its own /tmp and /dev/shm (job_container/tmpfs)")
+    plugin = private_tmp_plugin(config)
+    if plugin:
+        return Result("private /tmp", True, f"each job has its own /tmp and /dev/shm ({plugin})")
     return Result("private /tmp", True, "jobs share the node's /tmp and /dev/shm "
-                  "(JobContainerType=job_container/tmpfs, PrologFlags=Contain; sessions still keep "
-                  "their files in a private folder of their own)", warning=True)
+                  "(JobContainerType=job_container/tmpfs, or from Slurm 25.11 NamespaceType=namespace/tmpfs, with "
+                  "PrologFlags=Contain; sessions still keep their files in a private folder of their own)", warning=True)
 
 
 def _is_amount(value: str | None) -> bool:
@@ -497,6 +532,7 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += [Result("configuration", True, notice, warning=True) for notice in settings.notices]
     results += check_slurm(settings)
     results += check_nodes(settings)
+    results += check_mpi(settings)
     results.append(check_accounting(settings))
     results.append(check_ldap(settings))
     results.append(check_user_environment(settings))

@@ -460,6 +460,20 @@ TESTED_RELEASES = {"22.05": "2026-12-06"}
 _RELEASE = re.compile(r"\b(\d{2})\.(\d{2})\.(\d+)\b")
 
 
+def mpi_plugins(text: str) -> set[str]:
+    """The MPI plugins of ``srun --mpi=list`` ("MPI plugin types are...", then one a line, indented)."""
+    return {line.strip() for line in text.splitlines() if line[:1] in ("\t", " ") and line.strip()}
+
+
+def private_tmp_plugin(config: dict[str, str]) -> str | None:
+    """The plugin that gives each job its own /tmp and /dev/shm, from scontrol show config: job_container/tmpfs
+    (JobContainerType, up to 25.05), namespace/tmpfs (NamespaceType, its name from 25.11 on); None."""
+    for key, plugin in (("JobContainerType", "job_container/tmpfs"), ("NamespaceType", "namespace/tmpfs")):
+        if config.get(key) == plugin:
+            return plugin
+    return None
+
+
 def parse_release(text: str) -> str | None:
     """"22.05.8" from ``sinfo --version``'s "slurm 22.05.8" (or scontrol show config's SLURM_VERSION); None."""
     found = _RELEASE.search(text or "")
