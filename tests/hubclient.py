@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 import uuid
@@ -21,6 +23,15 @@ SLURM_BIN = str(slurm_prefix() / "bin")
 DEMO_SLURM_CONF = None if CONFIGLESS else str(slurm_conf_path())
 SLURM_ENV = {"PATH": f"{SLURM_BIN}:/usr/sbin:/usr/bin:/sbin:/bin" if SLURM_RELEASE else "/usr/sbin:/usr/bin:/sbin:/bin",
              **({"SLURM_CONF": DEMO_SLURM_CONF} if DEMO_SLURM_CONF else {})}
+
+
+def slice_memory_limit(asked: int) -> int:
+    """The memory limit Slurm puts on a slice's job (bytes): what it asked for, capped by Slurm at the node's memory.
+    22.05 caps it at the memory the machine has; 24.11 on, at the node's RealMemory, which the demo declares beyond
+    the machine's (slurmd's config_overrides): there a slice's limit is what it asked for."""
+    if SLURM_RELEASE:
+        return asked
+    return min(asked, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 ** 20 * 2 ** 20)
 
 
 def demo_slurm(**options):
@@ -345,6 +356,17 @@ def squeue_jobs() -> dict[int, dict]:
     out = subprocess.run(["squeue", "--json", "--states=all"], env=SLURM_ENV,
                          capture_output=True, text=True, check=True).stdout
     return {job["job_id"]: as_in_22_05(job) for job in json.loads(out)["jobs"]}
+
+
+def scontrol_in_22_05(fields: dict[str, str]) -> dict[str, str]:
+    """scontrol show job's fields in 22.05's words, whichever release said them: from 23.02 on a job's TRES are
+    ReqTRES and AllocTRES (22.05: TRES, the allocated ones once it runs), its TresPerNode gres/gpu:2 (gres:gpu:2)."""
+    fields = dict(fields)
+    if "TRES" not in fields and ("AllocTRES" in fields or "ReqTRES" in fields):
+        fields["TRES"] = fields.get("AllocTRES") or fields.get("ReqTRES", "")
+    if "TresPerNode" in fields:
+        fields["TresPerNode"] = re.sub(r"(?<![^,])gres/", "gres:", fields["TresPerNode"])
+    return fields
 
 
 def as_in_22_05(job: dict) -> dict:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import CONFIG, DSPORTAL, REPO
 from democluster.slurmdaemons import MEM_MB_PER_NODE
+from hubclient import scontrol_in_22_05
 from portal.core.settings import parse_memory_mb
 
 UNITS = REPO / "config" / "systemd"
@@ -92,7 +93,7 @@ def tres_memory_mb(tres: str) -> int:
 def job_fields(job_id: int) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
                          check=True).stdout
-    return dict(field.partition("=")[::2] for field in out.split())
+    return scontrol_in_22_05(dict(field.partition("=")[::2] for field in out.split()))
 
 
 def default_mem_per_cpu_mb() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import stop_and_wait
-from hubclient import HubUser, active_jobs
+from hubclient import HubUser, active_jobs, slice_memory_limit
 
 GiB = 1 << 30
 
@@ -52,8 +52,8 @@ def test_cpu_slice_gauges_show_its_cgroup_limit_and_cores_and_no_gpu(alice):
 def test_gpu_slice_gauges_show_each_of_its_gpus_and_its_limit(alice):
     alice.spawn({"profile": "gpu", "gpus": 2})  # 16 CPUs, 96 GB
     usage = usage_of(alice)
-    # The job cgroup's limit: the slice's 96 GB, or on a host with less memory (the demo's) what it has.
-    expected = min(96 * GiB, node_memory())  # Slurm's value, page-aligned by the kernel
+    # The job cgroup's limit: the slice's 96 GB, capped by Slurm at the node's memory (slice_memory_limit).
+    expected = slice_memory_limit(96 * GiB)  # Slurm's value, page-aligned by the kernel
     assert usage["memory"]["limit_from"] == "cgroup", usage["memory"]
     assert expected - (64 << 20) <= usage["memory"]["limit_bytes"] <= expected, usage["memory"]
     assert usage["cpu"]["cores"] == 16

@@ -23,7 +23,7 @@ import requests
 import democluster as demo
 from conftest import HUB, PASSWORDS, login, wait_no_jobs
 from democluster import network
-from hubclient import HubUser, active_jobs
+from hubclient import HubUser, active_jobs, slice_memory_limit
 from portal.admin import firewall
 
 SECRET = "alice-secret-4711"
@@ -171,9 +171,8 @@ def test_slices_on_one_node_hold_only_their_own_gpus_memory_tmp_and_processes(tw
     assert nodes["alice"] == nodes["bob"], nodes
     seen = {user.name: json.loads(user.run_code(CONFINEMENT)) for user in (alice, bob)}
     seen["alice"] = json.loads(alice.run_code(CONFINEMENT))  # again, after bob left his files
-    # 1 GPU x 48 GB, or the whole machine where it has less (Slurm caps a limit at the RAM it finds).
-    host_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 ** 20
-    slice_memory = min(48 * 1024, host_mb) * 2 ** 20
+    # 1 GPU x 48 GB, capped by Slurm at the node's memory (hubclient.slice_memory_limit).
+    slice_memory = slice_memory_limit(48 * 2 ** 30)
     print(json.dumps(seen))
     for name, probe in seen.items():
         allowed = sorted(int(i) for i, state in probe["devices"].items() if state == "allowed")

@@ -7,16 +7,13 @@ import subprocess
 import time
 
 from conftest import HUB, wait_no_jobs
-from hubclient import active_jobs
+from hubclient import active_jobs, scontrol_in_22_05
 
 
 def scontrol(job_id: int) -> dict[str, str]:
     out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
                          check=True).stdout
-    fields = dict(re.findall(r"(\S+?)=(\S*)", out))
-    if "TresPerNode" in fields:  # in 22.05's words: 23.02 on say gres/gpu:2 for gres:gpu:2
-        fields["TresPerNode"] = re.sub(r"(?<![^,])gres/", "gres:", fields["TresPerNode"])
-    return fields
+    return scontrol_in_22_05(dict(re.findall(r"(\S+?)=(\S*)", out)))
 
 
 def probe_job_id() -> int:

@@ -98,6 +98,11 @@ def test_only_dsportal_s_own_lines_of_her_crontab_change_and_a_value_cannot_add_
     assert "#SCRON --partition=cpu" in written and "#SCRON --account=proj1" in written
     assert "\n0 2 * * * /usr/bin/env SLURM_CONF=/etc/slurm/slurm.conf /opt/dsportal/env/bin/python -P -m " \
            "portal.session.job.schedules fire /home/alice/.dsportal/schedules/0123abcd\n" in written, written
+    # A cluster's Slurm elsewhere than cron's PATH (configless: no slurm.conf): the line names it first.
+    elsewhere = schedules._block({**schedule, "slurm_conf": "", "slurm_bin": "/opt/slurm/bin"}, paused=False)
+    assert "0 2 * * * /usr/bin/env PATH=/opt/slurm/bin:/usr/local/bin:/usr/bin:/bin /opt/dsportal/env/bin/python -P " \
+           "-m portal.session.job.schedules fire /home/alice/.dsportal/schedules/0123abcd" in elsewhere, elsewhere
+    assert schedules._block({**schedule, "slurm_bin": "/usr/bin"}, paused=False) == blocks["0123abcd"]
     # Paused: its line commented out; resumed: back; deleted: her own lines as they were.
     outside, blocks = schedules._blocks(written)
     blocks["0123abcd"] = schedules._block(schedule, paused=True)

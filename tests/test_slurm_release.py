@@ -94,15 +94,14 @@ def test_the_clusters_own_commands_come_first_on_a_jobs_path():
         "PATH": mediator.SAFE_PATH, "SLURM_CONF": "/etc/slurm/slurm.conf"}
 
 
-def test_check_says_where_the_commands_found_slurm_conf():
+def test_check_says_where_the_commands_found_slurm_conf(tmp_path):
     from portal.admin.check import config_source
 
-    assert config_source(None, "/run/slurm/conf/slurm.conf").startswith("configless: this host's commands read "
-                                                                        "/run/slurm/conf/slurm.conf")
-    assert config_source("/etc/slurm/slurm.conf", "/etc/slurm/slurm.conf") == \
-        "/etc/slurm/slurm.conf (portal.yaml's slurm.conf)"
-    assert config_source(None, "/etc/slurm/slurm.conf") == \
-        "/etc/slurm/slurm.conf (portal.yaml names none: the commands' own default)"
+    cache = tmp_path / "slurm.conf"
+    assert config_source("/etc/slurm/slurm.conf", cache) == "/etc/slurm/slurm.conf (portal.yaml's slurm.conf)"
+    assert config_source(None, cache).startswith("configless: no copy here")
+    cache.write_text("ClusterName=x\n")
+    assert config_source(None, cache).startswith(f"configless: this host's commands read {cache}, the copy sackd")
 
 
 def test_the_demo_on_another_release_reads_its_commands_configless(tmp_path, monkeypatch):

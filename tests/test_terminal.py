@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from hubclient import active_jobs
-from test_gauges import GiB, node_memory
+from hubclient import active_jobs, slice_memory_limit
+from test_gauges import GiB
 
 # The slice as the terminal's own shell sees it; its memory limit read from the shell's own cgroup (the cgroup
 # reader of the gauges, given the shell's /proc entry).
@@ -30,7 +30,7 @@ def test_the_terminal_runs_as_her_in_her_slice_and_bob_reaches_it_from_nowhere(a
     assert seen["USER"] == "alice" and seen["JOB"] == str(job["job_id"]), seen
     # Slurm's 16 CPUs; the cores its cpuset lets her use: at most those (the demo's nodes share 2 real cores).
     assert seen["CPUS"] == "16" and 1 <= int(seen["NPROC"]) <= 16, seen
-    expected = min(96 * GiB, node_memory())  # Slurm's limit, page-aligned by the kernel
+    expected = slice_memory_limit(96 * GiB)  # Slurm's limit, page-aligned by the kernel
     assert expected - (64 << 20) <= int(seen["MEM"]) <= expected, seen
     gpus = seen["GPUS"].split(",")
     assert len(gpus) == 2 and all(g.isdigit() for g in gpus), seen

@@ -315,7 +315,10 @@ def test_vs_code_is_hers_alone(alice, bob):
     assert bob.api("GET", "/user/alice/vscode/", allow_redirects=False).status_code in (302, 403)
     # bob's shell on the login node and bob's job on her node: the socket is in her job's own /tmp (Slurm's
     # job_container/tmpfs), not in theirs; its folder on the node's disk is root's and hers alone.
-    on_disk = f"{JOB_TMP}/{job['nodes']}/{job['nodes']}/{job['job_id']}/.{job['job_id']}/{sock.removeprefix('/tmp/')}"
+    # (22.05 mounts the job's folder itself on /tmp; 23.02 on, its _tmp beside _dev_shm)
+    job_folder = f"{JOB_TMP}/{job['nodes']}/{job['nodes']}/{job['job_id']}/.{job['job_id']}"
+    tmp = f"{job_folder}/_tmp" if os.path.isdir(f"{job_folder}/_tmp") else job_folder
+    on_disk = f"{tmp}/{sock.removeprefix('/tmp/')}"
     assert os.path.exists(on_disk), on_disk
     env = {**os.environ, **SLURM_ENV}
     for path in (sock, on_disk):

@@ -54,8 +54,7 @@ def check_slurm(settings) -> list[Result]:
         commands = SlurmCommands.from_settings(settings)
         detail, warning = describe_releases(*commands.releases())
         results.append(Result("Slurm release", True, detail, warning=warning))
-        results.append(Result("Slurm configuration", True, config_source(settings.slurm.conf,
-                                                                         commands.config().get("SLURM_CONF", ""))))
+        results.append(Result("Slurm configuration", True, config_source(settings.slurm.conf)))
     except SlurmError as error:
         results.append(Result("Slurm release", True, f"not known ({error})", warning=True))
     for profile in settings.profiles:
@@ -65,17 +64,19 @@ def check_slurm(settings) -> list[Result]:
     return results
 
 
-def config_source(named, used: str) -> str:
-    """Where this host's Slurm commands found slurm.conf (``used``: scontrol show config's SLURM_CONF), for
-    portal.yaml's slurm.conf (``named``; None: configless)."""
+# Where sackd, or slurmd in configless mode, keeps its copy of slurmctld's configuration on a host (Slurm's own path).
+CONFIGLESS_CACHE = Path("/run/slurm/conf/slurm.conf")
+
+
+def config_source(named, cache: Path = CONFIGLESS_CACHE) -> str:
+    """Where this host's Slurm commands find slurm.conf, for portal.yaml's slurm.conf (``named``; None: configless).
+    (scontrol show config's SLURM_CONF is slurmctld's own file, not this host's.)"""
     if named:
         return f"{named} (portal.yaml's slurm.conf)"
-    if used.startswith("/run/slurm/conf/"):
-        return (f"configless: this host's commands read {used}, the copy sackd (or a slurmd) here keeps of "
-                "slurmctld's")
-    if used.startswith("/proc/") or used.startswith("/memfd:") or not used:
-        return "configless: this host's commands fetch slurm.conf from slurmctld at each run (DNS SRV or SLURM_CONF_SERVER)"
-    return f"{used} (portal.yaml names none: the commands' own default)"
+    if cache.is_file():
+        return f"configless: this host's commands read {cache}, the copy sackd (or a slurmd) here keeps of slurmctld's"
+    return ("configless: no copy here (" + str(cache) + "): this host's commands read their compiled-in slurm.conf "
+            "if there is one, else fetch it from slurmctld at each run (DNS SRV or SLURM_CONF_SERVER)")
 
 
 def check_mpi(settings) -> list[Result]:

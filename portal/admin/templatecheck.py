@@ -33,6 +33,7 @@ from portal.core.rules import LaunchPolicy, may_use
 from portal.core.sessionspec import SessionSpec
 from portal.core.templatesources import notebooks
 from portal.core.userjson import unix_groups
+from portal.slurm.slurmclient import slurm_first
 
 CHECK_ENV = sessionvars.TEMPLATE_CHECK
 RUN_MARK = sessionvars.TEMPLATE_RUN
@@ -201,7 +202,8 @@ def _user_env(settings, user: str) -> dict[str, str]:
     a notebook needs, never root's own (its secrets, PYTHON* variables, ...)."""
     prefix = str(settings.session.environment)
     entry = pwd.getpwnam(user)
-    env = {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": entry.pw_dir, "USER": user,
+    path = slurm_first(settings.slurm.bin_dir, "/usr/local/bin:/usr/bin:/bin")  # the cluster's Slurm, as a session's
+    env = {"PATH": f"{prefix}/bin:{path}", "HOME": entry.pw_dir, "USER": user,
            "LOGNAME": user, "SHELL": entry.pw_shell or "/bin/sh", "LANG": os.environ.get("LANG") or "C.UTF-8",
            "TERM": "dumb", CHECK_ENV: "1", **settings.slurm_env()}
     profiles = [p for p in settings.profiles if may_use(p, unix_groups(user))]

@@ -33,6 +33,8 @@ from portal.session.job import launcher as jobs
 from portal.slurm.slurmclient import SlurmError
 
 SCHEDULES_DIR = ".dsportal/schedules"
+# cron's own PATH: a schedule's line names the session's Slurm folder before it where that is elsewhere.
+CRON_PATH = "/usr/local/bin:/usr/bin:/bin"
 BEGIN, END = "# dsportal-schedule {id} begin: made in JupyterLab's Jobs panel; change it there", "# dsportal-schedule {id} end"
 PAUSED = "#dsportal-paused# "
 PROBLEM = "last-problem"  # why the last firing submitted no run, if it did not
@@ -256,8 +258,12 @@ def _block(schedule: dict, paused: bool) -> list[str]:
                f"--comment=dsportal-profile={profile['name']},dsportal-schedule={schedule['id']}"]
     options += [f"--{key}={profile[key]}" for key in ("account", "qos", "reservation") if profile.get(key)]
     command = [schedule["python"], "-P", "-m", "portal.session.job.schedules", "fire", folder]  # -P: not from ~
-    if schedule.get("slurm_conf"):
-        command = ["/usr/bin/env", f"SLURM_CONF={schedule['slurm_conf']}", *command]
+    # The session's own Slurm commands (a cluster's /opt/slurm/bin), where cron's PATH would not find them.
+    slurm_bin = schedule.get("slurm_bin", "")
+    path = [f"PATH={slurm_bin}:{CRON_PATH}"] if slurm_bin and slurm_bin not in CRON_PATH.split(":") else []
+    conf = [f"SLURM_CONF={schedule['slurm_conf']}"] if schedule.get("slurm_conf") else []
+    if path or conf:
+        command = ["/usr/bin/env", *conf, *path, *command]
     entry = f"{schedule['cron']} {shlex.join(command)}"
     lines = [*(f"#SCRON {option}" for option in options), entry]
     if paused:  # every line, options too: Slurm carries #SCRON options over plain comments to the next entry
@@ -318,6 +324,7 @@ def create(request: dict, policy: LaunchPolicy, base_dir: str, home: str | None 
             "policy": json.loads(policy.to_env()),
             "profile": plan.profile.model_dump(mode="json"), "description": plan.describe(),
             "python": f"{policy.environment.rstrip('/')}/bin/python", "slurm_conf": os.environ.get("SLURM_CONF", ""),
+            "slurm_bin": os.path.dirname(shutil.which("sbatch") or ""),
         }
         _save(schedule)
         outside, blocks = _blocks(read_crontab())
