@@ -12,7 +12,7 @@
 # $LOGS (about 50 min on 2 cores). Extra pytest arguments: PYTEST_ARGS, as for make test: such a partial run, or
 # one that never reached pytest's summary, is said but not written down.
 set -uo pipefail
-release=${1:?usage: compatibility.sh RELEASE   (22.05: Debian's own; 24.11, 26.05)}
+release=${1:?usage: compatibility.sh RELEASE (22.05: the Debian bookworm package; 24.11, 26.05)}
 cd "$(dirname "$0")/.."
 LOGS=${DSPORTAL_COMPAT_LOGS:-/var/log/dsportal-compatibility}
 mkdir -p "$LOGS"
