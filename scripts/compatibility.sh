@@ -27,13 +27,17 @@ status=$?
 seconds=$(( $(date +%s) - start ))
 
 if [ "$release" != 22.05 ]; then
-  bin=/opt/dsportal-slurm/$release/bin
   built="$(sed -n 's/^source=//p' "/opt/dsportal-slurm/$release/.dsportal-slurm") (scripts/build-slurm.sh)"
 else
-  bin=/usr/bin
   built="Debian $(. /etc/os-release && echo "$VERSION_CODENAME") \`slurm-wlm\` $(dpkg-query -W -f='${Version}' slurm-client)"
 fi
-version=$("$bin/sinfo" --version | awk '{ print $2 }')
+# The release's own version (not `sinfo --version`: without a slurm.conf here 22.05's sinfo looks for the cluster).
+if [ "$release" != 22.05 ]; then
+  version=$(sed -n 's/^version=//p' "/opt/dsportal-slurm/$release/.dsportal-slurm")
+else
+  version=$(dpkg-query -W -f='${Version}' slurm-client | sed 's/-[^-]*$//; s/^[0-9]*://')
+fi
+[[ "$version" =~ ^[0-9]{2}\.[0-9]{2}\.[0-9]+$ ]] || { echo "[compatibility] no version of Slurm $release found" >&2; exit 1; }
 python=$(/opt/dsportal/env/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 /opt/dsportal/env/bin/python - "$version" "$built" "$python" "$stamp" "$commit" "$seconds" "$status" "$log" \
   "${PYTEST_ARGS:-}" <<'EOF'
