@@ -70,7 +70,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 from class_start import class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
-from democluster.base import CONFIGLESS, SLURM_RELEASE, directory, release_config, slurm_prefix  # noqa: E402
+from democluster.base import (  # noqa: E402
+    CONFIGLESS,
+    SLURM_RELEASE,
+    directory,
+    release_config,
+    slurm_conf_path,
+    slurm_prefix,
+)
 from department import HubLoad, queued_jobs  # noqa: E402
 from hubclient import HubUser, active_jobs  # noqa: E402  (the tests' client: login, spawn, stop)
 
@@ -608,7 +615,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("run as root, with the demo cluster up (make bench)")
     if not CONFIGLESS:
-        os.environ.setdefault("SLURM_CONF", "/var/lib/dsportal-demo/slurm/slurm.conf")
+        os.environ.setdefault("SLURM_CONF", str(slurm_conf_path()))
     busy = [u for u in args.users if active_jobs(u)]
     if busy:
         raise SystemExit(f"these users have jobs on the cluster, stop them first: {', '.join(busy)}")

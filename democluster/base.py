@@ -26,11 +26,20 @@ DEBIANS_OWN = "22.05"
 SLURM_PREFIXES = Path(os.environ.get("DSPORTAL_SLURM_PREFIX", "/opt/dsportal-slurm"))
 
 
+def release_file() -> Path:
+    """Where the demo records the release its Slurm state is of (written once slurmctld's is)."""
+    return STATE / "slurm" / "release"
+
+
+def recorded_release() -> str | None:
+    """The release the demo's Slurm state is of ("": Debian's own); None before any was recorded."""
+    return release_file().read_text().strip() if release_file().is_file() else None
+
+
 def _release() -> str:
     asked = os.environ.get("DSPORTAL_SLURM")
     if asked is None:
-        recorded = STATE / "slurm" / "release"
-        asked = recorded.read_text().strip() if recorded.is_file() else ""
+        asked = recorded_release() or ""
     asked = "" if asked in ("", DEBIANS_OWN) else asked
     if asked and not re.fullmatch(r"[0-9]{2}\.[0-9]{2}", asked):
         raise SystemExit(f"DSPORTAL_SLURM={asked!r}: a Slurm release is YY.MM (24.11, 26.05) or {DEBIANS_OWN} (Debian's)")

@@ -16,6 +16,8 @@ from democluster.base import (
     DemoError,
     alive,
     paths,
+    recorded_release,
+    release_file,
     render,
     run,
     say,
@@ -254,10 +256,6 @@ def release_name(release: str) -> str:
     return f"Slurm {release} ({slurm_prefix(release)})" if release else "Debian's Slurm (/usr)"
 
 
-def release_file() -> Path:
-    return paths().slurm / "release"
-
-
 def switch_release() -> bool:
     """The demo's Slurm state is of one release: another (make demo SLURM=...) starts from a clean Slurm.
     slurmctld and slurmdbd read their state only from a release or two before their own, and a client talks
@@ -265,7 +263,7 @@ def switch_release() -> bool:
     by its own commands; then its state (the queue, the job ids, the accounting database) goes. The people,
     the images, the hub and its database stay."""
     p = paths()
-    recorded = release_file().read_text().strip() if release_file().exists() else ""
+    recorded = recorded_release() or ""
     if recorded == SLURM_RELEASE or not (p.slurm / "state").exists():
         return recorded != SLURM_RELEASE
     slurm_build()  # the release asked for is installed (its stamp), before anything of the old one goes
@@ -354,11 +352,12 @@ def ensure_slurm() -> None:
     else:
         stop_sackd()
     restarted_at = None
+    build = slurm_build()
+    stepd = ["-d", build["slurmstepd"]] if "slurmstepd" in build else []  # Debian's unpacked packages: theirs
     for node in node_names():
         pid = alive(p.run / f"slurmd-{node}.pid")
         if not pid:
             restarted_at = restarted_at or time.time()
-            stepd = ["-d", slurm_build()["slurmstepd"]] if "slurmstepd" in slurm_build() else []
             run(in_node(node, [*jobs_yield(), slurm_daemon("slurmd"), "-N", node, "-f", str(node_conf(node)), *stepd]),
                 env=env)
             say(f"slurmd {node} started on {address(node)}")
@@ -407,7 +406,8 @@ def stop_slurm(release: str | None = None) -> None:
     demo's state is of), then stop the slurmd of each node, sackd and slurmctld."""
     p = paths()
     if release is None:
-        release = release_file().read_text().strip() if release_file().exists() else SLURM_RELEASE
+        release = recorded_release()
+        release = SLURM_RELEASE if release is None else release
     env = slurm_env(release)
     if alive(p.run / "slurmctld.pid"):
         jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()

@@ -97,13 +97,20 @@ def read_input() -> str:
     return data.decode()
 
 
+def slurm_first(bin_dir, path: str) -> str:
+    """``path`` with the folder of the cluster's Slurm commands first, unless it is on it already: the
+    commands a job or a script runs by name (srun, scontrol) are then the cluster's release, not another
+    the node may also have (a site's /opt/slurm/bin beside a distribution's /usr/bin). Here, in the
+    standalone mediator, for the hub's client (slurmclient.py) too."""
+    return path if str(bin_dir) in path.split(":") else f"{bin_dir}:{path}"
+
+
 def slurm_env(settings: dict) -> dict[str, str]:
     """What a Slurm command needs of the environment: a safe PATH with the cluster's own Slurm commands
     first (sbatch's job gets it: its srun must be the cluster's release), the settings' slurm.conf (none
     on a configless cluster)."""
-    bin_dir = settings.get("bin_dir", "/usr/bin")
-    path = SAFE_PATH if bin_dir in SAFE_PATH.split(":") else f"{bin_dir}:{SAFE_PATH}"
-    return {"PATH": path, **({"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {})}
+    conf = {"SLURM_CONF": settings["slurm_conf"]} if settings.get("slurm_conf") else {}
+    return {"PATH": slurm_first(settings.get("bin_dir", "/usr/bin"), SAFE_PATH), **conf}
 
 
 def slurm_tool(settings: dict, name: str) -> str:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from portal.core import defaults
+from portal.slurm.mediator import slurm_first as slurm_first  # one piece for the hub and the mediator
 from portal.slurm.slurmparse import (
     LINE_CHARS,
     Job,
@@ -68,13 +69,6 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 TAIL_BYTES = 64 * 1024
 # What of the hub's environment its Slurm commands get (the locale, where Slurm and munge are).
 PASSED_ON = {"PATH", "LANG", "LANGUAGE", "TZ", "SLURM_CONF", "MUNGE_SOCKET"}
-
-
-def slurm_first(bin_dir: Path | str, path: str) -> str:
-    """``path`` with the folder of the cluster's Slurm commands first, unless it is on it already: the
-    commands a job or a script runs by name (srun, scontrol) are then the cluster's release, not another
-    the node may also have (a site's /opt/slurm/bin beside a distribution's /usr/bin)."""
-    return path if str(bin_dir) in path.split(":") else f"{bin_dir}:{path}"
 
 
 def sacct_argv(sacct: str, fields: tuple[str, ...], separator: str, *, job_ids: Iterable[int] = (), since: str = "",
