@@ -95,6 +95,17 @@ def release_config(config: Path) -> Path:
         lines.append(line)
     if {"bin_dir", "conf"} - found:
         raise DemoError(f"{source}: no slurm.bin_dir and slurm.conf to set for Slurm {SLURM_RELEASE}")
+    if not has_pmix():
+        # A profile without a jobs section gets the default launcher (srun --mpi=pmix): mpirun there too.
+        bare = {p["name"] for p in yaml.safe_load("".join(lines)).get("profiles", []) if "jobs" not in p}
+        section, given = "", []
+        for line in lines:
+            section = line.split(":", 1)[0] if line[:1].isalpha() else section
+            given.append(line)
+            if section == "profiles" and line.startswith("  - name: ") and \
+                    line.split(":", 1)[1].split("#")[0].strip() in bare:
+                given.append(f"    jobs: {{launcher: mpirun}}   # Slurm {SLURM_RELEASE} here has no mpi/pmix\n")
+        lines = given
     target.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(target.parent, 0o755)
     write_if_changed(target, "".join(lines), 0o644)
