@@ -172,6 +172,8 @@ build_env() {
   start=$(now)
   [ -d "$root" ] || { rm -rf "$root.new" && cp -a "$TRIAL/base" "$root.new" && mv "$root.new" "$root"; }
   cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+  # and its registry's apt settings (a registry that serves a snapshot: Release files past their Valid-Until)
+  cp /etc/apt/apt.conf.d/99artifact-registry "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
   rm -rf "$root/usr/local/src/dsportal" && mkdir -p "$root/usr/local/src/dsportal"
   git archive "${DSPORTAL_TRIAL_REV:-HEAD}" | tar -x -C "$root/usr/local/src/dsportal"
   systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/bash -ec "
@@ -197,7 +199,8 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
     if [ "$SUITE" = bookworm ]; then
       [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
     else
-      build_env && built=$TRIAL/build/opt/dsportal
+      build_env || return 1
+      built=$TRIAL/build/opt/dsportal
     fi
     start=$(now)
     # the guide's rsync: env/ and chp/, each on its own (never the whole /opt/dsportal with --delete)
