@@ -267,7 +267,8 @@ boot_node() {
       mount -o remount,bind,rw /sys/fs/cgroup/$c
     done
     # after a reboot slurmd started before its cgroups were writable: again, now that they are
-    if systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
+    # (only once it has a slurm.conf: the slurmd of Debian 13 starts without one, configless, waiting for DNS SRV)
+    if [ -f /etc/slurm/slurm.conf ] && systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
       systemctl restart slurmd && { pgrep -xo slurmd > /run/dstrial-slurmd-cgroups || true; }
     fi'
 }
