@@ -222,13 +222,15 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
   # The login node has no checkout: the guide takes portal.yaml and the units from the installed package.
 }
 
+cgroup_name() { if [ "$SUITE" = bookworm ]; then echo "dstrial-$1"; else echo "dstrial-$SUITE-$1"; fi; }
+
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
   # under the cgroup nspawn runs in: the container's cgroup namespace starts there
   local controller dir nspawn
   nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
-    dir=${dir%/}/dstrial-$1
+    dir=${dir%/}/$(cgroup_name "$1")
     mkdir -p "$dir"
     if [ "$controller" = cpuset ]; then
       cat "$(dirname "$dir")/cpuset.cpus" > "$dir/cpuset.cpus"
@@ -263,17 +265,18 @@ boot_node() {
   cgroup_subtree "$name"
   in_node "$name" sh -ec 'for c in cpuset cpu cpuacct memory devices freezer pids; do
       tac /proc/self/mounts | grep -m1 " /sys/fs/cgroup/$c " | grep -q " rw," && continue
-      mount --bind /sys/fs/cgroup/$c/dstrial-cn1 /sys/fs/cgroup/$c
+      mount --bind /sys/fs/cgroup/$c/$0 /sys/fs/cgroup/$c
       mount -o remount,bind,rw /sys/fs/cgroup/$c
     done
     # after a reboot slurmd started before its cgroups were writable: again, now that they are
     # (only once it has a slurm.conf: the slurmd of Debian 13 starts without one, configless, waiting for DNS SRV)
     if [ -f /etc/slurm/slurm.conf ] && systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
       systemctl restart slurmd && { pgrep -xo slurmd > /run/dstrial-slurmd-cgroups || true; }
-    fi'
+    fi' "$(cgroup_name "$name")"
 }
 
 step_systems() {
+  no_other_trial
   apt-get install -y -q --no-install-recommends debootstrap systemd-container > /dev/null
   mkdir -p "$TRIAL"
   make_root login
@@ -284,7 +287,14 @@ step_systems() {
   ip link set "$BRIDGE" up
 }
 
-step_boot() { boot_node login; boot_node cn1; }
+# One trial at a time on this host: both use $BRIDGE and 192.0.2.8/29, and `down` of either removes the bridge
+no_other_trial() {
+  local other
+  other=$(pgrep -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1)
+  [ -z "$other" ] || { echo "[trial] another trial's system runs ($other): one trial at a time (stop it with its own down)" >&2; return 1; }
+}
+
+step_boot() { no_other_trial; boot_node login; boot_node cn1; }
 
 step_down() {
   local name nspawn start
@@ -305,7 +315,7 @@ step_down() {
     say "down: $name stopped in $(elapsed "$start") s"
   done
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
-    find "/sys/fs/cgroup/$controller" -depth -type d -path '*/dstrial-cn1*' -exec rmdir {} \; 2>/dev/null || true
+    find "/sys/fs/cgroup/$controller" -depth -type d -path "*/$(cgroup_name cn1)*" -exec rmdir {} \; 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$TRIAL"
