@@ -290,7 +290,7 @@ step_systems() {
 # One trial at a time on this host: both use $BRIDGE and 192.0.2.8/29, and `down` of either removes the bridge
 no_other_trial() {
   local other
-  other=$(pgrep -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1)
+  other=$(pgrep -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1) || true
   [ -z "$other" ] || { echo "[trial] another trial's system runs ($other): one trial at a time (stop it with its own down)" >&2; return 1; }
 }
 
