@@ -408,7 +408,13 @@ chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 0600 /etc/slurm/slurmdbd.con
 mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$TRIAL/slurmdb-password")';
           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 systemctl enable -q slurmdbd && systemctl restart slurmdbd
-for i in \$(seq 30); do sacctmgr -n -P show cluster >/dev/null 2>&1 && break; sleep 1; done
+for i in \$(seq 30); do
+  sacctmgr -n -P show cluster >/dev/null 2>&1 && break
+  # Debian 13: slurmdbd 24.11.5 stopped at its first start on a fresh MariaDB 11.8 ("_check_mysql_concat_is_sane:
+  # null result from query", error 5027), and started the next time (deploy-trial-trixie-2026-12-06.md)
+  systemctl is-active -q slurmdbd || { echo "slurmdbd stopped: started again" >&2; systemctl restart slurmdbd; }
+  sleep 1
+done
 sacctmgr -n -P show cluster format=cluster | grep -q trial || sacctmgr -i add cluster trial
 systemctl enable -q slurmctld && systemctl restart slurmctld
 EOF
