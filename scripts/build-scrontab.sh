@@ -12,6 +12,14 @@ CACHE=${DSPORTAL_CACHE:-/var/cache/dsportal}/scrontab
 say() { echo "[scrontab] $*"; }
 
 version=$(dpkg-query -W -f='${Version}' slurm-client)
+# Debian 13's slurm-client (24.11) ships scrontab itself: nothing to build, and no copy of ours in front of it.
+if dpkg-query -L slurm-client 2>/dev/null | grep -qx /usr/bin/scrontab; then
+  if [ -e /usr/local/bin/scrontab ] && cmp -s /usr/local/bin/scrontab "$CACHE/$version/scrontab"; then
+    rm -f /usr/local/bin/scrontab
+  fi
+  say "ready: /usr/bin/scrontab (slurm-client $version ships it)"
+  exit 0
+fi
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 lib=/usr/lib/$arch/slurm-wlm
 built=$CACHE/$version/scrontab

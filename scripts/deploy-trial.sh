@@ -13,10 +13,16 @@
 # Reach them: scripts/deploy-trial.sh shell login|cn1 (a root shell inside); the portal answers at
 # https://hub.example.org (192.0.2.10:443; the trial's CA: /var/lib/dsportal-trial/tls/ca.crt).
 # Runs as root on a Debian bookworm host; needs the package registries; uses 192.0.2.8/29 only.
+#
+# DSPORTAL_TRIAL_SUITE=trixie: the systems are Debian 13 (Python 3.13, Slurm 24.11), and the portal's environment
+# is built on a third, scratch Debian 13 system by the guide's own step 2 (scripts/install-deps.sh there, then its
+# rsync of env/ and chp/); its files go to /var/lib/dsportal-trial-trixie. Default: bookworm, built on this host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
-TRIAL=${DSPORTAL_TRIAL:-/var/lib/dsportal-trial}
+SUITE=${DSPORTAL_TRIAL_SUITE:-bookworm}
+[[ "$SUITE" =~ ^(bookworm|trixie)$ ]] || { echo "DSPORTAL_TRIAL_SUITE: bookworm or trixie, not $SUITE" >&2; exit 2; }
+if [ "$SUITE" = bookworm ]; then TRIAL=${DSPORTAL_TRIAL:-/var/lib/dsportal-trial}; else TRIAL=${DSPORTAL_TRIAL:-/var/lib/dsportal-trial-$SUITE}; fi
 BRIDGE=dstrial0
 NET_PREFIX=192.0.2              # documentation range; the bridge takes only 192.0.2.8/29 of it,
 HOST_ADDR=$NET_PREFIX.9/29      # so a host whose own uplink is in 192.0.2.0/24 keeps it
@@ -69,7 +75,7 @@ make_base() {  # one debootstrap, copied for each system (each then gets its own
   [ -d "$TRIAL/base" ] && return 0
   start=$(now)
   debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2,ca-certificates \
-    bookworm "$TRIAL/base.new" http://deb.debian.org/debian > "$TRIAL/debootstrap.log"
+    "$SUITE" "$TRIAL/base.new" http://deb.debian.org/debian > "$TRIAL/debootstrap.log"
   mv "$TRIAL/base.new" "$TRIAL/base"
   TIMES[debootstrap]=$(elapsed "$start")
 }
@@ -99,9 +105,9 @@ libnss-ldapd libnss-ldapd/nsswitch multiselect passwd, group, shadow
 EOF
   systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/sh -ec "
     export DEBIAN_FRONTEND=noninteractive
-    echo 'deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian bookworm-updates main
-$(old_portal || echo 'deb http://deb.debian.org/debian-security bookworm-security main')' > /etc/apt/sources.list
+    echo 'deb http://deb.debian.org/debian $SUITE main
+deb http://deb.debian.org/debian $SUITE-updates main
+$(old_portal || echo "deb http://deb.debian.org/debian-security $SUITE-security main")' > /etc/apt/sources.list
     apt-get update -q && debconf-set-selections /root/preseed
     apt-get install -y -q --no-install-recommends $(packages_for "$name") && apt-get clean" \
     > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
@@ -156,16 +162,51 @@ install_wheel() {
   fi
 }
 
+# build_env: section 2 on a scratch Debian system of $SUITE ($TRIAL/build, never booted): the guide's checkout (the
+# commit's files) and its `bash scripts/install-deps.sh`. What the site's network gives it: this host's CA
+# certificates (an egress proxy may sign PyPI's and npm's), named to pip and npm.
+build_env() {
+  local root=$TRIAL/build start
+  [ -x "$root/opt/dsportal/env/bin/python" ] && return 0
+  make_base
+  start=$(now)
+  [ -d "$root" ] || { rm -rf "$root.new" && cp -a "$TRIAL/base" "$root.new" && mv "$root.new" "$root"; }
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+  # and its registry's apt settings (a registry that serves a snapshot: Release files past their Valid-Until)
+  cp /etc/apt/apt.conf.d/99artifact-registry "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
+  rm -rf "$root/usr/local/src/dsportal" && mkdir -p "$root/usr/local/src/dsportal"
+  git archive "${DSPORTAL_TRIAL_REV:-HEAD}" | tar -x -C "$root/usr/local/src/dsportal"
+  systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/bash -ec "
+    export DEBIAN_FRONTEND=noninteractive
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d  # a build machine: no daemons
+    printf 'deb http://deb.debian.org/debian $SUITE main\ndeb http://deb.debian.org/debian $SUITE-updates main\ndeb http://deb.debian.org/debian-security $SUITE-security main\n' \
+      > /etc/apt/sources.list
+    apt-get update -q && apt-get install -y -q --no-install-recommends ca-certificates git
+    update-ca-certificates
+    printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > /etc/pip.conf
+    printf 'cafile=/etc/ssl/certs/ca-certificates.crt\n' > /root/.npmrc
+    cd /usr/local/src/dsportal && bash scripts/install-deps.sh" > "$TRIAL/build-env.log" 2>&1 ||
+    { tail -n 30 "$TRIAL/build-env.log"; return 1; }
+  TIMES[build-env]=$(elapsed "$start")
+  say "build: $(systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /opt/dsportal/env/bin/python --version 2>/dev/null) environment in ${TIMES[build-env]} s (log: $TRIAL/build-env.log)"
+}
+
 shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh), copied onto the shared storage
   local shared=$TRIAL/shared start
   mkdir -p "$shared"/{home,datasets,courses}
   if [ ! -x "$shared/opt-dsportal/env/bin/python" ]; then
-    [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
+    local built=/opt/dsportal  # the scratch machine's /opt/dsportal: this host, or (trixie) a system of its own
+    if [ "$SUITE" = bookworm ]; then
+      [ -x /opt/dsportal/env/bin/python ] || bash scripts/install-deps.sh
+    else
+      build_env || return 1
+      built=$TRIAL/build/opt/dsportal
+    fi
     start=$(now)
     # the guide's rsync: env/ and chp/, each on its own (never the whole /opt/dsportal with --delete)
     mkdir -p "$shared/opt-dsportal"
-    rsync -a --delete /opt/dsportal/env/ "$shared/opt-dsportal/env/"
-    rsync -a --delete /opt/dsportal/chp/ "$shared/opt-dsportal/chp/"
+    rsync -a --delete "$built/env/" "$shared/opt-dsportal/env/"
+    rsync -a --delete "$built/chp/" "$shared/opt-dsportal/chp/"
     TIMES[copy-env]=$(elapsed "$start")
   fi
   # dsportal itself: the wheel of this checkout's commit (DSPORTAL_TRIAL_REV, default HEAD), where it runs
@@ -181,13 +222,15 @@ shared_env() {  # section 2: /opt/dsportal built once (scripts/install-deps.sh),
   # The login node has no checkout: the guide takes portal.yaml and the units from the installed package.
 }
 
+cgroup_name() { if [ "$SUITE" = bookworm ]; then echo "dstrial-$1"; else echo "dstrial-$SUITE-$1"; fi; }
+
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
   # under the cgroup nspawn runs in: the container's cgroup namespace starts there
   local controller dir nspawn
   nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
-    dir=${dir%/}/dstrial-$1
+    dir=${dir%/}/$(cgroup_name "$1")
     mkdir -p "$dir"
     if [ "$controller" = cpuset ]; then
       cat "$(dirname "$dir")/cpuset.cpus" > "$dir/cpuset.cpus"
@@ -222,16 +265,18 @@ boot_node() {
   cgroup_subtree "$name"
   in_node "$name" sh -ec 'for c in cpuset cpu cpuacct memory devices freezer pids; do
       tac /proc/self/mounts | grep -m1 " /sys/fs/cgroup/$c " | grep -q " rw," && continue
-      mount --bind /sys/fs/cgroup/$c/dstrial-cn1 /sys/fs/cgroup/$c
+      mount --bind /sys/fs/cgroup/$c/$0 /sys/fs/cgroup/$c
       mount -o remount,bind,rw /sys/fs/cgroup/$c
     done
     # after a reboot slurmd started before its cgroups were writable: again, now that they are
-    if systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
+    # (only once it has a slurm.conf: the slurmd of Debian 13 starts without one, configless, waiting for DNS SRV)
+    if [ -f /etc/slurm/slurm.conf ] && systemctl is-enabled -q slurmd 2>/dev/null && ! grep -q "^$(pgrep -xo slurmd)\$" /run/dstrial-slurmd-cgroups 2>/dev/null; then
       systemctl restart slurmd && { pgrep -xo slurmd > /run/dstrial-slurmd-cgroups || true; }
-    fi'
+    fi' "$(cgroup_name "$name")"
 }
 
 step_systems() {
+  no_other_trial
   apt-get install -y -q --no-install-recommends debootstrap systemd-container > /dev/null
   mkdir -p "$TRIAL"
   make_root login
@@ -242,7 +287,14 @@ step_systems() {
   ip link set "$BRIDGE" up
 }
 
-step_boot() { boot_node login; boot_node cn1; }
+# One trial at a time on this host: both use $BRIDGE and 192.0.2.8/29, and `down` of either removes the bridge
+no_other_trial() {
+  local other
+  other=$(pgrep -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1) || true
+  [ -z "$other" ] || { echo "[trial] another trial's system runs ($other): one trial at a time (stop it with its own down)" >&2; return 1; }
+}
+
+step_boot() { no_other_trial; boot_node login; boot_node cn1; }
 
 step_down() {
   local name nspawn start
@@ -263,7 +315,7 @@ step_down() {
     say "down: $name stopped in $(elapsed "$start") s"
   done
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
-    find "/sys/fs/cgroup/$controller" -depth -type d -path '*/dstrial-cn1*' -exec rmdir {} \; 2>/dev/null || true
+    find "/sys/fs/cgroup/$controller" -depth -type d -path "*/$(cgroup_name cn1)*" -exec rmdir {} \; 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$TRIAL"
@@ -353,10 +405,16 @@ step_slurm() {  # section 4
   slurmdbd_conf > "$TRIAL/login/etc/slurm/slurmdbd.conf"
   script_in login <<EOF
 chown slurm:slurm /etc/slurm/slurmdbd.conf && chmod 0600 /etc/slurm/slurmdbd.conf
-mysql -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$TRIAL/slurmdb-password")';
+mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$(cat "$TRIAL/slurmdb-password")';
           GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 systemctl enable -q slurmdbd && systemctl restart slurmdbd
-for i in \$(seq 30); do sacctmgr -n -P show cluster >/dev/null 2>&1 && break; sleep 1; done
+for i in \$(seq 30); do
+  sacctmgr -n -P show cluster >/dev/null 2>&1 && break
+  # Debian 13: slurmdbd 24.11.5 stopped at its first start on a fresh MariaDB 11.8 ("_check_mysql_concat_is_sane:
+  # null result from query", error 5027), and started the next time (deploy-trial-trixie-2026-12-06.md)
+  systemctl is-active -q slurmdbd || { echo "slurmdbd stopped: started again" >&2; systemctl restart slurmdbd; }
+  sleep 1
+done
 sacctmgr -n -P show cluster format=cluster | grep -q trial || sacctmgr -i add cluster trial
 systemctl enable -q slurmctld && systemctl restart slurmctld
 EOF
@@ -377,7 +435,10 @@ trial_ca() {  # the trial's own CA: slapd's StartTLS certificate and the portal'
   local tls=$TRIAL/tls
   [ -f "$tls/portal.crt" ] && return 0
   mkdir -p "$tls" && chmod 700 "$tls"
+  # keyUsage on the CA and key identifiers on what it signs: Python 3.13 verifies strictly (VERIFY_X509_STRICT),
+  # as a site's CA is made anyway
   openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=dsportal-trial-CA \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
     -keyout "$tls/ca.key" -out "$tls/ca.crt" 2>/dev/null
   issue_cert ldap "login" "DNS:login"
   issue_cert portal "hub.example.org" "DNS:hub.example.org,DNS:*.hub.example.org"
@@ -386,7 +447,8 @@ trial_ca() {  # the trial's own CA: slapd's StartTLS certificate and the portal'
 issue_cert() {  # issue_cert FILE CN SUBJECT_ALT_NAMES
   local tls=$TRIAL/tls
   openssl req -newkey rsa:2048 -nodes -subj "/CN=$2" -keyout "$tls/$1.key" -out "$tls/$1.csr" 2>/dev/null
-  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$3" > "$tls/$1.ext"
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n' \
+    "$3" > "$tls/$1.ext"
   openssl x509 -req -in "$tls/$1.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial -days 30 \
     -extfile "$tls/$1.ext" -out "$tls/$1.crt" 2>/dev/null
 }
@@ -508,7 +570,7 @@ EOF
 portal_config() {  # 5. portal.yaml: the guide's two lines, then its changes
   script_in login <<'EOF'
 install -d -m 0755 /etc/dsportal
-install -m 0644 /opt/dsportal/env/lib/python3.11/site-packages/dsportal_config/portal.yaml /etc/dsportal/portal.yaml
+install -m 0644 /opt/dsportal/env/share/dsportal/portal.yaml /etc/dsportal/portal.yaml
 EOF
   edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
   install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
@@ -588,7 +650,7 @@ if [ ! -f /var/lib/dsportal/hub/db-password ]; then
   (umask 077; openssl rand -hex 16 > /var/lib/dsportal/hub/db-password)
 fi
 chown dsportal-hub:dsportal-hub /var/lib/dsportal/hub/db-password
-mysql -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+mariadb -e "CREATE DATABASE IF NOT EXISTS jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
           CREATE USER IF NOT EXISTS 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
           GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
 EOF
@@ -778,7 +840,7 @@ step_upgrade() {
   local start revision_before revision_after from to counted queued_job
   start=$(now)
   from="dsportal $(in_node login /opt/dsportal/env/bin/python -c 'import importlib.metadata as m; print(m.version("dsportal"))')"  # 0.1.0 has no --version
-  revision_before=$(in_node login mysql -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
+  revision_before=$(in_node login mariadb -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
   counted=$(cat "$TRIAL/shared/home/$USER_NAME/busy-counter")
   # "For dsportal's own code only": the wheel into the shared environment (the login node writes it here) ...
   install_wheel "$(ls "$TRIAL"/wheel/dsportal-*.whl)"
@@ -831,7 +893,7 @@ if queued:
   if [ -n "$queued_job" ]; then
     say "upgrade: the earlier release's queued job $queued_job: $(in_node login sacct -n -X -j "$queued_job" -o State%12,Start,ExitCode | xargs)"
   fi
-  revision_after=$(in_node login mysql -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
+  revision_after=$(in_node login mariadb -N -e 'SELECT version_num FROM jupyterhub.alembic_version')
   say "upgrade: $from -> $to; JupyterHub's schema $revision_before -> $revision_after; state's version $(in_node login cat /var/lib/dsportal/hub/dsportal-version)"
   say "upgrade: jobs before: $(paste -sd ' ' "$TRIAL/jobs-before"); now: $(in_node login squeue -h -u "$USER_NAME" -o '%i %j %T' | sort -n | paste -sd ' ')"
   TIMES[upgrade]=$(elapsed "$start")
@@ -895,10 +957,10 @@ tar -C / -xpf "$backup/files.tar"
 install -d -m 0755 /usr/local/libexec/dsportal
 /opt/dsportal/env/bin/dsportal hub install-mediator
 visudo -cf /etc/sudoers.d/dsportal
-mysql -e "CREATE DATABASE jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+mariadb -e "CREATE DATABASE jupyterhub CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
           CREATE USER 'dsportal_hub'@'localhost' IDENTIFIED BY '$(cat /var/lib/dsportal/hub/db-password)';
           GRANT ALL ON jupyterhub.* TO 'dsportal_hub'@'localhost';"
-mysql jupyterhub < "$backup/jupyterhub.sql"
+mariadb jupyterhub < "$backup/jupyterhub.sql"
 systemctl daemon-reload && systemctl enable -q --now dsportal-firewall
 EOF
     # The names move to hub2 (the site's DNS): the hub's name for the compute nodes, the public one for browsers

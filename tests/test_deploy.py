@@ -57,6 +57,11 @@ def test_restarting_the_hub_leaves_the_proxy_and_its_routes_alone():
         assert binding not in proxy, f"the proxy must not stop with the hub ({binding}=)"
     assert "configurable-http-proxy" in proxy["ExecStart"][0] and "proxy.js" in proxy["ExecStart"][0]
     assert "configurable-http-proxy" not in hub["ExecStart"][0]
+    # proxy.js where the package installs it whatever the Python (Debian 12: 3.11, Debian 13: 3.13)
+    script = proxy["ExecStart"][0].split()[1]
+    assert script == "/opt/dsportal/env/share/dsportal/proxy.js" and "python3" not in proxy["ExecStart"][0]
+    if Path(script).exists():  # installed (make deps): the same file as the package's
+        assert Path(script).read_bytes() == (Path(__file__).resolve().parent.parent / "portal/hub/proxy.js").read_bytes()
     # The other way round, a proxy restart (its routes are in its memory only) restarts the hub, which
     # puts every route back as it starts.
     assert hub["PartOf"] == ["dsportal-proxy.service"]
