@@ -13,9 +13,17 @@ say() { echo "[scrontab] $*"; }
 
 version=$(dpkg-query -W -f='${Version}' slurm-client)
 # Debian 13's slurm-client (24.11) ships scrontab itself: nothing to build, and no copy of ours in front of it.
-if dpkg-query -L slurm-client 2>/dev/null | grep -qx /usr/bin/scrontab; then
-  if [ -e /usr/local/bin/scrontab ] && cmp -s /usr/local/bin/scrontab "$CACHE/$version/scrontab"; then
-    rm -f /usr/local/bin/scrontab
+if dpkg-query -L slurm-client 2>/dev/null | grep -x /usr/bin/scrontab > /dev/null; then
+  # a copy this script installed for an earlier slurm-client (before an upgrade from Debian 12) goes: it would
+  # come first on the PATH, built for another release
+  if [ -e /usr/local/bin/scrontab ]; then
+    for old in "$CACHE"/*/scrontab; do
+      [ -f "$old" ] && cmp -s /usr/local/bin/scrontab "$old" && { rm -f /usr/local/bin/scrontab; say "removed /usr/local/bin/scrontab (built for $(basename "$(dirname "$old")"))"; break; }
+    done
+  fi
+  if [ -e /usr/local/bin/scrontab ]; then
+    echo "[scrontab] /usr/local/bin/scrontab is not the one slurm-client $version ships (/usr/bin/scrontab) and comes first on the PATH: remove it" >&2
+    exit 1
   fi
   say "ready: /usr/bin/scrontab (slurm-client $version ships it)"
   exit 0

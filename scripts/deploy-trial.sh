@@ -46,7 +46,7 @@ elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
 # ---- the two systems ---------------------------------------------------------------------------
 leader() {  # the container's PID 1 (systemd), as the host sees it
   local nspawn
-  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1) || return 1
+  nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1) || return 1
   pgrep -P "$nspawn" | head -1
 }
 # in_node NAME CMD...: a root login's environment inside NAME (not the host's PATH and variables)
@@ -113,6 +113,8 @@ $(old_portal || echo "deb http://deb.debian.org/debian-security $SUITE-security 
     > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
   TIMES[packages-$name]=$(elapsed "$start")
   echo "$name" > "$root/etc/hostname"
+  # slurmd waits for its slurm.conf (section 4) to be enabled: Debian 13's would start configless and wait
+  [ "$name" != cn1 ] || rm -f "$root/etc/systemd/system/multi-user.target.wants/slurmd.service"
   local address=$CN1_ADDR; [ "$name" = login ] && address=$LOGIN_ADDR; [ "$name" = hub2 ] && address=$HUB2_ADDR
   # 10-: before the container's own 80-container-host0.network (DHCP), which would win otherwise
   mkdir -p "$root/etc/systemd/network"
@@ -167,7 +169,7 @@ install_wheel() {
 # certificates (an egress proxy may sign PyPI's and npm's), named to pip and npm.
 build_env() {
   local root=$TRIAL/build start
-  [ -x "$root/opt/dsportal/env/bin/python" ] && return 0
+  [ -f "$root/.dsportal-built" ] && return 0  # written once install-deps.sh has finished
   make_base
   start=$(now)
   [ -d "$root" ] || { rm -rf "$root.new" && cp -a "$TRIAL/base" "$root.new" && mv "$root.new" "$root"; }
@@ -187,6 +189,7 @@ build_env() {
     printf 'cafile=/etc/ssl/certs/ca-certificates.crt\n' > /root/.npmrc
     cd /usr/local/src/dsportal && bash scripts/install-deps.sh" > "$TRIAL/build-env.log" 2>&1 ||
     { tail -n 30 "$TRIAL/build-env.log"; return 1; }
+  touch "$root/.dsportal-built"
   TIMES[build-env]=$(elapsed "$start")
   say "build: $(systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /opt/dsportal/env/bin/python --version 2>/dev/null) environment in ${TIMES[build-env]} s (log: $TRIAL/build-env.log)"
 }
@@ -227,7 +230,7 @@ cgroup_name() { if [ "$SUITE" = bookworm ]; then echo "dstrial-$1"; else echo "d
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
   # under the cgroup nspawn runs in: the container's cgroup namespace starts there
   local controller dir nspawn
-  nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
+  nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
     dir=${dir%/}/$(cgroup_name "$1")
@@ -250,7 +253,7 @@ boot_node() {
       --network-bridge="$BRIDGE" \
       --bind="$shared/opt-dsportal:/opt/dsportal" --bind="$shared/home:/home" \
       --bind="$shared/datasets:/datasets" --bind="$shared/courses:/srv/courses" \
-      > "$TRIAL/boot-$name.log" 2>&1 < /dev/null &
+      > "$TRIAL/boot-$name.log" 2>&1 < /dev/null 9>&- &  # (9: the script's lock, not the system's)
     local tries
     for tries in $(seq 60); do
       in_node "$name" systemctl is-system-running 2>/dev/null | grep -qE 'running|degraded' && break
@@ -290,7 +293,7 @@ step_systems() {
 # One trial at a time on this host: both use $BRIDGE and 192.0.2.8/29, and `down` of either removes the bridge
 no_other_trial() {
   local other
-  other=$(pgrep -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1) || true
+  other=$(pgrep -u 0 -af "^systemd-nspawn --boot " | grep -v -- " -D $TRIAL/" | sed -n 's/.* -D \([^ ]*\) .*/\1/p' | head -1) || true
   [ -z "$other" ] || { echo "[trial] another trial's system runs ($other): one trial at a time (stop it with its own down)" >&2; return 1; }
 }
 
@@ -304,7 +307,7 @@ step_down() {
     for _ in $(seq 30); do [ -z "$(in_node login squeue -h -t running,completing -o %i 2>/dev/null)" ] && break; sleep 1; done
   fi
   for name in hub2 cn1 login; do
-    nspawn=$(pgrep -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
+    nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
     start=$(now)
     in_node "$name" systemctl poweroff || kill "$nspawn"
     for _ in $(seq 60); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
@@ -317,7 +320,7 @@ step_down() {
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     find "/sys/fs/cgroup/$controller" -depth -type d -path "*/$(cgroup_name cn1)*" -exec rmdir {} \; 2>/dev/null || true
   done
-  ip link del "$BRIDGE" 2>/dev/null || true
+  if no_other_trial 2>/dev/null; then ip link del "$BRIDGE" 2>/dev/null || true; else say "down: $BRIDGE kept (another trial's systems use it)"; fi
   rm -rf "$TRIAL"
   say "down: systems stopped, $BRIDGE and $TRIAL removed"
 }
@@ -340,6 +343,9 @@ site_slurm_conf() {
   # "reason Prolog" (kernel 6.18, Slurm 22.05.8; the same bind by hand works). DSPORTAL_TRIAL_TMPFS=yes tries it.
   local JOB_CONTAINER_LINE="#JobContainerType=job_container/tmpfs  (off in the trial: see deploy-trial.sh)"
   [ "${DSPORTAL_TRIAL_TMPFS:-no}" = yes ] && JOB_CONTAINER_LINE=JobContainerType=job_container/tmpfs
+  # Slurm's cron where the nodes' slurm-client has scrontab (Debian 13's; Debian 12's needs build-scrontab.sh)
+  local SCRON_LINE="#ScronParameters=enable  (bookworm's slurm-client has no scrontab: see deploy.md section 4)"
+  [ "$SUITE" = bookworm ] || SCRON_LINE=ScronParameters=enable
   cat <<EOF
 ClusterName=trial
 SlurmctldHost=login($LOGIN_ADDR)
@@ -374,6 +380,7 @@ GresTypes=gpu
 SchedulerParameters=bf_interval=1,batch_sched_delay=0
 Prolog=/etc/slurm/prolog.sh
 MinJobAge=600
+$SCRON_LINE
 EOF
 }
 
@@ -1023,6 +1030,11 @@ print_times() {  # at the end, also of a failed run: what each step took
   for key in $(printf '%s\n' "${!TIMES[@]}" | sort); do say "time: $key ${TIMES[$key]} s"; done
 }
 
+# One trial script at a time on this host (down included: it removes the bridge both use)
+if [ "${1:-all}" != shell ]; then
+  exec 9> /run/dsportal-trial.lock
+  flock -n 9 || { echo "[trial] another deploy-trial.sh runs on this host: one at a time" >&2; exit 1; }
+fi
 case "${1:-all}" in
   down) step_down ;;
   shell) in_node "${2:-login}" bash -l ;;

@@ -60,7 +60,8 @@ def test_restarting_the_hub_leaves_the_proxy_and_its_routes_alone():
     # proxy.js where the package installs it whatever the Python (Debian 12: 3.11, Debian 13: 3.13)
     script = proxy["ExecStart"][0].split()[1]
     assert script == "/opt/dsportal/env/share/dsportal/proxy.js" and "python3" not in proxy["ExecStart"][0]
-    if Path(script).exists():  # installed (make deps): the same file as the package's
+    if Path("/opt/dsportal/env/bin/python").exists():  # installed (make deps): the same file as the package's
+        assert Path(script).is_file(), f"{script} is not installed: make deps installs it (pyproject data-files)"
         assert Path(script).read_bytes() == (Path(__file__).resolve().parent.parent / "portal/hub/proxy.js").read_bytes()
     # The other way round, a proxy restart (its routes are in its memory only) restarts the hub, which
     # puts every route back as it starts.

@@ -1,5 +1,5 @@
 """docs/how-to/deploy.md and docs/how-to/back-up-and-restore.md followed from nothing, unattended, by
-scripts/deploy-trial.sh: two fresh Debian bookworm systems (a login node and a compute node) in systemd-nspawn
+scripts/deploy-trial.sh: two fresh Debian systems (a login node and a compute node) in systemd-nspawn
 on a bridge of their own (dstrial0, 192.0.2.8/29), the portal deployed as the guide says, alice's session
 started, the hub's ports tried from a host that is neither the hub nor a compute node, a backup taken with
 her session running, then the login node's portal stopped for good and the backup restored onto a third,
@@ -8,7 +8,9 @@ restored hub and its kernel runs code.
 
 Not marked quick: it needs root, the package registries (debootstrap and apt, as `make deps` does) and
 about 3.5 minutes on 2 cores (bench/results/deploy-trial-2026-12-06.md). It removes any trial left at
-/var/lib/dsportal-trial first and after. DSPORTAL_SKIP_DEPLOY_TRIAL=1 leaves it out (said in the summary)."""
+/var/lib/dsportal-trial first and after. DSPORTAL_SKIP_DEPLOY_TRIAL=1 leaves it out (said in the summary).
+Debian 12 (bookworm) by default; Debian 13 (trixie) too with DSPORTAL_TRIAL_SUITES=bookworm,trixie (its files in
+/var/lib/dsportal-trial-trixie)."""
 
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ def trial(*args: str, log=None, timeout: float = LIMIT_S, suite: str = "bookworm
 
 
 # Debian 13 (trixie: Python 3.13, Slurm 24.11), its environment built on a scratch Debian 13 system by the guide's
-# scripts/install-deps.sh: about 10 minutes more from nothing, so outside CI: DSPORTAL_TRIAL_SUITES=bookworm,trixie
+# scripts/install-deps.sh: about 8 minutes more from nothing, so outside CI: DSPORTAL_TRIAL_SUITES=bookworm,trixie
 # (bench/results/deploy-trial-trixie-2026-12-06.md).
-SUITES = os.environ.get("DSPORTAL_TRIAL_SUITES", "bookworm").split(",")
+SUITES = [suite.strip() for suite in os.environ.get("DSPORTAL_TRIAL_SUITES", "bookworm").split(",") if suite.strip()]
 
 
 @pytest.mark.parametrize("suite", SUITES)

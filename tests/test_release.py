@@ -64,6 +64,9 @@ def test_make_dist_builds_the_wheel_and_sdist_of_pyprojects_version(release):
         assert f"dsportal_config/{name}" in wheel, name
         assert f"dsportal-{VERSION}/config/{name}" in sdist, name
     assert f"dsportal-{VERSION}.dist-info/licenses/LICENSE" in wheel
+    # where the proxy unit and deploy.md find them whatever the Python version (Debian 12: 3.11, 13: 3.13)
+    for name in ("proxy.js", "portal.yaml"):
+        assert f"dsportal-{VERSION}.data/data/share/dsportal/{name}" in wheel, name
     # The demo cluster and its files stay in the checkout: nothing a site installs can bring the demo up.
     assert not [name for name in wheel if name.startswith(("democluster/", "dsportal_config/demo/"))]
 
