@@ -575,9 +575,12 @@ EOF
 }
 
 portal_config() {  # 5. portal.yaml: the guide's two lines, then its changes
-  script_in login <<'EOF'
+  local shipped=/opt/dsportal/env/share/dsportal/portal.yaml
+  # an earlier release's guide: the package's copy (releases up to 0.3.0 have no share/dsportal)
+  old_portal && shipped=/opt/dsportal/env/lib/python3.11/site-packages/dsportal_config/portal.yaml
+  script_in login <<EOF
 install -d -m 0755 /etc/dsportal
-install -m 0644 /opt/dsportal/env/share/dsportal/portal.yaml /etc/dsportal/portal.yaml
+install -m 0644 $shipped /etc/dsportal/portal.yaml
 EOF
   edit_portal_yaml | in_node login /opt/dsportal/env/bin/python - > "$TRIAL/portal.yaml"
   install -m 0644 "$TRIAL/portal.yaml" "$TRIAL/login/etc/dsportal/portal.yaml"
