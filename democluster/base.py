@@ -80,32 +80,27 @@ def release_config(config: Path) -> Path:
     target = STATE / "config" / f"portal-{SLURM_RELEASE}.yaml"
     source = demo_file("../portal.yaml") if Path(os.path.realpath(config)) == Path(os.path.realpath(target)) else config
     values = {"bin_dir": str(slurm_prefix() / "bin"), "conf": "null" if CONFIGLESS else str(slurm_conf_path())}
+    text, pmix = Path(source).read_text(), has_pmix()
+    # A Slurm built without its PMIx plugin (Debian unstable's 26.05.5): the jobs' ranks through Open MPI's mpirun
+    # inside the allocation (dsportal check names the plugin a profile asks for and this Slurm lacks), for the
+    # profiles whose jobs say srun and for those without a jobs section (whose default is srun --mpi=pmix).
+    bare = set() if pmix else {p["name"] for p in yaml.safe_load(text).get("profiles", []) if "jobs" not in p}
+    no_pmix = f"   # Slurm {SLURM_RELEASE} here has no mpi/pmix"
     lines, found, section = [], set(), ""
-    for line in Path(source).read_text().splitlines(keepends=True):
+    for line in text.splitlines(keepends=True):
         if line[:1].isalpha():
             section = line.split(":", 1)[0]
         key = line.strip().split(":", 1)[0]
         if section == "slurm" and line.startswith("  ") and line[2:3].isalpha() and key in values:
             line = f"  {key}: {values[key]}   # make demo SLURM={SLURM_RELEASE}\n"
             found.add(key)
-        elif line.strip() == "launcher: srun" and not has_pmix():
-            # A Slurm built without its PMIx plugin (Debian unstable's 26.05.5): the jobs' ranks through Open MPI's
-            # mpirun inside the allocation (dsportal check names the plugin a profile asks for and this Slurm lacks).
-            line = line.replace("launcher: srun", f"launcher: mpirun   # Slurm {SLURM_RELEASE} here has no mpi/pmix")
+        elif line.strip() == "launcher: srun" and not pmix:
+            line = line.replace("launcher: srun", f"launcher: mpirun{no_pmix}")
         lines.append(line)
+        if section == "profiles" and line.startswith("  - name: ") and line.split(":", 1)[1].split("#")[0].strip() in bare:
+            lines.append(f"    jobs: {{launcher: mpirun}}{no_pmix}\n")
     if {"bin_dir", "conf"} - found:
         raise DemoError(f"{source}: no slurm.bin_dir and slurm.conf to set for Slurm {SLURM_RELEASE}")
-    if not has_pmix():
-        # A profile without a jobs section gets the default launcher (srun --mpi=pmix): mpirun there too.
-        bare = {p["name"] for p in yaml.safe_load("".join(lines)).get("profiles", []) if "jobs" not in p}
-        section, given = "", []
-        for line in lines:
-            section = line.split(":", 1)[0] if line[:1].isalpha() else section
-            given.append(line)
-            if section == "profiles" and line.startswith("  - name: ") and \
-                    line.split(":", 1)[1].split("#")[0].strip() in bare:
-                given.append(f"    jobs: {{launcher: mpirun}}   # Slurm {SLURM_RELEASE} here has no mpi/pmix\n")
-        lines = given
     target.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(target.parent, 0o755)
     write_if_changed(target, "".join(lines), 0o644)
