@@ -26,15 +26,14 @@ make test SLURM="$release" > "$log" 2>&1
 status=$?
 seconds=$(( $(date +%s) - start ))
 
+# What built the release, and its own version (not `sinfo --version`: without a slurm.conf here 22.05's sinfo
+# looks for the cluster): the build's stamp, or Debian's package.
 if [ "$release" != 22.05 ]; then
-  built="$(sed -n 's/^source=//p' "/opt/dsportal-slurm/$release/.dsportal-slurm") (scripts/build-slurm.sh)"
+  stamp_file=/opt/dsportal-slurm/$release/.dsportal-slurm
+  built="$(sed -n 's/^source=//p' "$stamp_file") (scripts/build-slurm.sh)"
+  version=$(sed -n 's/^version=//p' "$stamp_file")
 else
   built="Debian $(. /etc/os-release && echo "$VERSION_CODENAME") \`slurm-wlm\` $(dpkg-query -W -f='${Version}' slurm-client)"
-fi
-# The release's own version (not `sinfo --version`: without a slurm.conf here 22.05's sinfo looks for the cluster).
-if [ "$release" != 22.05 ]; then
-  version=$(sed -n 's/^version=//p' "/opt/dsportal-slurm/$release/.dsportal-slurm")
-else
   version=$(dpkg-query -W -f='${Version}' slurm-client | sed 's/-[^-]*$//; s/^[0-9]*://')
 fi
 [[ "$version" =~ ^[0-9]{2}\.[0-9]{2}\.[0-9]+$ ]] || { echo "[compatibility] no version of Slurm $release found" >&2; exit 1; }
