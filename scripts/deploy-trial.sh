@@ -44,9 +44,12 @@ now() { date +%s.%N; }
 elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
 
 # ---- the two systems ---------------------------------------------------------------------------
+nspawn_of() {  # the (root's) systemd-nspawn that boots system NAME of this trial
+  pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1
+}
 leader() {  # the container's PID 1 (systemd), as the host sees it
   local nspawn
-  nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1) || return 1
+  nspawn=$(nspawn_of "$1") || return 1
   pgrep -P "$nspawn" | head -1
 }
 # in_node NAME CMD...: a root login's environment inside NAME (not the host's PATH and variables)
@@ -68,6 +71,11 @@ packages_for() {
   else
     echo "$common slurmd"
   fi
+}
+
+apt_sources() {  # the systems' sources.list: $SUITE, its updates and (unless "no-security") its security archive
+  printf 'deb http://deb.debian.org/debian %s main\ndeb http://deb.debian.org/debian %s-updates main\n' "$SUITE" "$SUITE"
+  [ "${1:-}" = no-security ] || printf 'deb http://deb.debian.org/debian-security %s-security main\n' "$SUITE"
 }
 
 make_base() {  # one debootstrap, copied for each system (each then gets its own packages)
@@ -103,11 +111,9 @@ nslcd nslcd/ldap-uris string ldap://login/
 nslcd nslcd/ldap-base string dc=example,dc=org
 libnss-ldapd libnss-ldapd/nsswitch multiselect passwd, group, shadow
 EOF
+  apt_sources $(old_portal && echo no-security) > "$root/etc/apt/sources.list"
   systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/sh -ec "
     export DEBIAN_FRONTEND=noninteractive
-    echo 'deb http://deb.debian.org/debian $SUITE main
-deb http://deb.debian.org/debian $SUITE-updates main
-$(old_portal || echo "deb http://deb.debian.org/debian-security $SUITE-security main")' > /etc/apt/sources.list
     apt-get update -q && debconf-set-selections /root/preseed
     apt-get install -y -q --no-install-recommends $(packages_for "$name") && apt-get clean" \
     > "$TRIAL/apt-$name.log" 2>&1 || { tail "$TRIAL/apt-$name.log"; return 1; }
@@ -178,11 +184,10 @@ build_env() {
   cp /etc/apt/apt.conf.d/99artifact-registry "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
   rm -rf "$root/usr/local/src/dsportal" && mkdir -p "$root/usr/local/src/dsportal"
   git archive "${DSPORTAL_TRIAL_REV:-HEAD}" | tar -x -C "$root/usr/local/src/dsportal"
+  apt_sources > "$root/etc/apt/sources.list"
   systemd-nspawn -q --register=no --keep-unit -D "$root" --pipe /bin/bash -ec "
     export DEBIAN_FRONTEND=noninteractive
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d  # a build machine: no daemons
-    printf 'deb http://deb.debian.org/debian $SUITE main\ndeb http://deb.debian.org/debian $SUITE-updates main\ndeb http://deb.debian.org/debian-security $SUITE-security main\n' \
-      > /etc/apt/sources.list
     apt-get update -q && apt-get install -y -q --no-install-recommends ca-certificates git
     update-ca-certificates
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > /etc/pip.conf
@@ -230,7 +235,7 @@ cgroup_name() { if [ "$SUITE" = bookworm ]; then echo "dstrial-$1"; else echo "d
 cgroup_subtree() {  # NAME's own subtree of each cgroup v1 controller of the host (see boot_node)
   # under the cgroup nspawn runs in: the container's cgroup namespace starts there
   local controller dir nspawn
-  nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$1 " | head -1)
+  nspawn=$(nspawn_of "$1")
   for controller in cpuset cpu cpuacct memory devices freezer pids; do
     dir=/sys/fs/cgroup/$controller$(awk -F: -v c="$controller" '$2 == c {print $3}' "/proc/$nspawn/cgroup")
     dir=${dir%/}/$(cgroup_name "$1")
@@ -307,7 +312,7 @@ step_down() {
     for _ in $(seq 30); do [ -z "$(in_node login squeue -h -t running,completing -o %i 2>/dev/null)" ] && break; sleep 1; done
   fi
   for name in hub2 cn1 login; do
-    nspawn=$(pgrep -u 0 -f "^systemd-nspawn --boot .* -D $TRIAL/$name " | head -1) || continue
+    nspawn=$(nspawn_of "$name") || continue
     start=$(now)
     in_node "$name" systemctl poweroff || kill "$nspawn"
     for _ in $(seq 60); do kill -0 "$nspawn" 2>/dev/null || break; sleep 1; done
