@@ -57,6 +57,11 @@ for epoch in range(1, 6):
 del model, opt
 dist.barrier()
 dist.destroy_process_group()
+# ... and still did once after all that (Slurm 24.11's suite, 2026-12-07: rank 0, after its last line): torch's own
+# teardown at interpreter exit. The work is done and said; leave without it.
+import os, sys
+sys.stdout.flush()
+os._exit(0)
 """
 
 
