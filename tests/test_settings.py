@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from conftest import CONFIG
-from portal.core.settings import SettingsError, load, parse_memory_mb, parse_walltime
+from portal.core.settings import OidcSettings, SettingsError, load, parse_memory_mb, parse_walltime
 
 pytestmark = pytest.mark.quick
 
@@ -76,3 +76,32 @@ def test_settings_under_their_old_names_are_read_under_the_new_ones_with_a_notic
     assert load(CONFIG).notices == []
     with pytest.raises(SettingsError, match="slurm.session_check_interval is the old name of hub.poll_interval"):
         load(write(tmp_path, lambda config: config["slurm"].update(session_check_interval=7)))
+
+
+def test_logins_by_ldap_or_openid_connect_exactly_one(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    sso = {"issuer": "https://sso.example.org/realms/hpc", "client_id": "portal", "client_secret_file": str(secret)}
+    assert load(write(tmp_path, lambda c: (c.pop("ldap"), c.update(oidc=sso)))).oidc.client_id == "portal"
+    for edit in (lambda c: c.update(oidc=sso), lambda c: c.pop("ldap")):
+        with pytest.raises(SettingsError, match="exactly one of them"):
+            load(write(tmp_path, edit))
+
+
+def test_openid_connect_settings_refuse_what_would_be_unsafe(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    secret.chmod(0o600)
+    base = {"issuer": "https://sso.example.org/realms/hpc/", "client_id": "portal", "client_secret_file": str(secret)}
+    assert OidcSettings(**base).issuer == "https://sso.example.org/realms/hpc"
+    for change, words in [({"issuer": "http://sso.example.org"}, "must be https"),
+                          ({"issuer": "https://sso.example.org/?realm=hpc"}, "is not a URL like"),
+                          ({"client_secret_file": "secret"}, "absolute path"),
+                          ({"scopes": ["profile"]}, "must include openid")]:
+        with pytest.raises(ValueError, match=words):
+            OidcSettings(**{**base, **change})
+    assert OidcSettings(**{**base, "issuer": "http://127.0.0.1:5556"}).issuer == "http://127.0.0.1:5556"  # the demo's
+    assert OidcSettings(**base).client_secret() == "s"
+    secret.chmod(0o644)
+    with pytest.raises(SettingsError, match="may be read by other accounts"):
+        OidcSettings(**base).client_secret()

@@ -8,8 +8,10 @@ import os
 import pwd
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -125,6 +127,32 @@ def check_nodes(settings) -> list[Result]:
                                   f"(slurmd, port {port}: {error.strerror or error}); sessions there cannot be "
                                   "proxied"))
     return results
+
+
+def check_oidc(settings) -> Result:
+    """The OpenID provider answers its discovery and publishes keys, as the hub will ask, with oidc.ca_file."""
+    oidc = settings.oidc
+    context = ssl.create_default_context(cafile=str(oidc.ca_file) if oidc.ca_file else None)
+
+    def fetch(url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=oidc.timeout, context=context) as answer:
+            return json.loads(answer.read(1 << 20))
+
+    try:
+        oidc.client_secret()
+        document = fetch(f"{oidc.issuer}/.well-known/openid-configuration")
+        if str(document.get("issuer", "")).rstrip("/") != oidc.issuer:
+            return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names issuer "
+                          f"{document.get('issuer')!r}; oidc.issuer must be exactly that")
+        keys = [key for key in fetch(document["jwks_uri"]).get("keys", []) if key.get("use", "sig") == "sig"]
+    except settings_module.SettingsError as error:
+        return Result("OpenID provider", False, str(error))
+    except (OSError, ValueError, KeyError) as error:  # URLError, TLS, timeouts; not JSON; no jwks_uri
+        return Result("OpenID provider", False, f"{oidc.issuer}: {getattr(error, 'reason', None) or error}")
+    if not keys:
+        return Result("OpenID provider", False, f"{oidc.issuer}: publishes no signing keys ({document['jwks_uri']})")
+    return Result("OpenID provider", True, f"{oidc.issuer} answers; {len(keys)} signing key(s); client "
+                  f"{oidc.client_id}'s secret read (the provider checks it at the first sign-in)")
 
 
 def check_ldap(settings) -> Result:
@@ -535,7 +563,7 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_nodes(settings)
     results += check_mpi(settings)
     results.append(check_accounting(settings))
-    results.append(check_ldap(settings))
+    results.append(check_oidc(settings) if settings.oidc else check_ldap(settings))
     results.append(check_user_environment(settings))
     results += check_tools(settings)
     results += check_templates(settings)

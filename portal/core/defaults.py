@@ -22,6 +22,8 @@ SQUEUE_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions 
 LDAP_CONNECT_TIMEOUT = 5.0
 LDAP_RECEIVE_TIMEOUT = 5.0
 LDAP_LOGIN_TIMEOUT = 8.0
+OIDC_TIMEOUT = 5.0  # seconds for each request to an OpenID provider (portal/hub/oidc.py)
+OIDC_CLOCK_SKEW = 30.0  # seconds an ID token's exp and iat may be off
 RESOURCES_INTERVAL = 10.0  # seconds the spawn form's free/total resources (one sinfo) are cached
 
 # Failed logins (portal/hub/loginthrottle.py)
