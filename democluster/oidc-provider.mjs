@@ -29,6 +29,10 @@ if (process.argv.length !== 3) {
   process.exit(2);
 }
 const config = JSON.parse(readFileSync(process.argv[2], "utf8"));
+if (!config.tls && !["127.0.0.1", "::1"].includes(config.listen.host)) {
+  console.error("oidc-provider.mjs: plain http only on the loopback (listen.host 127.0.0.1 or ::1); give tls");
+  process.exit(2);
+}
 const usersBySub = new Map(config.users.map((user) => [user.sub, user]));
 const usersByName = new Map(config.users.map((user) => [user.username, user]));
 

@@ -32,11 +32,12 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlparse
 import jwt
 import pytest
 import requests
+import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 from playwright.sync_api import sync_playwright
 from tornado import web
 
-from conftest import REPO
+from conftest import PASSWORDS, REPO
 from portal.admin import check
 from portal.core.settings import OidcSettings
 from portal.hub import oidc
@@ -63,6 +64,12 @@ USERS = [
      "groups": ["datascience"]},
     {"sub": "u-eve", "username": "Eve.Smith", "password": "eve-sso-1", "email": "e@dsportal.test",
      "groups": ["datascience"]},
+    # Names JupyterHub would have lower-cased into the demo's bob and carol; root, a system account.
+    {"sub": "u-bob2", "username": "BOB", "password": "bob-sso-1", "email": "b@dsportal.test", "groups": ["datascience"]},
+    {"sub": "u-kelvin", "username": "\u212aarol", "password": "kelvin-sso-1", "email": "k@dsportal.test",
+     "groups": ["datascience"]},
+    {"sub": "u-root", "username": "root", "password": "root-sso-1", "email": "r@dsportal.test",
+     "groups": ["datascience", "portaladmins"]},
 ]
 PASSWORD = {user["username"]: user["password"] for user in USERS}
 
@@ -108,7 +115,8 @@ def provider(tmp_path_factory):
     config = {"issuer": issuer, "listen": {"host": "127.0.0.1", "port": port},
               "tls": {"cert": str(cert), "key": str(key)},
               "clients": [{"client_id": CLIENT, "client_secret": secret,
-                           "redirect_uris": [f"{SECOND_HUB}/hub/oauth_callback"]}],
+                           "redirect_uris": [f"{SECOND_HUB}/hub/oauth_callback"],
+                           "post_logout_redirect_uris": [f"{SECOND_HUB}/hub/login"]}],
               "users": USERS, "jwks": {"keys": [jwk]}}
     (folder / "provider.json").write_text(json.dumps(config))
     secret_file = folder / "client-secret"
@@ -145,24 +153,26 @@ def trusting(provider) -> requests.Session:
     """A session that trusts the test's CA alone (trust_env off: a REQUESTS_CA_BUNDLE would override verify)."""
     session = requests.Session()
     session.trust_env = False
-    session.verify = str(provider.ca)
+    if provider.ca:
+        session.verify = str(provider.ca)
     return session
 
 
-def to_callback(hub: str, provider, name: str) -> tuple[requests.Session, str]:
+def to_callback(hub: str, provider, name: str, password: str | None = None) -> tuple[requests.Session, str]:
     """A sign-in through the provider's form, stopped at the redirect back to the hub: the session, the callback URL."""
     session = trusting(provider)
     page = session.get(f"{hub}/hub/oauth_login", timeout=20)
-    answer = session.post(f"{page.url}/login", data={"username": name, "password": PASSWORD[name]},
+    assert page.url.startswith(f"{provider.issuer}/interaction/"), (page.status_code, page.url, page.text[-300:])
+    answer = session.post(f"{page.url}/login", data={"username": name, "password": password or PASSWORD[name]},
                           allow_redirects=False, timeout=20)
     while not answer.headers["Location"].startswith(f"{hub}/hub/oauth_callback"):
         answer = session.get(urljoin(answer.url, answer.headers["Location"]), allow_redirects=False, timeout=20)
     return session, answer.headers["Location"]
 
 
-def sign_in(hub: str, provider, name: str) -> requests.Response:
+def sign_in(hub: str, provider, name: str, password: str | None = None) -> requests.Response:
     """Through the hub's sign-in and the provider's own form, as a browser would; the answer's .session signed in."""
-    session, callback = to_callback(hub, provider, name)
+    session, callback = to_callback(hub, provider, name, password)
     answer = session.get(callback, timeout=20)
     answer.session = session
     return answer
@@ -190,6 +200,15 @@ def test_sign_in_through_the_providers_own_pages_in_a_browser(sso_hub, provider)
         assert "jupyterhub-session-id" in cookies
         me = page.request.get(f"{sso_hub}/hub/api/user", headers={"Referer": f"{sso_hub}/hub/home"})
         assert me.ok and me.json()["name"] == "alice" and not me.json()["admin"], me.text()
+        # Signing out of the portal signs her out at the provider too: the next sign-in asks for a password again.
+        page.goto(f"{sso_hub}/hub/logout")
+        page.wait_for_url(f"{provider.issuer}/session/end**")
+        page.get_by_role("button", name="Yes, sign me out").click()
+        page.wait_for_url(f"{sso_hub}/hub/login**")
+        assert page.request.get(f"{sso_hub}/hub/api/user").status in (401, 403)
+        page.get_by_text("Sign in with dsportal test SSO").click()
+        page.wait_for_url(f"{provider.issuer}/interaction/**")
+        assert page.locator("input[name=password]").is_visible()
         browser.close()
 
 
@@ -202,6 +221,9 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
         "mallory": "not in a group that may use this portal",
         "ghost": "this cluster has no account of that name",
         "Eve.Smith": "which is not an account name on this cluster",
+        "BOB": "which is not an account name on this cluster",  # not bob's account
+        "\u212aarol": "which is not an account name on this cluster",  # the Kelvin sign: not carol's
+        "root": "that is a system account, which no session may run as",
     }
     for name, words in refused.items():
         answer = sign_in(sso_hub, provider, name)
@@ -227,6 +249,15 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     assert first.status_code == 200 and first.url.startswith(f"{sso_hub}/hub/"), (first.status_code, first.url)
     replayed = requests.get(callback, timeout=20)
     assert replayed.status_code == 400 and oidc.STALE in html.unescape(replayed.text)
+    # Replayed with her signed state cookie too (copied from her browser): the provider refuses the used code.
+    session, callback = to_callback(sso_hub, provider, "alice")
+    cookie = next(c for c in session.cookies if c.name.endswith("oauthenticator-state"))
+    assert session.get(callback, timeout=20).status_code == 200
+    thief = requests.Session()
+    thief.cookies.set(cookie.name, cookie.value, domain=cookie.domain, path=cookie.path)
+    copied = thief.get(callback, timeout=20)
+    assert copied.status_code == 400 and oidc.STALE in html.unescape(copied.text), copied.text[-400:]
+    assert thief.get(f"{sso_hub}/hub/api/user", timeout=10).status_code in (401, 403)
 
     # The provider hung (stopped) as the hub asks it for her tokens: 503 in words, within oidc.timeout (3 s).
     session, callback = to_callback(sso_hub, provider, "alice")
@@ -242,6 +273,24 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     assert session.get(f"{sso_hub}/hub/api/user", timeout=10).status_code in (401, 403)
 
 
+def test_the_demos_provider_signs_in_the_demos_people_with_the_guides_settings(second_hub):
+    guide = (REPO / "docs/how-to/sign-in-with-openid-connect.md").read_text()
+    block = guide[guide.index("```yaml", guide.index("## On the demo")) + len("```yaml"):]
+    section = yaml.safe_load(block[:block.index("```")])
+
+    def edit(config):
+        config.pop("ldap")
+        config.update(section)
+    hub = second_hub(edit)
+    demo = SimpleNamespace(issuer=section["oidc"]["issuer"], ca=None)
+    alice = sign_in(hub, demo, "alice", PASSWORDS["alice"])
+    assert alice.status_code == 200 and alice.url.startswith(f"{hub}/hub/"), (alice.status_code, alice.url)
+    dave = sign_in(hub, demo, "dave", PASSWORDS["dave"])
+    assert dave.session.get(f"{hub}/hub/admin", timeout=10).status_code == 200  # portaladmins
+    mallory = sign_in(hub, demo, "mallory", PASSWORDS["mallory"])  # not in datascience
+    assert mallory.status_code == 403 and "not in a group that may use this portal" in html.unescape(mallory.text)
+
+
 def test_the_provider_down_is_a_503_in_words(second_hub, provider, tmp_path):
     def edit(config):
         config.pop("ldap")
@@ -252,7 +301,7 @@ def test_the_provider_down_is_a_503_in_words(second_hub, provider, tmp_path):
 
 
 # ---------------------------------------------------------------- the ID token's checks, on the real provider's tokens
-def code_flow(provider, name: str, nonce: str) -> dict:
+def code_flow(provider, name: str, nonce: str | None) -> dict:
     """The token answer for ``name``'s sign-in, driven as the portal's client would (PKCE, a nonce)."""
     session = trusting(provider)
     verifier = secrets.token_urlsafe(32)
@@ -260,7 +309,7 @@ def code_flow(provider, name: str, nonce: str) -> dict:
     redirect = f"{SECOND_HUB}/hub/oauth_callback"
     page = session.get(f"{provider.issuer}/auth", params={
         "client_id": CLIENT, "response_type": "code", "scope": "openid profile email groups", "redirect_uri": redirect,
-        "state": "s", "nonce": nonce, "code_challenge": challenge, "code_challenge_method": "S256"}, timeout=20)
+        "state": "s", **({"nonce": nonce} if nonce else {}), "code_challenge": challenge, "code_challenge_method": "S256"}, timeout=20)
     answer = session.post(f"{page.url}/login", data={"username": name, "password": PASSWORD[name]},
                           allow_redirects=False, timeout=20)
     while not answer.headers["Location"].startswith(redirect):
@@ -305,6 +354,7 @@ def test_id_tokens_that_do_not_verify_are_refused(provider, caplog):
     claims = asyncio.run(check(token))
     assert claims["preferred_username"] == "alice" and claims["groups"] == ["datascience"]
     assert claims["iss"] == provider.issuer and claims["aud"] == CLIENT
+    assert asyncio.run(check(resign(token, provider.signing_key, None)))["sub"] == "u-alice"  # no kid: its one key
 
     header, payload, signature = token.split(".")
     altered = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
@@ -328,10 +378,11 @@ def test_id_tokens_that_do_not_verify_are_refused(provider, caplog):
         "signed with the client secret (HS256)": (jwt.encode(altered, provider.secret, algorithm="HS256"),
                                                   "not a public-key algorithm"),
         "another sign-in's (its nonce is not this one's: a replay)": (token, "nonce"),
+        "without a nonce": (code_flow(provider, "alice", None)["id_token"], "nonce"),
     }
     for what, (candidate, why) in bad.items():
         caplog.clear()
-        expected = secrets.token_hex(16) if "nonce" in why else nonce
+        expected = secrets.token_hex(16) if what.startswith("another sign-in") else nonce
         with pytest.raises(web.HTTPError) as refused:
             asyncio.run(check(candidate, expected))
         assert refused.value.status_code == 403, what

@@ -81,7 +81,8 @@ def test_settings_under_their_old_names_are_read_under_the_new_ones_with_a_notic
 def test_logins_by_ldap_or_openid_connect_exactly_one(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s")
-    sso = {"issuer": "https://sso.example.org/realms/hpc", "client_id": "portal", "client_secret_file": str(secret)}
+    sso = {"issuer": "https://sso.example.org/realms/hpc", "client_id": "portal", "client_secret_file": str(secret),
+           "allowed_groups": ["datascience"]}
     assert load(write(tmp_path, lambda c: (c.pop("ldap"), c.update(oidc=sso)))).oidc.client_id == "portal"
     for edit in (lambda c: c.update(oidc=sso), lambda c: c.pop("ldap")):
         with pytest.raises(SettingsError, match="exactly one of them"):
@@ -92,15 +93,19 @@ def test_openid_connect_settings_refuse_what_would_be_unsafe(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s")
     secret.chmod(0o600)
-    base = {"issuer": "https://sso.example.org/realms/hpc/", "client_id": "portal", "client_secret_file": str(secret)}
-    assert OidcSettings(**base).issuer == "https://sso.example.org/realms/hpc"
+    base = {"issuer": "https://sso.example.org/realms/hpc/", "client_id": "portal", "client_secret_file": str(secret),
+            "allowed_groups": ["datascience"]}
+    assert OidcSettings(**base).issuer == "https://sso.example.org/realms/hpc/"  # exactly as the provider names itself
     for change, words in [({"issuer": "http://sso.example.org"}, "must be https"),
+                          ({"issuer": "http://localhost:556"}, "must be https"),  # a name: ::1 may come first
+                          ({"issuer": "http://127.0.0.1:5556"}, "below 1024"),  # any user could listen there
+                          ({"allowed_groups": []}, "at least 1"),
                           ({"issuer": "https://sso.example.org/?realm=hpc"}, "is not a URL like"),
                           ({"client_secret_file": "secret"}, "absolute path"),
                           ({"scopes": ["profile"]}, "must include openid")]:
         with pytest.raises(ValueError, match=words):
             OidcSettings(**{**base, **change})
-    assert OidcSettings(**{**base, "issuer": "http://127.0.0.1:5556"}).issuer == "http://127.0.0.1:5556"  # the demo's
+    assert OidcSettings(**{**base, "issuer": "http://127.0.0.1:556"}).issuer == "http://127.0.0.1:556"  # the demo's
     assert OidcSettings(**base).client_secret() == "s"
     secret.chmod(0o644)
     with pytest.raises(SettingsError, match="may be read by other accounts"):

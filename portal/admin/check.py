@@ -140,8 +140,8 @@ def check_oidc(settings) -> Result:
 
     try:
         oidc.client_secret()
-        document = fetch(f"{oidc.issuer}/.well-known/openid-configuration")
-        if str(document.get("issuer", "")).rstrip("/") != oidc.issuer:
+        document = fetch(f"{oidc.issuer.rstrip('/')}/.well-known/openid-configuration")
+        if document.get("issuer") != oidc.issuer:
             return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names issuer "
                           f"{document.get('issuer')!r}; oidc.issuer must be exactly that")
         keys = [key for key in fetch(document["jwks_uri"]).get("keys", []) if key.get("use", "sig") == "sig"]

@@ -14,12 +14,12 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from portal.core import defaults
+
 MEDIATOR_SOURCE = Path(__file__).parents[1] / "slurm" / "mediator.py"  # a file it copies, not an import
 MEDIATOR_SETTINGS = Path("/etc/dsportal/mediator.json")
 SUDOERS = Path("/etc/sudoers.d/dsportal")
-# The mediator runs as portal users only (Debian's uids for people): not root, not system accounts
-# (below 1000: munge, mysql, the hub's own), not package accounts (60000 up: slurm, whose jobs Slurm trusts).
-MIN_UID, MAX_UID = 1000, 59999
+MIN_UID, MAX_UID = defaults.PEOPLE_UIDS  # the mediator runs as these accounts only
 # What the package ships besides its code (config/ of the repo, the package dsportal_config once installed).
 SUDO_RULE = "sudoers/dsportal.sudoers"
 SYSTEMD_UNITS = Path("/etc/systemd/system")

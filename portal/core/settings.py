@@ -451,7 +451,9 @@ class LdapSettings(_Model):
         default_factory=LoginThrottleSettings, description="Failed logins: refused for a while, without asking LDAP.")
 
 
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+# A plain-http OpenID issuer: this machine's loopback, by address (a name could resolve elsewhere first, ::1 before
+# 127.0.0.1), at a port below 1024, which only root can listen on: no user on the login node can stand in for it.
+LOOPBACK_ADDRESSES = ("127.0.0.1", "::1")
 
 
 class OidcSettings(_Model):
@@ -460,7 +462,8 @@ class OidcSettings(_Model):
 
     issuer: str = Field(
         description="The provider's issuer URL, exactly as its /.well-known/openid-configuration names it (Keycloak: "
-        "https://sso.example.org/realms/REALM). https; plain http only on this machine's loopback (the demo).")
+        "https://sso.example.org/realms/REALM). https; plain http only on this machine's loopback address at a port "
+        "below 1024 (the demo's).")
     client_id: str = Field(min_length=1, description="The portal's client at the provider (a confidential client).")
     client_secret_file: Path = Field(
         description="The client's secret, alone in a file of the hub's account, mode 0600.")
@@ -473,10 +476,11 @@ class OidcSettings(_Model):
     groups_claim: str = Field(
         "groups", pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$", description="The ID token's claim listing her groups.")
     allowed_groups: list[str] = Field(
-        default_factory=list, description="Groups (as the groups claim names them) whose members may log in; empty: "
-        "anyone the provider signs in who has a Unix account here.")
+        min_length=1, description="Groups (exactly as the groups claim names them) whose members may log in; they "
+        "must also have a Unix account here.")
     admin_groups: list[str] = Field(
-        default_factory=list, description="Groups whose members are JupyterHub admins (besides hub.admin_users).")
+        default_factory=list, description="Groups whose members are JupyterHub admins (besides hub.admin_users): "
+        "groups only the site can put people in.")
     scopes: list[str] = Field(
         ["openid", "profile", "email", "groups"], description="Scopes asked for: openid, and those that put the "
         "username and groups claims into the ID token (Keycloak: its 'groups' client scope, or a mapper).")
@@ -494,9 +498,10 @@ class OidcSettings(_Model):
         url = urlparse(value)
         if url.scheme not in ("https", "http") or not url.hostname or url.query or url.fragment:
             raise ValueError(f"issuer {value!r} is not a URL like https://sso.example.org/realms/REALM")
-        if url.scheme == "http" and url.hostname not in LOOPBACK_HOSTS:
-            raise ValueError(f"issuer {value!r} must be https: ID tokens and the client secret travel to it")
-        return value.rstrip("/")
+        if url.scheme == "http" and (url.hostname not in LOOPBACK_ADDRESSES or not url.port or url.port >= 1024):
+            raise ValueError(f"issuer {value!r} must be https (ID tokens and the client secret travel to it), or "
+                             "http on 127.0.0.1 at a port below 1024, which only root can listen on")
+        return value  # exactly as the provider names itself: its tokens' iss is compared with it
 
     @field_validator("client_secret_file", "ca_file")
     @classmethod

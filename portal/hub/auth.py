@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import pwd
 import re
 import threading
+from functools import partial
 
 from ldap3.core.exceptions import (
     LDAPCommunicationError,
@@ -26,6 +28,7 @@ from ldapauthenticator import LDAPAuthenticator
 from tornado import web
 from traitlets import Integer, List, Unicode
 
+from portal.core import defaults
 from portal.core.settings import LdapSettings, human_duration, ldap_server
 from portal.core.settingtraits import hand_down, setting
 from portal.core.userjson import unix_groups
@@ -75,6 +78,18 @@ def client_address(handler) -> str:
     forwarded = handler.request.headers.get("X-Forwarded-For", "").split(",")[-1].strip()
     peer = upstream.connection_address(handler.request)
     return forwarded or (str(peer[0]) if isinstance(peer, tuple) and peer else handler.request.remote_ip or "")
+
+
+def account_refusal(name: str, *, must_exist: bool) -> str | None:
+    """Why ``name`` may not log in, as the hub's log says it; None if it may. Sessions run as the account: never
+    a system or package account (uid outside defaults.PEOPLE_UIDS: root, daemons, the hub's own, slurm), and, where
+    ``must_exist``, not a name with no account here. May be slow (NSS: LDAP, sssd): call it off the event loop."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return "no Unix account of that name here" if must_exist else None
+    low, high = defaults.PEOPLE_UIDS
+    return None if low <= uid <= high else f"a system account (uid {uid}, people have {low} to {high})"
 
 
 class NotThroughTheProxy(web.HTTPError):
@@ -223,6 +238,13 @@ class PortalAuthenticator(LDAPAuthenticator):
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()
             raise LoginServiceUnavailable() from None
+        if answer:
+            name = self.normalize_username(answer["name"] if isinstance(answer, dict) else answer)
+            refusal = await asyncio.get_running_loop().run_in_executor(self._pool, partial(account_refusal, name,
+                                                                                            must_exist=False))
+            if refusal:
+                self.log.warning("Login of %r refused: %s", name, refusal)
+                answer = None
         metrics.LOGINS.labels("ok" if answer else "refused").inc()
         if answer and self.manage_groups:
             # JupyterHub sets her groups to this list (it must be there): the sharing groups she is in now.
