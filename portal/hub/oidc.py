@@ -309,7 +309,7 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
             self.log.error("OpenID provider: the token request failed: %s", error)
             metrics.LOGINS.labels("provider_unavailable").inc()
             raise ProviderUnavailable() from None
-        except web.HTTPError as error:  # OAuthenticator's 500 "Bad response" would quote the whole answer, tokens and all
+        except web.HTTPError as error:  # OAuthenticator's 500 "Bad response" would quote the answer, tokens and all
             if error.status_code != 500:
                 raise
             self.log.error("OpenID provider: its token answer has no access token")
