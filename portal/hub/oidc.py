@@ -337,8 +337,9 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
     def user_info_to_username(self, user_info):
         name = user_info.get(self.oidc.username_claim)
         if not isinstance(name, str) or not name:
-            self._refuse("", f"no {self.oidc.username_claim} claim (it has {sorted(user_info)[:20]})", "The sign-in service did not say who "
-                         f"you are on this cluster (its {self.oidc.username_claim}).")
+            claim = self.oidc.username_claim
+            self._refuse("", f"no {claim} claim (it has {sorted(user_info)[:20]})",
+                         f"The sign-in service did not say who you are on this cluster (its {claim}).")
         return name
 
     def _groups_claim(self, claims: dict) -> set[str]:
