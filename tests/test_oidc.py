@@ -259,6 +259,18 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     assert copied.status_code == 400 and oidc.STALE in html.unescape(copied.text), copied.text[-400:]
     assert thief.get(f"{sso_hub}/hub/api/user", timeout=10).status_code in (401, 403)
 
+    # The provider's own refusals, after a genuine start in this browser: hers (cancelled) in words; one that is
+    # the portal's settings at the provider (a scope its client lacks) told as the portal's fault.
+    for error, status, words in [("access_denied", 403, "The sign-in service did not sign you in."),
+                                 ("invalid_scope", 503, oidc.CLIENT_REFUSED)]:
+        session, callback = to_callback(sso_hub, provider, "alice")
+        state = parse_qs(urlparse(callback).query)["state"][0]
+        told = session.get(f"{sso_hub}/hub/oauth_callback?" + urlencode(
+            {"error": error, "error_description": "Your account is locked, call +1 555 0100", "state": state}),
+            timeout=20)
+        assert told.status_code == status and words in html.unescape(told.text), (error, told.text[-400:])
+        assert "call +1 555" not in told.text  # the provider's text is not the portal's to show
+
     # The provider hung (stopped) as the hub asks it for her tokens: 503 in words, within oidc.timeout (3 s).
     session, callback = to_callback(sso_hub, provider, "alice")
     provider.process.send_signal(signal.SIGSTOP)
@@ -298,6 +310,19 @@ def test_the_provider_down_is_a_503_in_words(second_hub, provider, tmp_path):
     hub = second_hub(edit)
     down = requests.get(f"{hub}/hub/oauth_login", timeout=30)
     assert down.status_code == 503 and oidc.NOT_ANSWERING in html.unescape(down.text), (down.status_code, down.text[-400:])
+
+
+def test_a_wrong_client_secret_is_told_as_the_portals_fault(second_hub, provider, tmp_path):
+    wrong = tmp_path / "wrong-secret"
+    wrong.write_text("not-the-secret")
+    wrong.chmod(0o600)
+
+    def edit(config):
+        config.pop("ldap")
+        config["oidc"] = oidc_section(provider, client_secret_file=str(wrong))
+    hub = second_hub(edit)
+    answer = sign_in(hub, provider, "alice")
+    assert answer.status_code == 503 and oidc.CLIENT_REFUSED in html.unescape(answer.text), answer.text[-400:]
 
 
 # ---------------------------------------------------------------- the ID token's checks, on the real provider's tokens

@@ -144,6 +144,11 @@ def check_oidc(settings) -> Result:
         if document.get("issuer") != oidc.issuer:
             return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names issuer "
                           f"{document.get('issuer')!r}; oidc.issuer must be exactly that")
+        plain = [key for key in ("authorization_endpoint", "token_endpoint", "jwks_uri")
+                 if not oidc.endpoint_allowed(str(document.get(key, "")))]
+        if plain:
+            return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names {', '.join(plain)} without "
+                          "https (behind a TLS proxy: tell the provider its public https address)")
         keys = [key for key in fetch(document["jwks_uri"]).get("keys", []) if key.get("use", "sig") == "sig"]
     except settings_module.SettingsError as error:
         return Result("OpenID provider", False, str(error))
@@ -527,10 +532,10 @@ def check_accounting(settings) -> Result:
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
-def first_portal_user() -> str | None:
-    """Some account the mediator would serve, to ask sudo about."""
-    return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
-                 if hubaccount.MIN_UID <= u.pw_uid <= hubaccount.MAX_UID), None)
+def first_portal_user(settings) -> str | None:
+    """Some account the mediator would serve (slurm.people_uids), to ask sudo about."""
+    low, high = settings.slurm.people_uids
+    return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid) if low <= u.pw_uid <= high), None)
 
 
 def check_hub_account(settings) -> Result:
@@ -541,7 +546,7 @@ def check_hub_account(settings) -> Result:
         return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/how-to/deploy.md says "
                       f"how to run it unprivileged); mediator {mediator} " + ("installed" if installed else
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
-    user = first_portal_user()
+    user = first_portal_user(settings)
     if user is None:
         return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
     ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)

@@ -344,6 +344,17 @@ class SlurmSettings(_Model):
         "run as root.")
     mediator: Path = Field(Path(defaults.MEDIATOR), description="The mediator, installed root-owned by "
                            "`dsportal hub install-mediator`.")
+    people_uids: tuple[int, int] = Field(
+        defaults.PEOPLE_UIDS, description="The uids of people's accounts, first and last: only these log in, and the "
+        "mediator acts as these only (never root, system accounts, or package accounts such as slurm, whose jobs Slurm "
+        "trusts). Debian's: [1000, 59999]; FreeIPA's: its ID range, e.g. [1234500000, 1234699999].")
+
+    @field_validator("people_uids")
+    @classmethod
+    def _people(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError(f"{list(value)} is not [first, last] with 1 <= first <= last: root (0) is never a person")
+        return value
     squeue_interval: float = Field(
         defaults.SQUEUE_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start "
         "(one squeue for all sessions; hub.poll_interval's checks read it too)."
@@ -516,6 +527,14 @@ class OidcSettings(_Model):
         if "openid" not in value:
             raise ValueError("scopes must include openid: without it the provider sends no ID token")
         return value
+
+    def endpoint_allowed(self, url: str) -> bool:
+        """An endpoint the provider's discovery names: https, or plain http only where the issuer itself is the
+        loopback http one, on the same host (a discovery must not send the secret or the tokens in the clear)."""
+        if url.startswith("https://"):
+            return True
+        return (url.startswith("http://") and self.issuer.startswith("http://")
+                and urlparse(url).hostname == urlparse(self.issuer).hostname)
 
     def client_secret(self) -> str:
         """The client's secret (read_secret: its file must be the hub account's alone)."""

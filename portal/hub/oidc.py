@@ -32,7 +32,6 @@ import json
 import re
 import time
 from functools import partial
-from urllib.parse import urlparse
 
 import jwt
 from oauthenticator.generic import GenericOAuthenticator
@@ -45,7 +44,7 @@ from traitlets import Instance, List, Unicode
 from portal.core.settings import OidcSettings
 from portal.core.userjson import unix_groups
 from portal.hub import metrics
-from portal.hub.auth import account_refusal
+from portal.hub.auth import account_refusal, people_uids_trait
 
 UNIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # as LDAP logins: names that own Slurm jobs (ASCII only)
 # Asymmetric signatures only: "none" and the HMAC family (whose key would be the client secret) never verify.
@@ -58,6 +57,9 @@ STALE = ("This sign-in did not start in this browser, or was already used. Pleas
          "address and sign in again.")
 CLIENT_REFUSED = ("The sign-in service refused the portal itself (its client settings), so nobody can sign in "
                   "right now. Please tell your admin.")
+# The provider's errors (OAuth 2.0, OIDC Core 3.1.2.6) that are the person's own doing: anything else is the portal's
+# settings at the provider (a scope its client lacks, ...) or the provider's own trouble.
+HER_OWN = ("access_denied", "login_required", "consent_required", "interaction_required", "account_selection_required")
 
 
 def stale() -> web.HTTPError:
@@ -146,12 +148,17 @@ class SignInCallbackHandler(OAuthCallbackHandler):
 
     def check_error(self):
         error = self.get_argument("error", "")
-        if error:  # access_denied, login_required, ...: her own sign-in, cancelled or refused at the provider
-            self.log.warning("OpenID sign-in: the provider answered %r (%r)", error[:60],
-                             self.get_argument("error_description", "")[:200])
+        if not error:
+            return
+        self.log.warning("OpenID sign-in: the provider answered %r (%r)", error[:60],
+                         self.get_argument("error_description", "")[:200])
+        if error in HER_OWN:  # her sign-in, cancelled or refused at the provider
             metrics.LOGINS.labels("refused").inc()
             raise web.HTTPError(403, "The sign-in service did not sign you in. Please go back to the portal's "
                                 "address and try again.", reason="Not signed in")
+        # invalid_scope (a scope the client lacks), unauthorized_client, invalid_request, server_error, ...
+        metrics.LOGINS.labels("provider_unavailable").inc()
+        raise ProviderUnavailable(CLIENT_REFUSED)
 
 
 class SignOutHandler(OAuthLogoutHandler):
@@ -186,6 +193,7 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
         config=True)
     sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the hub's groups, set from each "
                           "user's Unix groups at her login (Authenticator.manage_groups).").tag(config=True)
+    people_uids = people_uids_trait()
 
     _discovered: dict | None = None
     _discovered_at = 0.0
@@ -196,11 +204,6 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
     def normalize_username(self, username):
         """The claim as it is: sessions run as exactly this account (update_auth_model refuses any other)."""
         return username
-
-    def _https_or_loopback(self, url: str) -> bool:
-        """An endpoint the provider names: https, or http only where the issuer itself is the loopback http one."""
-        return url.startswith("https://") or (url.startswith("http://") and self.oidc.issuer.startswith("http://")
-                                              and urlparse(url).hostname == urlparse(self.oidc.issuer).hostname)
 
     async def _fetch(self, url: str, what: str) -> dict:
         try:
@@ -231,7 +234,7 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
                                    document.get("issuer"), issuer)
                     raise ProviderUnavailable()
                 for key in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
-                    if not self._https_or_loopback(str(document.get(key, ""))):
+                    if not self.oidc.endpoint_allowed(str(document.get(key, ""))):
                         self.log.error("OpenID provider: its discovery's %s %r is not https", key, document.get(key))
                         raise ProviderUnavailable()
             except ProviderUnavailable:
@@ -359,7 +362,7 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
             self._refuse(name, f"in none of the allowed groups (the token's {self.oidc.groups_claim}: "
                          f"{sorted(groups)[:20]})", f"{who}, but you are not in a group that may use this portal.")
         refusal = await asyncio.get_running_loop().run_in_executor(None, partial(account_refusal, name,
-                                                                                 must_exist=True))
+                                                                                 self.people_uids, must_exist=True))
         if refusal:
             words = ("this cluster has no account of that name for your sessions to run as" if "no Unix account"
                      in refusal else "that is a system account, which no session may run as")
@@ -388,6 +391,7 @@ def configure_oidc(c, settings) -> None:
     c.JupyterHub.authenticator_class = PortalOIDCAuthenticator
     c.PortalOIDCAuthenticator.oidc = oidc
     c.PortalOIDCAuthenticator.oidc_public_url = public
+    c.PortalOIDCAuthenticator.people_uids = list(settings.slurm.people_uids)
     c.GenericOAuthenticator.client_id = oidc.client_id
     c.GenericOAuthenticator.client_secret = oidc.client_secret()  # its file: the hub account's alone
     c.GenericOAuthenticator.oauth_callback_url = f"{public}/hub/oauth_callback"
