@@ -110,3 +110,30 @@ def test_openid_connect_settings_refuse_what_would_be_unsafe(tmp_path):
     secret.chmod(0o644)
     with pytest.raises(SettingsError, match="may be read by other accounts"):
         OidcSettings(**base).client_secret()
+
+
+def test_the_uids_of_people_are_one_setting_for_logins_and_the_mediator(tmp_path, monkeypatch):
+    import json
+
+    from portal.admin import hubaccount
+
+    for uids in ([0, 59999], [2000, 1000]):  # root is never a person; first <= last
+        with pytest.raises(SettingsError, match="people_uids"):
+            load(write(tmp_path, lambda c, uids=uids: c["slurm"].update(people_uids=uids)))
+    settings = load(write(tmp_path, lambda c: c["slurm"].update(people_uids=[1234500000, 1234699999])))  # FreeIPA's
+    settings = settings.model_copy(update={"slurm": settings.slurm.model_copy(update={"mediator": tmp_path / "mediator"})})
+    monkeypatch.setattr(hubaccount, "MEDIATOR_SETTINGS", tmp_path / "mediator.json")
+    hubaccount.install_mediator(settings)
+    written = json.loads((tmp_path / "mediator.json").read_text())
+    assert (written["min_uid"], written["max_uid"]) == (1234500000, 1234699999)
+
+
+def test_no_login_as_a_system_account_or_as_nobody_here():
+    from portal.hub.auth import account_refusal
+
+    people = (1000, 59999)
+    assert "a system account (uid 0" in account_refusal("root", people, must_exist=False)
+    assert "a system account" in account_refusal("daemon", people, must_exist=True)
+    assert account_refusal("no-such-account", people, must_exist=False) is None  # LDAP: the directory decides
+    assert account_refusal("no-such-account", people, must_exist=True) == "no Unix account of that name here"
+    assert account_refusal("root", (0, 0), must_exist=True) is None  # only as portal.yaml says (which refuses 0)
