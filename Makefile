@@ -55,9 +55,11 @@ demo: deps slurm
 	@bash scripts/build-extras.sh --background
 	cd $(CURDIR) && $(PY) -m democluster up --images-later
 
-# The release SLURM names, built once (about 4 min): nothing for Debian's own.
+# The release SLURM names, built once (about 4 min), and the demo's portal.yaml for it ($(DSPORTAL_CONFIG), which
+# build-extras.sh reads before the demo is up): nothing for Debian's own.
 slurm:
-	@if [ "$(DSPORTAL_SLURM)" != 22.05 ]; then bash scripts/build-slurm.sh $(SLURM); fi
+	@if [ "$(DSPORTAL_SLURM)" != 22.05 ]; then bash scripts/build-slurm.sh $(SLURM) && cd $(CURDIR) && \
+	  $(PY) -c 'import sys, pathlib, democluster.base as b; b.release_config(pathlib.Path(sys.argv[1]))' config/portal.yaml; fi
 
 demo-log:
 	tail -n 20 -f $(DEMO_DIR)/log/extras.log
