@@ -137,3 +137,15 @@ def test_no_login_as_a_system_account_or_as_nobody_here():
     assert account_refusal("no-such-account", people, must_exist=False) is None  # LDAP: the directory decides
     assert account_refusal("no-such-account", people, must_exist=True) == "no Unix account of that name here"
     assert account_refusal("root", (0, 0), must_exist=True) is None  # only as portal.yaml says (which refuses 0)
+
+
+def test_check_says_when_the_mediators_range_is_not_portal_yamls(tmp_path, monkeypatch):
+    from portal.admin import check, hubaccount
+
+    installed = tmp_path / "mediator.json"
+    installed.write_text('{"min_uid": 1234500000, "max_uid": 1234699999}')  # edited by hand before 0.4
+    monkeypatch.setattr(hubaccount, "MEDIATOR_SETTINGS", installed)
+    told = check.check_people_uids(load(CONFIG))
+    assert not told.ok and "serves uids 1234500000 to 1234699999" in told.detail and "says 1000 to 59999" in told.detail
+    installed.write_text('{"min_uid": 1000, "max_uid": 59999}')
+    assert check.check_people_uids(load(CONFIG)) is None

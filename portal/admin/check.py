@@ -538,6 +538,22 @@ def first_portal_user(settings) -> str | None:
     return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid) if low <= u.pw_uid <= high), None)
 
 
+def check_people_uids(settings) -> Result | None:
+    """The mediator's installed range (/etc/dsportal/mediator.json) is portal.yaml's slurm.people_uids: a range
+    edited there by hand before 0.4 is what the site's people have, and logins now go by portal.yaml's."""
+    try:
+        installed = json.loads(hubaccount.MEDIATOR_SETTINGS.read_text())
+        mediator = (int(installed["min_uid"]), int(installed["max_uid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not installed (yet): check_hub_account says so
+    wanted = tuple(settings.slurm.people_uids)
+    if mediator == wanted:
+        return None
+    return Result("people's uids", False, f"{hubaccount.MEDIATOR_SETTINGS} serves uids {mediator[0]} to {mediator[1]}, "
+                  f"portal.yaml's slurm.people_uids says {wanted[0]} to {wanted[1]} (logins go by it): set "
+                  "slurm.people_uids to your people's range, then dsportal hub install-mediator")
+
+
 def check_hub_account(settings) -> Result:
     """The hub's own account may do what the portal needs as users (the mediator), and no more."""
     mediator = Path(settings.slurm.mediator)
@@ -548,7 +564,7 @@ def check_hub_account(settings) -> Result:
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
     user = first_portal_user(settings)
     if user is None:
-        return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
+        return Result("hub account", False, "no portal user (uid in slurm.people_uids) to check the sudo rule with")
     ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)
     return Result("hub account", ok, detail)
 
@@ -581,5 +597,6 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_confinement(settings)
     results += check_gpu_shares(settings)
     results.append(check_hub_account(settings))
+    results += [result for result in (check_people_uids(settings),) if result]
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)
