@@ -68,6 +68,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
+import ad_logins  # noqa: E402
 from class_start import class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from democluster.base import (  # noqa: E402
@@ -582,6 +583,8 @@ def main(argv=None) -> int:
     # Slurm allocates batch jobs on its scheduler's once-a-second pass: one spawn varies by up to 1 s
     # for that alone, for both hubs, so a median needs a few rounds.
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ad-logins", type=int, default=100, help="a class of this many logging in at once through "
+                        "Active Directory's search bind, both hubs (bench/ad_logins.py; 0: skip)")
     parser.add_argument("--users", default="alice,bob,carol,dave", type=lambda s: s.split(","))
     parser.add_argument("--start-timeout", type=int, default=90, help="both hubs' start_timeout (seconds)")
     parser.add_argument("--hold", type=int, default=20, help="seconds the GPUs are taken in the queued round")
@@ -631,6 +634,9 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"--sequence takes {', '.join(STEPS)}, not {', '.join(sorted(unknown))}")
     try:
+        if args.ad_logins:
+            print(f"== AD logins: {args.ad_logins} students at once, each hub in turn", flush=True)
+            results["ad_logins"] = ad_logins.run(args.ad_logins, workdir)
         for index, kind in enumerate(() if args.only_department else KINDS):
             print(f"== {kind}", flush=True)
             results[kind] = measure(kind, 3 * index, workdir, args)
@@ -671,6 +677,8 @@ def main(argv=None) -> int:
                          f"{sequence_summary(results['department'])}" if both
                          else "; ".join(f"{run['step']}: {describe(run[kind])}" for run in results["department"]
                                         for kind in args.kinds))  # one kind: its figures alone, not a summary
+    if "ad_logins" in results:
+        in_department += (" | " if in_department else "") + ad_logins.summary(results["ad_logins"], args.ad_logins)
     if args.only_department:
         print(f"bench: {in_department}")
         return 0

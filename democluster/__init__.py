@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from democluster import sso
 from democluster.accounting import accounting_status, stop_accounting
 from democluster.base import STATE, DemoError, alive, directory, paths, release_config, stop_pid
 from democluster.content import ensure_courses, ensure_images
@@ -28,6 +29,7 @@ from democluster.network import ensure_network, network_status, remove_hosts, re
 from democluster.node import ensure_firewall, ensure_private_processes, remove_firewall
 from democluster.people import ensure_accounts, ensure_ldap, ldap_running, stop_ldap
 from democluster.slurmdaemons import ensure_munge, ensure_slurm, slurm_status, stop_munge, stop_slurm
+from democluster.sso import ensure_sso, sso_running, stop_sso
 from portal.core.images import building_detail
 
 __all__ = ["DemoError", "STATE", "banner", "release_config",
@@ -62,6 +64,7 @@ def up(config_path: Path | None = None, with_hub: bool = True, images_later: boo
 
         ensure_hub_database(config_path)  # the hub's own database on the demo's MariaDB
         ensure_hub(config_path)
+    ensure_sso(config_path)  # single sign-on, for a portal.yaml that tries oidc (its secret: the hub account's)
 
 
 def stop_builder() -> None:
@@ -85,6 +88,7 @@ def down() -> None:
     stop_slurm()
     stop_accounting()
     stop_ldap()
+    stop_sso()
     stop_munge()
     remove_firewall()
     remove_network()
@@ -92,7 +96,8 @@ def down() -> None:
 
 
 def status() -> dict[str, bool]:
-    return {**network_status(), **slurm_status(), **accounting_status(), "slapd": ldap_running(), "hub": bool(alive(hub_pidfile()))}
+    return {**network_status(), **slurm_status(), **accounting_status(), "slapd": ldap_running(),
+            "sso": sso_running(), "hub": bool(alive(hub_pidfile()))}
 
 
 def banner(settings) -> str:
@@ -114,5 +119,7 @@ def banner(settings) -> str:
     if building:
         lines += ["", "Being built in the background (log: make demo-log); their kernels and jobs wait until then:"]
         lines += [f"  {name}: {detail}" for name, detail in building.items()]
+    lines += ["", f"Single sign-on (OpenID Connect), to try portal.yaml's oidc: {sso.ISSUER} (the same accounts; "
+              "docs/how-to/sign-in-with-openid-connect.md)"] if sso_running() else []
     lines += ["", f"State: {STATE}   Stop: make stop   Logs: {STATE}/log/"]
     return "\n".join(lines)

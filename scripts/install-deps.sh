@@ -51,16 +51,21 @@ mkdir -p "$PREFIX"
 chmod 755 "$PREFIX"
 bash scripts/install-apptainer.sh
 bash scripts/build-scrontab.sh
-# configurable-http-proxy, locked (config/chp/package-lock.json: every package's version and integrity hash;
-# portal/hub/proxy.js patches its 4.6.3): installed again whenever the lock changed.
-chp_want=$(cat config/chp/package.json config/chp/package-lock.json | sha256sum | cut -c1-16)
-if [ ! -x "$PREFIX/chp/node_modules/.bin/configurable-http-proxy" ] || [ "$(cat "$PREFIX/chp/.dsportal-lock" 2>/dev/null)" != "$chp_want" ]; then
-  say "configurable-http-proxy (npm ci, config/chp/package-lock.json)"
-  mkdir -p "$PREFIX/chp"
-  cp config/chp/package.json config/chp/package-lock.json "$PREFIX/chp/"
-  (cd "$PREFIX/chp" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  echo "$chp_want" > "$PREFIX/chp/.dsportal-lock"
-fi
+# Node packages, locked (config/NAME/package-lock.json: every package's version and integrity hash): npm ci
+# into $PREFIX/NAME, again whenever config/NAME's package.json or lock changed (the stamp .dsportal-lock).
+npm_locked() {
+  local name=$1 what=$2 dest=$PREFIX/$1 want
+  want=$(cat "config/$name/package.json" "config/$name/package-lock.json" | sha256sum | cut -c1-16)
+  if [ ! -f "$dest/node_modules/.package-lock.json" ] || [ "$(cat "$dest/.dsportal-lock" 2>/dev/null)" != "$want" ]; then
+    say "$what (npm ci, config/$name/package-lock.json)"
+    mkdir -p "$dest"
+    cp "config/$name/package.json" "config/$name/package-lock.json" "$dest/"
+    (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$want" > "$dest/.dsportal-lock"
+  fi
+}
+npm_locked chp "configurable-http-proxy"  # portal/hub/proxy.js patches its 4.6.3
+npm_locked oidc "OpenID provider for the demo and tests"  # democluster/oidc-provider.mjs
 
 if [ ! -x "$ENV/bin/python" ]; then
   say "Python environment $ENV from /usr/bin/python3"
@@ -97,6 +102,6 @@ bash scripts/build-labextension.sh "$ENV"
 rm -f "$PREFIX/patchcheck-verified.json"
 DSPORTAL_PREFIX=$PREFIX "$ENV/bin/python" -c 'from portal.upstream import patchcheck, hub as h, session as s
 [patchcheck.record_verified(u.PATCHES) for u in (h, s)]' || true
-chmod -R a+rX "$ENV" "$PREFIX/chp"
+chmod -R a+rX "$ENV" "$PREFIX/chp" "$PREFIX/oidc"
 [ ! -f "$PREFIX/patchcheck-verified.json" ] || chmod 644 "$PREFIX/patchcheck-verified.json"
 say "ready: $ENV"

@@ -183,6 +183,9 @@ class PartitionSpawner(WrapSpawner):
             address = await self.mail_address()
         except mailaddress.DirectoryUnavailable as error:
             return {"address": "", "note": f"Your e-mail address could not be looked up right now: {error}."}
+        if address is None and not self.ldap:  # portal.yaml's oidc: no directory to look addresses up in
+            return {"address": "", "note": "This portal signs people in through single sign-on and looks no e-mail "
+                                           "addresses up: e-mail when a session starts is off."}
         if address is None:
             return {"address": "", "note": "No e-mail address is known for your account in the directory: "
                                            "ask your admin to add one."}

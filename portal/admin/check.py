@@ -8,8 +8,10 @@ import os
 import pwd
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -125,6 +127,37 @@ def check_nodes(settings) -> list[Result]:
                                   f"(slurmd, port {port}: {error.strerror or error}); sessions there cannot be "
                                   "proxied"))
     return results
+
+
+def check_oidc(settings) -> Result:
+    """The OpenID provider answers its discovery and publishes keys, as the hub will ask, with oidc.ca_file."""
+    oidc = settings.oidc
+    context = ssl.create_default_context(cafile=str(oidc.ca_file) if oidc.ca_file else None)
+
+    def fetch(url: str) -> dict:
+        with urllib.request.urlopen(url, timeout=oidc.timeout, context=context) as answer:
+            return json.loads(answer.read(1 << 20))
+
+    try:
+        oidc.client_secret()
+        document = fetch(f"{oidc.issuer.rstrip('/')}/.well-known/openid-configuration")
+        if document.get("issuer") != oidc.issuer:
+            return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names issuer "
+                          f"{document.get('issuer')!r}; oidc.issuer must be exactly that")
+        plain = [key for key in ("authorization_endpoint", "token_endpoint", "jwks_uri")
+                 if not oidc.endpoint_allowed(str(document.get(key, "")))]
+        if plain:
+            return Result("OpenID provider", False, f"{oidc.issuer}: its discovery names {', '.join(plain)} without "
+                          "https (behind a TLS proxy: tell the provider its public https address)")
+        keys = [key for key in fetch(document["jwks_uri"]).get("keys", []) if key.get("use", "sig") == "sig"]
+    except settings_module.SettingsError as error:
+        return Result("OpenID provider", False, str(error))
+    except (OSError, ValueError, KeyError) as error:  # URLError, TLS, timeouts; not JSON; no jwks_uri
+        return Result("OpenID provider", False, f"{oidc.issuer}: {getattr(error, 'reason', None) or error}")
+    if not keys:
+        return Result("OpenID provider", False, f"{oidc.issuer}: publishes no signing keys ({document['jwks_uri']})")
+    return Result("OpenID provider", True, f"{oidc.issuer} answers; {len(keys)} signing key(s); client "
+                  f"{oidc.client_id}'s secret read (the provider checks it at the first sign-in)")
 
 
 def check_ldap(settings) -> Result:
@@ -499,10 +532,26 @@ def check_accounting(settings) -> Result:
     return Result("Slurm accounting", True, "sacct answers: final states and GPU-hours are kept (dsportal usage)")
 
 
-def first_portal_user() -> str | None:
-    """Some account the mediator would serve, to ask sudo about."""
-    return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid)
-                 if hubaccount.MIN_UID <= u.pw_uid <= hubaccount.MAX_UID), None)
+def first_portal_user(settings) -> str | None:
+    """Some account the mediator would serve (slurm.people_uids), to ask sudo about."""
+    low, high = settings.slurm.people_uids
+    return next((u.pw_name for u in sorted(pwd.getpwall(), key=lambda u: u.pw_uid) if low <= u.pw_uid <= high), None)
+
+
+def check_people_uids(settings) -> Result | None:
+    """The mediator's installed range (/etc/dsportal/mediator.json) is portal.yaml's slurm.people_uids: a range
+    edited there by hand before 0.4 is what the site's people have, and logins now go by portal.yaml's."""
+    try:
+        installed = json.loads(hubaccount.MEDIATOR_SETTINGS.read_text())
+        mediator = (int(installed["min_uid"]), int(installed["max_uid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not installed (yet): check_hub_account says so
+    wanted = tuple(settings.slurm.people_uids)
+    if mediator == wanted:
+        return None
+    return Result("people's uids", False, f"{hubaccount.MEDIATOR_SETTINGS} serves uids {mediator[0]} to {mediator[1]}, "
+                  f"portal.yaml's slurm.people_uids says {wanted[0]} to {wanted[1]} (logins go by it): set "
+                  "slurm.people_uids to your people's range, then dsportal hub install-mediator")
 
 
 def check_hub_account(settings) -> Result:
@@ -513,9 +562,9 @@ def check_hub_account(settings) -> Result:
         return Result("hub account", installed, "the hub runs as root (hub.account unset; docs/how-to/deploy.md says "
                       f"how to run it unprivileged); mediator {mediator} " + ("installed" if installed else
                       "missing or not root's: dsportal hub install-mediator"), warning=installed)
-    user = first_portal_user()
+    user = first_portal_user(settings)
     if user is None:
-        return Result("hub account", False, "no portal user (uid >= 1000) to check the sudo rule with")
+        return Result("hub account", False, "no portal user (uid in slurm.people_uids) to check the sudo rule with")
     ok, detail = hubaccount.check_sudo_rules(settings.hub.account, mediator, user)
     return Result("hub account", ok, detail)
 
@@ -535,7 +584,7 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_nodes(settings)
     results += check_mpi(settings)
     results.append(check_accounting(settings))
-    results.append(check_ldap(settings))
+    results.append(check_oidc(settings) if settings.oidc else check_ldap(settings))
     results.append(check_user_environment(settings))
     results += check_tools(settings)
     results += check_templates(settings)
@@ -548,5 +597,6 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_confinement(settings)
     results += check_gpu_shares(settings)
     results.append(check_hub_account(settings))
+    results += [result for result in (check_people_uids(settings),) if result]
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)

@@ -17,9 +17,6 @@ from pathlib import Path
 MEDIATOR_SOURCE = Path(__file__).parents[1] / "slurm" / "mediator.py"  # a file it copies, not an import
 MEDIATOR_SETTINGS = Path("/etc/dsportal/mediator.json")
 SUDOERS = Path("/etc/sudoers.d/dsportal")
-# The mediator runs as portal users only (Debian's uids for people): not root, not system accounts
-# (below 1000: munge, mysql, the hub's own), not package accounts (60000 up: slurm, whose jobs Slurm trusts).
-MIN_UID, MAX_UID = 1000, 59999
 # What the package ships besides its code (config/ of the repo, the package dsportal_config once installed).
 SUDO_RULE = "sudoers/dsportal.sudoers"
 SYSTEMD_UNITS = Path("/etc/systemd/system")
@@ -51,12 +48,15 @@ def _root_file(path: Path, text: str, mode: int) -> None:
     os.replace(handle.name, path)
 
 
-def install_mediator(settings, min_uid: int = MIN_UID, max_uid: int = MAX_UID) -> Path:
+def install_mediator(settings) -> Path:
     """The mediator at settings.slurm.mediator (root's, 0755, run by the system Python in isolated mode)
-    and its settings (root's, 0644): where Slurm's commands and slurm.conf are, which accounts it serves."""
+    and its settings (root's, 0644): where Slurm's commands and slurm.conf are, which accounts it serves
+    (slurm.people_uids)."""
     target = Path(settings.slurm.mediator)
     _root_file(target, MEDIATOR_SOURCE.read_text(), 0o755)
-    config = {"slurm_conf": str(settings.slurm.conf or ""), "bin_dir": str(settings.slurm.bin_dir), "min_uid": min_uid, "max_uid": max_uid}
+    low, high = settings.slurm.people_uids
+    config = {"slurm_conf": str(settings.slurm.conf or ""), "bin_dir": str(settings.slurm.bin_dir), "min_uid": low,
+              "max_uid": high}
     _root_file(MEDIATOR_SETTINGS, json.dumps(config, indent=1) + "\n", 0o644)
     return target
 

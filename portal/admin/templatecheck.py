@@ -134,7 +134,9 @@ class Row(NamedTuple):
 
 
 def login_groups(settings) -> list[str]:
-    """The Unix names of ldap.allowed_groups (cn=datascience,ou=groups,... -> datascience)."""
+    """The Unix names of ldap.allowed_groups (cn=datascience,ou=groups,... -> datascience), or oidc.allowed_groups."""
+    if settings.oidc:
+        return list(settings.oidc.allowed_groups)
     found = (re.match(r"\s*[^=,]+=([^,]+)", dn) for dn in settings.ldap.allowed_groups)
     return [match.group(1).strip() for match in found if match]
 

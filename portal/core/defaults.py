@@ -17,11 +17,17 @@ GPU_BUSY_PERCENT = 5  # GPU utilisation from which a session's GPU counts as in 
 SLURM_BIN_DIR = "/usr/bin"
 MEDIATOR = "/usr/local/libexec/dsportal/mediator"  # what the hub runs as a user (portal/slurm/mediator.py)
 SUBMIT_AS = "runuser"
+# The accounts people log in as and sessions run as (Debian's uids for people): not root, not system accounts
+# (below 1000: munge, mysql, the hub's own), not package accounts (60000 up: slurm, whose jobs Slurm trusts).
+# The mediator runs as no other (portal/admin/hubaccount.py); a login as any other is refused (portal/hub/auth.py).
+PEOPLE_UIDS = (1000, 59999)
 SQUEUE_INTERVAL = 1.0  # seconds between the shared squeue calls while sessions start
 
 LDAP_CONNECT_TIMEOUT = 5.0
 LDAP_RECEIVE_TIMEOUT = 5.0
 LDAP_LOGIN_TIMEOUT = 8.0
+OIDC_TIMEOUT = 5.0  # seconds for each request to an OpenID provider (portal/hub/oidc.py)
+OIDC_CLOCK_SKEW = 30.0  # seconds an ID token's exp and iat may be off
 RESOURCES_INTERVAL = 10.0  # seconds the spawn form's free/total resources (one sinfo) are cached
 
 # Failed logins (portal/hub/loginthrottle.py)

@@ -344,6 +344,17 @@ class SlurmSettings(_Model):
         "run as root.")
     mediator: Path = Field(Path(defaults.MEDIATOR), description="The mediator, installed root-owned by "
                            "`dsportal hub install-mediator`.")
+    people_uids: tuple[int, int] = Field(
+        defaults.PEOPLE_UIDS, description="The uids of people's accounts, first and last: only these log in, and the "
+        "mediator acts as these only (never root, system accounts, or package accounts such as slurm, whose jobs Slurm "
+        "trusts). Debian's: [1000, 59999]; FreeIPA's: its ID range, e.g. [1234500000, 1234699999].")
+
+    @field_validator("people_uids")
+    @classmethod
+    def _people(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError(f"{list(value)} is not [first, last] with 1 <= first <= last: root (0) is never a person")
+        return value
     squeue_interval: float = Field(
         defaults.SQUEUE_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start "
         "(one squeue for all sessions; hub.poll_interval's checks read it too)."
@@ -449,6 +460,85 @@ class LdapSettings(_Model):
     )
     throttle: LoginThrottleSettings = Field(
         default_factory=LoginThrottleSettings, description="Failed logins: refused for a while, without asking LDAP.")
+
+
+# A plain-http OpenID issuer: this machine's loopback, by address (a name could resolve elsewhere first, ::1 before
+# 127.0.0.1), at a port below 1024, which only root can listen on: no user on the login node can stand in for it.
+LOOPBACK_ADDRESSES = ("127.0.0.1", "::1")
+
+
+class OidcSettings(_Model):
+    """Logins through the site's single sign-on: an OpenID Connect provider (Keycloak, Shibboleth's OP,
+    CILogon, Entra ID). People sign in on the provider's own pages; the portal never sees their password."""
+
+    issuer: str = Field(
+        description="The provider's issuer URL, exactly as its /.well-known/openid-configuration names it (Keycloak: "
+        "https://sso.example.org/realms/REALM). https; plain http only on this machine's loopback address at a port "
+        "below 1024 (the demo's).")
+    client_id: str = Field(min_length=1, description="The portal's client at the provider (a confidential client).")
+    client_secret_file: Path = Field(
+        description="The client's secret, alone in a file of the hub's account, mode 0600.")
+    ca_file: Path | None = Field(
+        None, description="PEM file of the CA certificates that sign the provider's certificate; empty: the system's. "
+        "The provider's certificate and name are always checked.")
+    username_claim: str = Field(
+        "preferred_username", pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$", description="The ID token's claim that holds "
+        "the person's Unix account name on this cluster; that account must exist here (getent passwd).")
+    groups_claim: str = Field(
+        "groups", pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$", description="The ID token's claim listing her groups.")
+    allowed_groups: list[str] = Field(
+        min_length=1, description="Groups (exactly as the groups claim names them) whose members may log in; they "
+        "must also have a Unix account here.")
+    admin_groups: list[str] = Field(
+        default_factory=list, description="Groups whose members are JupyterHub admins (besides hub.admin_users): "
+        "groups only the site can put people in.")
+    scopes: list[str] = Field(
+        ["openid", "profile", "email", "groups"], description="Scopes asked for: openid, and those that put the "
+        "username and groups claims into the ID token (Keycloak: its 'groups' client scope, or a mapper).")
+    login_service: str = Field(
+        "your institution", max_length=60, description="Who signs people in, as the login button names it: "
+        "'Sign in with ...'.")
+    timeout: float = Field(defaults.OIDC_TIMEOUT, gt=0, le=60, description="Seconds for each request to the "
+                           "provider; past it the login page says the sign-in service is not answering.")
+    clock_skew: float = Field(defaults.OIDC_CLOCK_SKEW, ge=0, le=600,
+                              description="Seconds of clock difference allowed when checking an ID token's times.")
+
+    @field_validator("issuer")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        url = urlparse(value)
+        if url.scheme not in ("https", "http") or not url.hostname or url.query or url.fragment:
+            raise ValueError(f"issuer {value!r} is not a URL like https://sso.example.org/realms/REALM")
+        if url.scheme == "http" and (url.hostname not in LOOPBACK_ADDRESSES or not url.port or url.port >= 1024):
+            raise ValueError(f"issuer {value!r} must be https (ID tokens and the client secret travel to it), or "
+                             "http on 127.0.0.1 at a port below 1024, which only root can listen on")
+        return value  # exactly as the provider names itself: its tokens' iss is compared with it
+
+    @field_validator("client_secret_file", "ca_file")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"{str(value)!r} must be an absolute path")
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _openid(cls, value: list[str]) -> list[str]:
+        if "openid" not in value:
+            raise ValueError("scopes must include openid: without it the provider sends no ID token")
+        return value
+
+    def endpoint_allowed(self, url: str) -> bool:
+        """An endpoint the provider's discovery names: https, or plain http only where the issuer itself is the
+        loopback http one, on the same host (a discovery must not send the secret or the tokens in the clear)."""
+        if url.startswith("https://"):
+            return True
+        return (url.startswith("http://") and self.issuer.startswith("http://")
+                and urlparse(url).hostname == urlparse(self.issuer).hostname)
+
+    def client_secret(self) -> str:
+        """The client's secret (read_secret: its file must be the hub account's alone)."""
+        return read_secret(self.client_secret_file, "oidc.client_secret_file")
 
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -773,7 +863,8 @@ class Settings(_Model):
 
     hub: HubSettings = HubSettings()
     slurm: SlurmSettings = SlurmSettings()
-    ldap: LdapSettings
+    ldap: LdapSettings | None = Field(None, description="Logins checked against the site's LDAP directory (or oidc).")
+    oidc: OidcSettings | None = Field(None, description="Logins through the site's OpenID Connect provider (or ldap).")
     session: SessionSettings = SessionSettings()
     profiles: list[Profile] = Field(min_length=1, description="The partitions as offered to users, at least one.")
     images: list[Image] = Field(default_factory=list, description="Container images for kernels and job ranks.")
@@ -806,6 +897,13 @@ class Settings(_Model):
             raw[section] = {**(raw.get(section) or {}), key: old[old_key]}
             notices.append(f"{old_section}.{old_key} is now called {section}.{key}: please rename it")
         return {**raw, "notices": notices} if notices else raw
+
+    @model_validator(mode="after")
+    def _one_way_to_log_in(self) -> Settings:
+        if (self.ldap is None) == (self.oidc is None):
+            raise ValueError("set ldap (logins checked against your directory) or oidc (sign-in through your "
+                             "OpenID Connect provider): exactly one of them")
+        return self
 
     @model_validator(mode="after")
     def _profiles(self) -> Settings:

@@ -72,7 +72,11 @@ def description(field) -> str:
 
 
 def _nested(annotation) -> tuple[type[BaseModel] | None, bool]:
-    """The settings model a key holds, and whether it holds a list of them."""
+    """The settings model a key holds (or may: ``Model | None``), and whether it holds a list of them."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(models) == 1:
+            return _nested(models[0])
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation, False
     if typing.get_origin(annotation) is list:
@@ -108,6 +112,8 @@ def _type(field, path: str) -> str:
                 limits.append(f"{sign} {getattr(item, attribute)}")
         if isinstance(item, annotated_types.MinLen):
             limits.append(f"at least {item.min_length}")
+        if isinstance(item, annotated_types.MaxLen):
+            limits.append(f"at most {item.max_length} characters")
         if getattr(item, "pattern", None):
             limits.append(f"matching `{_escape(item.pattern)}`")
     return ", ".join([text, *limits])
@@ -138,7 +144,7 @@ def _default(field) -> str:
     if isinstance(value, BaseModel):
         return "(section)"
     if value is None:
-        return "empty"
+        return "absent" if _nested(field.annotation)[0] else "empty"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, (list, tuple, dict)):

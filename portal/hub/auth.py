@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import pwd
 import re
 import threading
+from functools import partial
 
 from ldap3.core.exceptions import (
     LDAPCommunicationError,
@@ -26,6 +28,7 @@ from ldapauthenticator import LDAPAuthenticator
 from tornado import web
 from traitlets import Integer, List, Unicode
 
+from portal.core import defaults
 from portal.core.settings import LdapSettings, human_duration, ldap_server
 from portal.core.settingtraits import hand_down, setting
 from portal.core.userjson import unix_groups
@@ -75,6 +78,23 @@ def client_address(handler) -> str:
     forwarded = handler.request.headers.get("X-Forwarded-For", "").split(",")[-1].strip()
     peer = upstream.connection_address(handler.request)
     return forwarded or (str(peer[0]) if isinstance(peer, tuple) and peer else handler.request.remote_ip or "")
+
+
+def account_refusal(name: str, people_uids, *, must_exist: bool) -> str | None:
+    """Why ``name`` may not log in, as the hub's log says it; None if it may. Sessions run as the account: never
+    a system or package account (uid outside slurm.people_uids: root, daemons, the hub's own, slurm), and, where
+    ``must_exist``, not a name with no account here. May be slow (NSS: LDAP, sssd): call it off the event loop."""
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return "no Unix account of that name here" if must_exist else None
+    low, high = people_uids
+    return None if low <= uid <= high else f"a system account (uid {uid}, slurm.people_uids {low} to {high})"
+
+
+def people_uids_trait() -> List:
+    return List(Integer(), list(defaults.PEOPLE_UIDS), minlen=2, maxlen=2,
+                help="portal.yaml's slurm.people_uids: only accounts of these uids log in.").tag(config=True)
 
 
 class NotThroughTheProxy(web.HTTPError):
@@ -130,6 +150,7 @@ class PortalAuthenticator(LDAPAuthenticator):
         config=True)
     sharing_groups = List(Unicode(), help="portal.yaml's sharing.groups: the hub's groups, set from each "
                           "user's Unix groups at her login (Authenticator.manage_groups).").tag(config=True)
+    people_uids = people_uids_trait()
 
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _throttle: LoginThrottle | None = None
@@ -223,6 +244,13 @@ class PortalAuthenticator(LDAPAuthenticator):
                            data.get("username"), type(error).__name__, error)
             metrics.LOGINS.labels("ldap_unavailable").inc()
             raise LoginServiceUnavailable() from None
+        if answer:
+            name = self.normalize_username(answer["name"] if isinstance(answer, dict) else answer)
+            refusal = await asyncio.get_running_loop().run_in_executor(
+                self._pool, partial(account_refusal, name, self.people_uids, must_exist=False))
+            if refusal:
+                self.log.warning("Login of %r refused: %s", name, refusal)
+                answer = None
         metrics.LOGINS.labels("ok" if answer else "refused").inc()
         if answer and self.manage_groups:
             # JupyterHub sets her groups to this list (it must be there): the sharing groups she is in now.
@@ -253,6 +281,7 @@ def configure_ldap(c, settings) -> None:
         c.LDAPAuthenticator.lookup_dn_search_user = ldap.search_bind_dn or None
         c.LDAPAuthenticator.lookup_dn_search_password = ldap.search_password()  # its file: the hub account's alone
     hand_down(c, settings, PortalAuthenticator)  # its timeouts, its throttle of failed logins
+    c.PortalAuthenticator.people_uids = list(settings.slurm.people_uids)
     # Unix account names only: they become Slurm job owners.
     c.LDAPAuthenticator.valid_username_regex = r"^[a-z_][a-z0-9_-]{0,31}$"
     if not ldap.allowed_groups:

@@ -28,6 +28,7 @@ from portal.hub import (
     useroptions,
 )
 from portal.hub.auth import configure_ldap
+from portal.hub.oidc import configure_oidc
 from portal.hub.origins import configure_user_origins
 from portal.hub.portreport import install_port_handler
 from portal.hub.routeowner import check_sessions_by_their_certificate, proxy_command
@@ -140,7 +141,10 @@ def configure(c, settings=None) -> None:
     # The stock pages, plus session_ended and the sessions' rows.
     c.JupyterHub.template_paths = [str(templating.folder() / "hub")]
 
-    configure_ldap(c, settings)
+    if settings.oidc:  # one or the other (settings.Settings)
+        configure_oidc(c, settings)
+    else:
+        configure_ldap(c, settings)
     c.Authenticator.admin_users = set(hub.admin_users)
     sharing.configure(c, settings)  # sessions shared with named colleagues, within portal.yaml's groups
 

@@ -18,8 +18,8 @@ from prometheus_client.core import GaugeMetricFamily
 from portal.slurm.slurmparse import partition_resources
 from spawner.metrics import IDLE_AFTER_S, last_uses
 
-LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, throttled: too many "
-                 "failures, LDAP not asked).", ["outcome"])
+LOGINS = Counter("dsportal_logins", "Login attempts by outcome (ok, refused, ldap_unavailable, provider_unavailable: "
+                 "the OpenID provider, throttled: too many failures, LDAP not asked).", ["outcome"])
 PORT_REPORTS_REFUSED = Counter(
     "dsportal_port_reports_refused", "Port reports refused (409): a second report, or one not from the job being started.")
 

@@ -84,6 +84,7 @@ def configure(c, settings) -> None:
         return
     c.Authenticator.manage_groups = True
     c.PortalAuthenticator.sharing_groups = groups
+    c.PortalOIDCAuthenticator.sharing_groups = groups
     c.JupyterHub.load_roles = roles(groups)
     from portal.upstream.hub import after_init_tornado_application
 
