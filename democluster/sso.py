@@ -22,7 +22,8 @@ from portal.core import settings as settings_module
 PORT = 556
 ISSUER = f"http://127.0.0.1:{PORT}"
 CLIENT = "dsportal-demo"
-HUBS = ["http://127.0.0.1:8000", "http://127.0.0.1:8010"]  # the demo's hub, the tests' second hub
+# The demo's hub and the tests' second hub, by the addresses their pages have (hub.subdomain_host, or not).
+HUBS = ["http://localhost:8000", "http://127.0.0.1:8000", "http://localhost:8010", "http://127.0.0.1:8010"]
 MODULES = Path("/opt/dsportal/oidc/node_modules")
 PROGRAM = Path(__file__).resolve().parent / "oidc-provider.mjs"
 

@@ -22,7 +22,7 @@ from traitlets.config import Config
 from democluster import samba_ad
 from democluster.samba_ad import ADDRESS, NESTED, SERVICE, USERS
 from portal.admin.check import check_ldap
-from portal.core.settings import LdapSettings
+from portal.core.settings import LdapSettings, SlurmSettings
 from portal.hub.auth import PortalAuthenticator, configure_ldap
 from spawner import mailaddress
 
@@ -57,7 +57,7 @@ def settings(ad, **changes) -> LdapSettings:
 
 def login(ldap: LdapSettings, username: str, password: str):
     c = Config()
-    configure_ldap(c, SimpleNamespace(ldap=ldap))
+    configure_ldap(c, SimpleNamespace(ldap=ldap, slurm=SlurmSettings()))
     answer = asyncio.run(PortalAuthenticator(config=c).get_authenticated_user(
         None, {"username": username, "password": password}))
     return answer["name"] if isinstance(answer, dict) else answer

@@ -22,7 +22,7 @@ from traitlets.config import Config
 
 from democluster.people import ssha
 from portal.admin.check import check_ldap
-from portal.core.settings import LdapSettings, SettingsError
+from portal.core.settings import LdapSettings, SettingsError, SlurmSettings
 from portal.hub.auth import MISCONFIGURED, PortalAuthenticator, configure_ldap
 from spawner import mailaddress
 
@@ -143,7 +143,7 @@ def search_settings(port: int, password_file, **changes) -> LdapSettings:
 
 def authenticator(ldap: LdapSettings) -> PortalAuthenticator:
     c = Config()
-    configure_ldap(c, SimpleNamespace(ldap=ldap))
+    configure_ldap(c, SimpleNamespace(ldap=ldap, slurm=SlurmSettings()))
     return PortalAuthenticator(config=c)
 
 

@@ -19,6 +19,7 @@ import hashlib
 import html
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -50,6 +51,9 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 SECOND_HUB = "http://127.0.0.1:8010"  # conftest's second_hub
+# Where its pages are: localhost:8010 where the demo's portal.yaml gives users origins of their own (subdomain_host).
+SECOND_HUB_PAGES = ("http://localhost:8010", SECOND_HUB)
+HUB_PAGE = re.compile(r"http://(localhost|127\.0\.0\.1):8010/hub/")
 CLIENT = "dsportal-test"
 # People the provider knows: alice and dave have Unix accounts here (the demo's), ghost has none, mallory is in
 # no allowed group, Eve.Smith's name is no Unix name.
@@ -115,8 +119,8 @@ def provider(tmp_path_factory):
     config = {"issuer": issuer, "listen": {"host": "127.0.0.1", "port": port},
               "tls": {"cert": str(cert), "key": str(key)},
               "clients": [{"client_id": CLIENT, "client_secret": secret,
-                           "redirect_uris": [f"{SECOND_HUB}/hub/oauth_callback"],
-                           "post_logout_redirect_uris": [f"{SECOND_HUB}/hub/login"]}],
+                           "redirect_uris": [f"{hub}/hub/oauth_callback" for hub in SECOND_HUB_PAGES],
+                           "post_logout_redirect_uris": [f"{hub}/hub/login" for hub in SECOND_HUB_PAGES]}],
               "users": USERS, "jwks": {"keys": [jwk]}}
     (folder / "provider.json").write_text(json.dumps(config))
     secret_file = folder / "client-secret"
@@ -165,9 +169,9 @@ def to_callback(hub: str, provider, name: str, password: str | None = None) -> t
     assert page.url.startswith(f"{provider.issuer}/interaction/"), (page.status_code, page.url, page.text[-300:])
     answer = session.post(f"{page.url}/login", data={"username": name, "password": password or PASSWORD[name]},
                           allow_redirects=False, timeout=20)
-    while not answer.headers["Location"].startswith(f"{hub}/hub/oauth_callback"):
+    while urlparse(urljoin(answer.url, answer.headers["Location"])).path != "/hub/oauth_callback":
         answer = session.get(urljoin(answer.url, answer.headers["Location"]), allow_redirects=False, timeout=20)
-    return session, answer.headers["Location"]
+    return session, urljoin(answer.url, answer.headers["Location"])
 
 
 def sign_in(hub: str, provider, name: str, password: str | None = None) -> requests.Response:
@@ -194,18 +198,19 @@ def test_sign_in_through_the_providers_own_pages_in_a_browser(sso_hub, provider)
         page.fill("input[name=username]", "alice")
         page.fill("input[name=password]", PASSWORD["alice"])
         page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(f"{sso_hub}/hub/**")
+        page.wait_for_url(HUB_PAGE)
         assert "/hub/oauth_callback" not in page.url
-        cookies = {cookie["name"] for cookie in page.context.cookies(sso_hub)}
+        hub = f"{urlparse(page.url).scheme}://{urlparse(page.url).netloc}"  # where the hub's pages are
+        cookies = {cookie["name"] for cookie in page.context.cookies(hub)}
         assert "jupyterhub-session-id" in cookies
-        me = page.request.get(f"{sso_hub}/hub/api/user", headers={"Referer": f"{sso_hub}/hub/home"})
+        me = page.request.get(f"{hub}/hub/api/user", headers={"Referer": f"{hub}/hub/home"})
         assert me.ok and me.json()["name"] == "alice" and not me.json()["admin"], me.text()
         # Signing out of the portal signs her out at the provider too: the next sign-in asks for a password again.
-        page.goto(f"{sso_hub}/hub/logout")
+        page.goto(f"{hub}/hub/logout")
         page.wait_for_url(f"{provider.issuer}/session/end**")
         page.get_by_role("button", name="Yes, sign me out").click()
-        page.wait_for_url(f"{sso_hub}/hub/login**")
-        assert page.request.get(f"{sso_hub}/hub/api/user").status in (401, 403)
+        page.wait_for_url(f"{hub}/hub/login**")
+        assert page.request.get(f"{hub}/hub/api/user").status in (401, 403)
         page.get_by_text("Sign in with dsportal test SSO").click()
         page.wait_for_url(f"{provider.issuer}/interaction/**")
         assert page.locator("input[name=password]").is_visible()
@@ -214,7 +219,7 @@ def test_sign_in_through_the_providers_own_pages_in_a_browser(sso_hub, provider)
 
 def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     dave = sign_in(sso_hub, provider, "dave")
-    assert dave.status_code == 200 and dave.url.startswith(f"{sso_hub}/hub/"), (dave.status_code, dave.url)
+    assert dave.status_code == 200 and HUB_PAGE.match(dave.url), (dave.status_code, dave.url)
     assert dave.session.get(f"{sso_hub}/hub/admin", timeout=10).status_code == 200  # portaladmins: admin
 
     refused = {
@@ -234,7 +239,7 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     session, callback = to_callback(sso_hub, provider, "alice")
     query = parse_qs(urlparse(callback).query)
     forged_state = base64.urlsafe_b64encode(json.dumps({"state_id": "f" * 32}).encode()).decode()
-    forged = session.get(f"{sso_hub}/hub/oauth_callback?" + urlencode({"code": query["code"][0], "state": forged_state}),
+    forged = session.get(callback.split("?")[0] + "?" + urlencode({"code": query["code"][0], "state": forged_state}),
                          timeout=20)
     assert forged.status_code == 400 and oidc.STALE in html.unescape(forged.text), forged.text[-400:]
     # The state cookie went with that refusal: the genuine callback, now, and replayed later, is refused too.
@@ -246,7 +251,7 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
     # Used once as it should be, her callback signs her in; the same link again signs nobody in.
     session, callback = to_callback(sso_hub, provider, "alice")
     first = session.get(callback, timeout=20)
-    assert first.status_code == 200 and first.url.startswith(f"{sso_hub}/hub/"), (first.status_code, first.url)
+    assert first.status_code == 200 and HUB_PAGE.match(first.url), (first.status_code, first.url)
     replayed = requests.get(callback, timeout=20)
     assert replayed.status_code == 400 and oidc.STALE in html.unescape(replayed.text)
     # Replayed with her signed state cookie too (copied from her browser): the provider refuses the used code.
@@ -265,7 +270,7 @@ def test_refusals_in_words_and_admins_from_groups(sso_hub, provider):
                                  ("invalid_scope", 503, oidc.CLIENT_REFUSED)]:
         session, callback = to_callback(sso_hub, provider, "alice")
         state = parse_qs(urlparse(callback).query)["state"][0]
-        told = session.get(f"{sso_hub}/hub/oauth_callback?" + urlencode(
+        told = session.get(callback.split("?")[0] + "?" + urlencode(
             {"error": error, "error_description": "Your account is locked, call +1 555 0100", "state": state}),
             timeout=20)
         assert told.status_code == status and words in html.unescape(told.text), (error, told.text[-400:])
@@ -296,7 +301,7 @@ def test_the_demos_provider_signs_in_the_demos_people_with_the_guides_settings(s
     hub = second_hub(edit)
     demo = SimpleNamespace(issuer=section["oidc"]["issuer"], ca=None)
     alice = sign_in(hub, demo, "alice", PASSWORDS["alice"])
-    assert alice.status_code == 200 and alice.url.startswith(f"{hub}/hub/"), (alice.status_code, alice.url)
+    assert alice.status_code == 200 and HUB_PAGE.match(alice.url), (alice.status_code, alice.url)
     dave = sign_in(hub, demo, "dave", PASSWORDS["dave"])
     assert dave.session.get(f"{hub}/hub/admin", timeout=10).status_code == 200  # portaladmins
     mallory = sign_in(hub, demo, "mallory", PASSWORDS["mallory"])  # not in datascience

@@ -387,7 +387,9 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
 def configure_oidc(c, settings) -> None:
     """The hub's authenticator from portal.yaml's oidc."""
     oidc = settings.oidc
-    public = settings.hub.bind_url.rstrip("/")
+    # Where the hub's own pages are (users' servers on origins of their own: hub.subdomain_host's host), so the
+    # provider sends her back to the host whose state cookie her sign-in set.
+    public = (settings.hub.subdomain_host or settings.hub.bind_url).rstrip("/")
     c.JupyterHub.authenticator_class = PortalOIDCAuthenticator
     c.PortalOIDCAuthenticator.oidc = oidc
     c.PortalOIDCAuthenticator.oidc_public_url = public
