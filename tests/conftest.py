@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,6 +123,14 @@ def wait_no_jobs(user: str, timeout: float = 30) -> list:
     return active_jobs(user)
 
 
+def listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def second_hub(portal, tmp_path):
     """Start another hub on the same cluster and LDAP with an edited portal.yaml; yields a starter."""
@@ -141,14 +151,25 @@ def second_hub(portal, tmp_path):
         edit(config)
         path = tmp_path / "portal.yaml"
         path.write_text(yaml.safe_dump(config))
+        hub = config["hub"]
+        api = urlparse(hub["hub_bind_url"])
+        service = (api.hostname, hub.get("service_port") or api.port + 1)  # dsportal's service (settings: service_urls)
+        # A hub an earlier test left would answer in this one's place.
+        for host, port in [(urlparse(hub[url]).hostname, urlparse(hub[url]).port)
+                           for url in ("bind_url", "proxy_api_url", "hub_bind_url")] + [service]:
+            assert not listening(host, port), f"{host}:{port} is still taken (a hub of an earlier test?)"
         log = open(tmp_path / "hub.log", "wb")
-        process = subprocess.Popen([DSPORTAL, "--config", str(path), "hub"], stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([DSPORTAL, "--config", str(path), "hub"], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         processes.append(process)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert process.poll() is None, (tmp_path / "hub.log").read_text()
             try:
-                if requests.get("http://127.0.0.1:8010/hub/api", timeout=2).status_code == 200:
+                # Its API, then dsportal's service, which the hub starts after it (a hub stopped while that
+                # service is still starting took 33 s to end).
+                if requests.get("http://127.0.0.1:8010/hub/api", timeout=2).status_code == 200 and \
+                        listening(*service):
                     return "http://127.0.0.1:8010"
             except requests.ConnectionError:
                 pass
@@ -158,6 +179,10 @@ def second_hub(portal, tmp_path):
     yield start
     for process in processes:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # its proxy and service with it
+            process.wait(timeout=30)
     # Sessions of the second hub (kept across hub restarts by design) end with the test.
     cancel_jobs_of(["alice", "bob", "carol"])

@@ -16,10 +16,12 @@ import math
 import pwd
 import re
 import threading
+import time
 from functools import partial
 
 from ldap3.core.exceptions import (
     LDAPCommunicationError,
+    LDAPException,
     LDAPResponseTimeoutError,
     LDAPServerPoolExhaustedError,
     LDAPStartTLSError,
@@ -48,6 +50,10 @@ class LoginServiceUnavailable(web.HTTPError):
 
 
 _search = threading.local()  # set while resolve_username binds as the search's service account
+# Seconds a login thread keeps its connection bound as the search's service account between logins: a class
+# logging in at once then costs one TLS handshake and one bind a login (hers), not two. Well under the idle limit
+# of directories (Active Directory's MaxConnIdleTime: 900 s).
+SEARCH_CONNECTION_IDLE = 60.0
 
 
 def _dn(dn: str) -> str:
@@ -168,14 +174,34 @@ class PortalAuthenticator(LDAPAuthenticator):
     def get_connection(self, userdn, password):
         """ldapauthenticator's connection, with connect and receive timeouts, to the first of the servers that
         answers. The search's service account refused (its bind in resolve_username, whatever the DN: a user who
-        types its name never gets this answer) is the portal's fault, not the user's: said as such."""
+        types its name never gets this answer) is the portal's fault, not the user's: said as such. The service
+        account's connection is kept by this thread for its next login (SEARCH_CONNECTION_IDLE); hers never."""
         servers = [(self.server_address, self.server_port)]
         servers += [ldap_server(server, self.server_port) for server in self.failover_servers]
+        searching = getattr(_search, "binding", False)
+        key = (tuple(servers), self.tls_strategy, str(self.tls_kwargs), userdn, password)
+        if searching:
+            kept, used = getattr(_search, "kept", {}).get(key, (None, 0.0))
+            if kept is not None and kept.bound and not kept.closed and time.monotonic() - used < SEARCH_CONNECTION_IDLE:
+                _search.kept[key], _search.reused = (kept, time.monotonic()), True
+                return kept
+            self._forget_search_connections()
         connection = upstream.ldap_connection(self, userdn, password, self.connect_timeout,
                                               max(1, math.ceil(self.receive_timeout)), servers)  # ldap3: whole seconds
-        if connection is None and getattr(_search, "binding", False):
+        if connection is None and searching:
             raise SearchAccountRefused(userdn or "anonymous")
+        if searching:
+            _search.kept, _search.reused = {key: (connection, time.monotonic())}, False
         return connection
+
+    @staticmethod
+    def _forget_search_connections() -> None:
+        for connection, _ in getattr(_search, "kept", {}).values():
+            try:
+                connection.unbind()
+            except LDAPException:
+                pass
+        _search.kept = {}
 
     def resolve_username(self, username_supplied_by_user):
         """ldapauthenticator's look-up of the user's DN as the service account, refusing (as a wrong password
@@ -183,7 +209,14 @@ class PortalAuthenticator(LDAPAuthenticator):
         the login another person's account: her sessions run as that name) and the service account itself."""
         _search.binding = True
         try:
-            username, userdn = super().resolve_username(username_supplied_by_user)
+            try:
+                username, userdn = super().resolve_username(username_supplied_by_user)
+            except LDAPCommunicationError:
+                if not getattr(_search, "reused", False):
+                    raise
+                # The kept connection went (the directory closed it, a replica restarted): once more, afresh.
+                self._forget_search_connections()
+                username, userdn = super().resolve_username(username_supplied_by_user)
         finally:
             _search.binding = False
         if userdn is None:
