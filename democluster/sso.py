@@ -44,6 +44,7 @@ def ensure_sso(config_path: Path) -> None:
     settings = settings_module.load(config_path)
     folder = secret_path().parent
     secret_file(secret_path(), Path(settings.hub.data_dir))
+    os.chmod(folder, 0o711)  # the hub's account reaches its secret (0600, its own); provider.json stays root's alone
     data = directory()
     groups = {user["name"]: sorted(g["name"] for g in data["groups"] if user["name"] in g["members"])
               for user in data["users"]}
