@@ -143,8 +143,8 @@ class PortalAuthenticator(LDAPAuthenticator):
     connect_timeout = setting("ldap.connect_timeout")
     receive_timeout = setting("ldap.receive_timeout")
     login_timeout = setting("ldap.login_timeout")
-    login_threads = Integer(16, help="Logins checked against LDAP at the same time (a class through a search bind: 16 gave
-                            "a p99 of 1.6 s where 8 gave 1.9 to 2.2 s, bench/results/README.md).").tag(config=True)
+    # 16, not 8: a class logging in through a search bind (bench/ad_logins.py; its figures: bench/results/README.md).
+    login_threads = Integer(16, help="Logins checked against LDAP at the same time.").tag(config=True)
     free_failures = setting("ldap.throttle.free_failures")
     first_delay = setting("ldap.throttle.first_delay")
     max_delay = setting("ldap.throttle.max_delay")
