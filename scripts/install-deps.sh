@@ -65,7 +65,11 @@ npm_locked() {
   fi
 }
 npm_locked chp "configurable-http-proxy"  # portal/hub/proxy.js patches its 4.6.3
-npm_locked oidc "OpenID provider for the demo and tests"  # democluster/oidc-provider.mjs
+# The demo's and the tests' OpenID provider (democluster/oidc-provider.mjs): for make's targets only (the Makefile
+# exports DSPORTAL_DEMO=1), never on a site's login node, which deploy.md installs with this script too.
+if [ "${DSPORTAL_DEMO:-}" = 1 ]; then
+  npm_locked oidc "OpenID provider for the demo and tests"
+fi
 
 if [ ! -x "$ENV/bin/python" ]; then
   say "Python environment $ENV from /usr/bin/python3"
@@ -102,6 +106,7 @@ bash scripts/build-labextension.sh "$ENV"
 rm -f "$PREFIX/patchcheck-verified.json"
 DSPORTAL_PREFIX=$PREFIX "$ENV/bin/python" -c 'from portal.upstream import patchcheck, hub as h, session as s
 [patchcheck.record_verified(u.PATCHES) for u in (h, s)]' || true
-chmod -R a+rX "$ENV" "$PREFIX/chp" "$PREFIX/oidc"
+chmod -R a+rX "$ENV" "$PREFIX/chp"
+[ ! -d "$PREFIX/oidc" ] || chmod -R a+rX "$PREFIX/oidc"
 [ ! -f "$PREFIX/patchcheck-verified.json" ] || chmod 644 "$PREFIX/patchcheck-verified.json"
 say "ready: $ENV"
