@@ -19,7 +19,7 @@ overridden):
 
 The provider's discovery document is fetched at the first sign-in and kept for an hour (the last good one is
 used while the provider does not answer); its keys are fetched again when a token names one not yet seen (a key
-rotation), at most once a minute; one fetch at a time for a whole class signing in.
+rotation), at most once a minute; one fetch at a time, shared by a whole class signing in.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ UNIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # as LDAP logins: names that 
 # Asymmetric signatures only: "none" and the HMAC family (whose key would be the client secret) never verify.
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 DISCOVERY_AGE = 3600  # seconds the provider's discovery document is kept
+DISCOVERY_RETRY = 60  # seconds until the provider is asked again while the last good document stands in
 KEYS_REFETCH = 60  # seconds between fetches of its keys for a token naming an unknown key
 
 NOT_ANSWERING = "The sign-in service is not answering right now. Please try again in a minute."
@@ -107,11 +108,20 @@ def state_cookie_name(handler) -> str:
     return f"__Host-{STATE_COOKIE_NAME}" if handler.settings.get("cookie_host_prefix_enabled") else STATE_COOKIE_NAME
 
 
+def counted(status: int) -> None:
+    """A sign-in's outcome in the hub's metrics (dsportal_logins_total), once, where its page is answered."""
+    metrics.LOGINS.labels("ok" if status < 400 else "provider_unavailable" if status == 503 else "refused").inc()
+
+
 class SignInHandler(OAuthLoginHandler):
     """OAuthenticator's redirect to the provider, once its endpoints are known, with a nonce."""
 
     async def get(self):
-        await self.authenticator.discover()
+        try:
+            await self.authenticator.discover()
+        except ProviderUnavailable:
+            counted(503)
+            raise
         return super().get()
 
     def set_state_cookie(self, state_cookie_value):
@@ -125,6 +135,14 @@ class SignInHandler(OAuthLoginHandler):
 
 class SignInCallbackHandler(OAuthCallbackHandler):
     """OAuthenticator's callback: the state checked first, its refusals in words a person understands."""
+
+    async def get(self):
+        try:
+            await super().get()
+        except web.HTTPError as error:
+            counted(error.status_code)
+            raise
+        counted(200)
 
     def get_state_cookie(self):
         if self._state_cookie is None:
@@ -143,7 +161,6 @@ class SignInCallbackHandler(OAuthCallbackHandler):
             super().check_state()
         except web.HTTPError as error:
             self.log.warning("OpenID sign-in refused: %s (a stale, replayed or forged callback)", error.log_message)
-            metrics.LOGINS.labels("refused").inc()
             raise stale() from None
 
     def check_error(self):
@@ -153,11 +170,9 @@ class SignInCallbackHandler(OAuthCallbackHandler):
         self.log.warning("OpenID sign-in: the provider answered %r (%r)", error[:60],
                          self.get_argument("error_description", "")[:200])
         if error in HER_OWN:  # her sign-in, cancelled or refused at the provider
-            metrics.LOGINS.labels("refused").inc()
             raise web.HTTPError(403, "The sign-in service did not sign you in. Please go back to the portal's "
                                 "address and try again.", reason="Not signed in")
         # invalid_scope (a scope the client lacks), unauthorized_client, invalid_request, server_error, ...
-        metrics.LOGINS.labels("provider_unavailable").inc()
         raise ProviderUnavailable(CLIENT_REFUSED)
 
 
@@ -199,7 +214,6 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
     _discovered_at = 0.0
     _keys: dict | None = None
     _keys_at = 0.0
-    _fetching: asyncio.Lock | None = None
 
     def normalize_username(self, username):
         """The claim as it is: sessions run as exactly this account (update_auth_model refuses any other)."""
@@ -210,40 +224,63 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
             answer = await self.httpfetch(url, what)
         except (HTTPClientError, OSError, ValueError) as error:  # no answer, an error status, not JSON
             self.log.error("OpenID provider: %s %s failed: %s", what, url, error)
-            metrics.LOGINS.labels("provider_unavailable").inc()
             raise ProviderUnavailable() from None
         if not isinstance(answer, dict):
             self.log.error("OpenID provider: %s %s gave no JSON object", what, url)
             raise ProviderUnavailable()
         return answer
 
+    async def _single_flight(self, name: str, fetch):
+        """``fetch()``, one at a time for ``name``: whoever asks meanwhile (a class signing in at once) shares that
+        fetch's result, and nobody waits behind another's timeout."""
+        flights = self.__dict__.setdefault("_flights", {})
+        task = flights.get(name)
+        if task is None or task.done():
+            task = flights[name] = asyncio.ensure_future(fetch())
+        return await asyncio.shield(task)
+
     async def discover(self) -> dict:
         """The provider's discovery document (kept an hour; the last good one while the provider does not answer):
         its endpoints become OAuthenticator's."""
         if self._discovered and time.monotonic() - self._discovered_at < DISCOVERY_AGE:
             return self._discovered
-        self._fetching = self._fetching or asyncio.Lock()
-        async with self._fetching:  # a class signing in at once: one fetch
-            if self._discovered and time.monotonic() - self._discovered_at < DISCOVERY_AGE:
-                return self._discovered
-            issuer = self.oidc.issuer
-            try:
-                document = await self._fetch(f"{issuer.rstrip('/')}/.well-known/openid-configuration", "discovery")
-                if document.get("issuer") != issuer:
-                    self.log.error("OpenID provider: its discovery names issuer %r, portal.yaml's oidc.issuer is %r",
-                                   document.get("issuer"), issuer)
+        document = await self._single_flight("discovery", self._fetch_discovery)
+        if document is None:
+            raise ProviderUnavailable()
+        return document
+
+    async def _fetch_discovery(self) -> dict | None:
+        """The discovery document fetched and checked; where the provider fails, the last good one (asked again in
+        DISCOVERY_RETRY seconds), else None."""
+        issuer = self.oidc.issuer
+        try:
+            document = await self._fetch(f"{issuer.rstrip('/')}/.well-known/openid-configuration", "discovery")
+            if document.get("issuer") != issuer:
+                self.log.error("OpenID provider: its discovery names issuer %r, portal.yaml's oidc.issuer is %r",
+                               document.get("issuer"), issuer)
+                raise ProviderUnavailable()
+            for key in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
+                if not self.oidc.endpoint_allowed(str(document.get(key, ""))):
+                    self.log.error("OpenID provider: its discovery's %s %r is not https", key, document.get(key))
                     raise ProviderUnavailable()
-                for key in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
-                    if not self.oidc.endpoint_allowed(str(document.get(key, ""))):
-                        self.log.error("OpenID provider: its discovery's %s %r is not https", key, document.get(key))
-                        raise ProviderUnavailable()
-            except ProviderUnavailable:
-                if self._discovered:  # the last good one, until the provider answers again
-                    return self._discovered
-                raise
-            self.authorize_url, self.token_url = document["authorization_endpoint"], document["token_endpoint"]
-            self._discovered, self._discovered_at = document, time.monotonic()
-            return document
+        except ProviderUnavailable:
+            if self._discovered:  # the last good one, until the provider answers again
+                self._discovered_at = time.monotonic() - DISCOVERY_AGE + DISCOVERY_RETRY
+            return self._discovered
+        self.authorize_url, self.token_url = document["authorization_endpoint"], document["token_endpoint"]
+        self._discovered, self._discovered_at = document, time.monotonic()
+        return document
+
+    async def _fetch_keys(self) -> dict | None:
+        """The provider's published signing keys by kid, kept; None where it does not answer."""
+        try:
+            keys = await self._fetch((await self.discover())["jwks_uri"], "keys")
+        except ProviderUnavailable:
+            return None
+        self._keys = {key.get("kid"): key for key in keys.get("keys", [])
+                      if isinstance(key, dict) and key.get("use", "sig") == "sig"}
+        self._keys_at = time.monotonic()
+        return self._keys
 
     async def signing_key(self, kid: str | None, algorithm: str) -> jwt.PyJWK | None:
         """The provider's published signing key ``kid`` (its only one where the token names none), for ``algorithm``."""
@@ -251,13 +288,8 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
             if fresh or self._keys is None:
                 if self._keys is not None and time.monotonic() - self._keys_at < KEYS_REFETCH:
                     return None
-                document = await self.discover()
-                self._fetching = self._fetching or asyncio.Lock()
-                async with self._fetching:
-                    keys = await self._fetch(document["jwks_uri"], "keys")
-                self._keys = {key.get("kid"): key for key in keys.get("keys", [])
-                              if isinstance(key, dict) and key.get("use", "sig") == "sig"}
-                self._keys_at = time.monotonic()
+                if await self._single_flight("keys", self._fetch_keys) is None:
+                    raise ProviderUnavailable()
             if kid in self._keys or (kid is None and len(self._keys) == 1):
                 data = self._keys[kid] if kid in self._keys else next(iter(self._keys.values()))
                 if data.get("alg", algorithm) != algorithm:
@@ -285,7 +317,6 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
                 raise jwt.InvalidTokenError("its nonce is not this sign-in's (missing, or another sign-in's: replayed)")
         except (jwt.PyJWTError, ValueError) as error:  # ValueError: a key PyJWK cannot read
             self.log.warning("OpenID sign-in refused: the ID token does not verify: %s", error)
-            metrics.LOGINS.labels("refused").inc()
             raise TokenRefused() from None
         return claims
 
@@ -298,19 +329,15 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
         except HTTPClientError as error:
             if error.code == 400:  # invalid_grant: the code was used already (a replayed callback) or has expired
                 self.log.warning("OpenID sign-in refused: the provider refused the code (%s)", error)
-                metrics.LOGINS.labels("refused").inc()
                 raise stale() from None
             if error.code == 401:  # invalid_client: the client id or its secret
                 self.log.error("OpenID provider refused the portal's client %s (oidc.client_id and its secret file?)",
                                self.client_id)
-                metrics.LOGINS.labels("provider_unavailable").inc()
                 raise ProviderUnavailable(CLIENT_REFUSED) from None
             self.log.error("OpenID provider: the token request failed: %s", error)
-            metrics.LOGINS.labels("provider_unavailable").inc()
             raise ProviderUnavailable() from None
         except (OSError, ValueError) as error:  # no answer; an answer that is not JSON
             self.log.error("OpenID provider: the token request failed: %s", error)
-            metrics.LOGINS.labels("provider_unavailable").inc()
             raise ProviderUnavailable() from None
         except web.HTTPError as error:  # OAuthenticator's 500 "Bad response" would quote the answer, tokens and all
             if error.status_code != 500:
@@ -369,12 +396,10 @@ class PortalOIDCAuthenticator(GenericOAuthenticator):
             self._refuse(name, refusal, f"{who}, but {words}.")
         if self.oidc.admin_groups and not auth_model["admin"]:
             auth_model["admin"] = bool(groups & set(self.oidc.admin_groups))
-        metrics.LOGINS.labels("ok").inc()
         return auth_model
 
     def _refuse(self, name: str, why: str, words: str):
         self.log.warning("OpenID sign-in of %r refused: %s", name, why)
-        metrics.LOGINS.labels("refused").inc()
         raise web.HTTPError(403, f"{words} Please ask your admin.", reason="Not allowed")
 
     async def get_user_groups(self, auth_state: dict):
