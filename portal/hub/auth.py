@@ -17,7 +17,6 @@ import pwd
 import re
 import threading
 import time
-from functools import partial
 
 from ldap3.core.exceptions import (
     LDAPCommunicationError,
@@ -279,20 +278,23 @@ class PortalAuthenticator(LDAPAuthenticator):
             metrics.LOGINS.labels("ldap_unavailable").inc()
             raise LoginServiceUnavailable() from None
         if answer:
-            name = self.normalize_username(answer["name"] if isinstance(answer, dict) else answer)
-            refusal = await asyncio.get_running_loop().run_in_executor(
-                self._pool, partial(account_refusal, name, self.people_uids, must_exist=False))
+            answer = answer if isinstance(answer, dict) else {"name": answer}
+            name = self.normalize_username(answer["name"])
+            refusal, mine = await asyncio.get_running_loop().run_in_executor(self._pool, self._account, name)
             if refusal:
                 self.log.warning("Login of %r refused: %s", name, refusal)
                 answer = None
+            elif self.manage_groups:
+                # JupyterHub sets her groups to this list (it must be there): the sharing groups she is in now.
+                answer["groups"] = sorted(mine & set(self.sharing_groups))
         metrics.LOGINS.labels("ok" if answer else "refused").inc()
-        if answer and self.manage_groups:
-            # JupyterHub sets her groups to this list (it must be there): the sharing groups she is in now.
-            answer = answer if isinstance(answer, dict) else {"name": answer}
-            name = self.normalize_username(answer["name"])
-            mine = await asyncio.get_running_loop().run_in_executor(self._pool, unix_groups, name)
-            answer["groups"] = sorted(mine & set(self.sharing_groups))
         return answer
+
+    def _account(self, name: str) -> tuple[str | None, set[str]]:
+        """Why her account may not log in (account_refusal), else her Unix groups where the hub keeps them: one trip
+        to a worker thread for both (NSS may be slow: sssd, LDAP)."""
+        refusal = account_refusal(name, self.people_uids, must_exist=False)
+        return refusal, (unix_groups(name) if self.manage_groups and not refusal else set())
 
 
 def configure_ldap(c, settings) -> None:
