@@ -597,6 +597,8 @@ def run_checks(config_path=None, production: bool = False) -> tuple[bool, str]:
     results += check_confinement(settings)
     results += check_gpu_shares(settings)
     results.append(check_hub_account(settings))
-    results += [result for result in (check_people_uids(settings),) if result]
+    people = check_people_uids(settings)
+    if people:
+        results.append(people)
     ok = all(r.ok for r in results)
     return ok, "\n".join(r.line() for r in results)
