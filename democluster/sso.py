@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 from democluster.base import alive, directory, paths, say, secret_file, stop_pid, wait_for
+from democluster.hub import private_log
 from portal.core import settings as settings_module
 
 PORT = 556
@@ -65,10 +66,10 @@ def ensure_sso(config_path: Path) -> None:
     if alive(pidfile()) and not changed:
         return
     stop_sso()
-    log = open(os.open(paths().log / "oidc-provider.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-    process = subprocess.Popen(["node", str(PROGRAM), str(target)], stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                               env={**os.environ, "DSPORTAL_OIDC_MODULES": str(MODULES)})
+    with private_log(paths().log / "oidc-provider.log") as log:  # it names who signed in
+        process = subprocess.Popen(["node", str(PROGRAM), str(target)], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                   env={**os.environ, "DSPORTAL_OIDC_MODULES": str(MODULES)})
     pidfile().write_text(str(process.pid))
     wait_for(lambda: socket.create_connection(("127.0.0.1", PORT), timeout=1).close() or True, "the OpenID provider")
     say(f"single sign-on (OpenID Connect) for trying oidc: {ISSUER}")
