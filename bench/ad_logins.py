@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from democluster import samba_ad  # noqa: E402 - after the checkout is on the path
 from democluster.base import release_config  # noqa: E402
+from hubprocess import HubResources  # noqa: E402 - bench/, this script's own folder
 
 RESULTS = REPO / "bench" / "results"
 PASSWORD = "Class-Pass-1234"
@@ -115,12 +116,6 @@ def start_hub(kind: str, folder: Path, dc, port: int) -> subprocess.Popen:
     raise SystemExit(f"the {kind} hub did not answer within 90 s: {folder / 'hub.log'}")
 
 
-def cpu_seconds(pid: int) -> float:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def class_logs_in(base: str, students: list[str], hub_pid: int) -> dict:
     """Every student loads the login page, then all post at once: each login's seconds, failures, the hub's CPU."""
     ready = threading.Barrier(len(students) + 1)
@@ -153,8 +148,8 @@ def class_logs_in(base: str, students: list[str], hub_pid: int) -> dict:
     threads = [threading.Thread(target=student, args=(name,)) for name in students]
     for thread in threads:
         thread.start()
+    resources = HubResources(hub_pid)  # the hub's own CPU seconds (bench/hubprocess.py), counted from here
     ready.wait()
-    cpu = cpu_seconds(hub_pid)
     started = time.monotonic()
     for thread in threads:
         thread.join()
@@ -163,7 +158,7 @@ def class_logs_in(base: str, students: list[str], hub_pid: int) -> dict:
     return {"students": len(students), "failed": len(failures), "failures": dict(list(failures.items())[:5]),
             "p50": statistics.median(ordered) if ordered else None,
             "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
-            "max": ordered[-1] if ordered else None, "all_in": took, "hub_cpu": cpu_seconds(hub_pid) - cpu}
+            "max": ordered[-1] if ordered else None, "all_in": took, "hub_cpu": resources.stop()["hub_cpu"]}
 
 
 def describe(result: dict) -> str:
