@@ -310,7 +310,9 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         panel.locator(".dsportal-Jobs-message.dsportal-Jobs-ok", has_text="6 runs (a Slurm array, at most 2 at once)") \
             .wait_for(timeout=30_000)
         array = job_id_of(panel.locator(".dsportal-Jobs-message").inner_text())
-        row = panel.locator(f"tr[data-job-id='{array}']")
+        # This job's row: its id may be an older job's too (ids restart with a fresh Slurm state, as on each
+        # release of compatibility.sh), whose row the list showed before the submission.
+        row = panel.locator(f"tr[data-job-id='{array}']", has_text="6 runs")
         row.locator(".dsportal-state-COMPLETED").wait_for(timeout=300_000)
         assert row.locator("td").nth(4).inner_text() == "6 runs"
         row.locator(".dsportal-Jobs-results").click()
@@ -334,9 +336,9 @@ def test_a_template_notebook_runs_as_a_job_and_a_grid_as_an_array_from_the_file_
         message.wait_for(timeout=30_000)
         failed = job_id_of(message.inner_text())
         log.get_by_text("[batch] dsportal: cell 3 (z = y / 0): ZeroDivisionError: division by zero").wait_for(timeout=180_000)
-        panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").wait_for(timeout=60_000)
-        assert "cell 3 (z = y / 0): ZeroDivisionError" in \
-            panel.locator(f"tr[data-job-id='{failed}'] .dsportal-state-FAILED").get_attribute("title")
+        failed_row = panel.locator(f"tr[data-job-id='{failed}']", has_text="nb-failing")
+        failed_row.locator(".dsportal-state-FAILED").wait_for(timeout=60_000)
+        assert "cell 3 (z = y / 0): ZeroDivisionError" in failed_row.locator(".dsportal-state-FAILED").get_attribute("title")
 
         # On a schedule, through Slurm's cron (every minute is allowed on the demo): a row in My schedules with
         # its next run; its first run is a job of its own in My jobs, named after the schedule; deleted, the run stays.

@@ -304,11 +304,15 @@ export class JobsPanel extends Widget {
 
   async refresh(): Promise<void> {
     let jobs: Job[];
+    const submissions = this._submissions;
     try {
       jobs = (await api<{ jobs: Job[] }>('GET', 'jobs')).jobs;
     } catch (error) {
       this._say((error as Error).message, 'error');
       return;
+    }
+    if (submissions !== this._submissions) {
+      return;  // asked for before a job was submitted: it may show an older job of the same id (refresh follows)
     }
     const before = this._jobs;
     this._jobs = new Map(jobs.map(job => [job.job_id, job]));
@@ -595,6 +599,14 @@ export class JobsPanel extends Widget {
     try {
       const { job } = await api<{ job: Job }>('POST', 'jobs', request);
       this._say(`Submitted job ${job.job_id}: ${job.description}`, 'ok');
+      // Job ids come round again (a cluster whose Slurm state was reset, a wrap-around): a row of an older
+      // job of hers with this id is not this job, and goes before the list is asked for again.
+      this._submissions++;
+      for (const row of Array.from(this._rows.rows)) {
+        if (row.dataset.jobId === String(job.job_id)) {
+          row.remove();
+        }
+      }
       this._jobs.set(job.job_id, job);
       this.follow(job.job_id);
       await this.refresh();
@@ -715,6 +727,7 @@ export class JobsPanel extends Widget {
   private _log = element('div', { class: 'dsportal-Jobs-log' });
   private _policy: Policy | null = null;
   private _jobs = new Map<number, Job>();
+  private _submissions = 0;  // jobs submitted from this panel: a list asked for before the last one is not shown
   private _following: number | null = null;
   private _socket: WebSocket | null = null;
   private _timer = 0;
