@@ -24,7 +24,7 @@ import requests
 import democluster as demo
 from conftest import HUB, PASSWORDS, login, wait_no_jobs
 from democluster import network
-from hubclient import HubUser, active_jobs, slice_memory_limit
+from hubclient import SLURM_BIN, SLURM_ENV, HubUser, active_jobs, slice_memory_limit
 from portal.admin import firewall
 
 SECRET = "alice-secret-4711"
@@ -164,11 +164,33 @@ print(json.dumps({"node": node, "job_gpus": sorted(int(g) for g in os.environ["S
 """
 
 
-def test_slices_on_one_node_hold_only_their_own_gpus_memory_tmp_and_processes(two_sessions):
+@pytest.fixture
+def two_sessions_on_one_node(alice, bob):
+    """alice's and bob's sessions on the same node. Slurm 24.11 places two such jobs on two idle nodes, one each
+    (22.05 packed them): the partition's other nodes take no new jobs while bob's starts (drained, resumed
+    right after)."""
+    alice.spawn({"profile": "gpu", "gpus": 1})
+    hers = active_jobs("alice")[0]["nodes"]
+    listed = subprocess.run([f"{SLURM_BIN}/sinfo", "-h", "-N", "-p", "gpu", "-o", "%N"], env=SLURM_ENV,
+                            capture_output=True, text=True, check=True).stdout.split()
+    others = sorted(set(listed) - {hers})
+    scontrol = [f"{SLURM_BIN}/scontrol", "update", f"nodename={','.join(others)}"]
+    if others:
+        subprocess.run([*scontrol, "state=drain", "reason=dsportal test: two slices on one node"], env=SLURM_ENV,
+                       check=True)
+    try:
+        bob.spawn({"profile": "gpu", "gpus": 1})
+    finally:
+        if others:
+            subprocess.run([*scontrol, "state=resume"], env=SLURM_ENV, check=True)
+    return alice, bob, {u: active_jobs(u)[0]["nodes"] for u in ("alice", "bob")}
+
+
+def test_slices_on_one_node_hold_only_their_own_gpus_memory_tmp_and_processes(two_sessions_on_one_node):
     """Unsetting CUDA_VISIBLE_DEVICES does not reach a neighbour's GPU: the job's device cgroup
     refuses it (EPERM). Memory is the slice's own, enforced by the kernel (cgroup.conf). /tmp and
     /dev/shm are the job's own (job_container/tmpfs), and /proc shows only one's own processes."""
-    alice, bob, nodes = two_sessions
+    alice, bob, nodes = two_sessions_on_one_node
     assert nodes["alice"] == nodes["bob"], nodes
     seen = {user.name: json.loads(user.run_code(CONFINEMENT)) for user in (alice, bob)}
     seen["alice"] = json.loads(alice.run_code(CONFINEMENT))  # again, after bob left his files
