@@ -8,7 +8,8 @@ At each point (100, 300, 1,000, 2,000 people by default), once all have logged i
   late and the point measures the generator as much as the hub (said in the point's line);
 - py-spy of the hub through the window (raw stacks, ``rate`` a second), summarized by owner (bench/owners.py).
 
-The knee of a hub is its first point whose p99 passes 1 s. spawn_bench.py runs this (``--curve``) and draws the
+The knee of a hub is its first point whose p99 passes 1 s, or where more than 1 % of the clicks were shed (429)
+or failed. spawn_bench.py runs this (``--curve``) and draws the
 curve (bench/plot_curve.py) into bench/results.
 """
 
@@ -23,6 +24,7 @@ from hubprocess import TICK, HubResources, _stat
 from owners import owners
 
 KNEE = 1.0  # seconds: a click's p99 past this is a hub too slow to use
+SHED_AT_KNEE = 0.01  # of the clicks shed (429) or failed: past this, a hub that answers fast serves too few
 SETTLE = 15  # seconds after the last login before the window: everyone in the clicking rhythm
 
 
@@ -86,9 +88,15 @@ def describe(p: dict) -> str:
             f"core{saturated}" + (f"; hub profile: {owners_text}" if owners_text else ""))
 
 
+def past_knee(p: dict) -> bool:
+    """The clicks' p99 past KNEE, or more than 1 % of them shed (429: a person not served is no faster click),
+    or failed."""
+    return not p["p99"] <= KNEE or p["shed"] + p["failures"] > SHED_AT_KNEE * max(p["requests"], 1)
+
+
 def knee(points: list[dict]) -> int | None:
-    """The first point's people whose clicks' p99 passed KNEE; None where none did."""
-    return next((p["people"] for p in points if not p["p99"] <= KNEE), None)
+    """The first point's people past the knee (past_knee); None where none was."""
+    return next((p["people"] for p in points if past_knee(p)), None)
 
 
 def knee_text(points: list[dict]) -> str:
