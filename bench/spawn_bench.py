@@ -653,7 +653,7 @@ def main(argv=None) -> int:
     members = course("dept")
     if args.curve and len(members) < max(args.curve):
         raise SystemExit(f"the demo has {len(members)} department members, the curve asks for {max(args.curve)}: "
-                         "config/demo/users.yaml declares them (make demo makes them)")
+                         "make bench makes its demo with users.yaml's bench_students (DSPORTAL_DEMO_BENCH=1)")
     try:
         if args.ad_logins:
             print(f"== AD logins: {args.ad_logins} students at once, each hub in turn", flush=True)

@@ -13,7 +13,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from democluster.base import DemoError, alive, demo_file, directory, paths, render, run, say, stop_pid, wait_for
+from democluster.base import BENCH, DemoError, alive, demo_file, directory, paths, render, run, say, stop_pid, wait_for
 
 
 def ssha(password: str) -> str:
@@ -23,8 +23,8 @@ def ssha(password: str) -> str:
 
 def ensure_accounts() -> None:
     """Unix accounts matching the LDAP entries: jobs must run as the user who logged in. Made in batches
-    (newusers, chpasswd, gpasswd: one process each, not three per account), as a fresh demo makes
-    thousands (the department of make bench's curve)."""
+    (newusers, chpasswd, gpasswd: one process each, not three per account): a fresh demo makes hundreds,
+    make bench's department thousands."""
     data = directory()
     missing = []
     for user in data["users"]:
@@ -100,7 +100,7 @@ def ensure_ldap() -> None:
     ldap = p.ldap
     config_dir, data_dir = ldap / "slapd.d", ldap / "data"
     # The directory is made from users.yaml once; a changed users.yaml (a course added) makes it anew.
-    wanted = hashlib.sha256(demo_file("users.yaml").read_bytes()).hexdigest()[:16]
+    wanted = hashlib.sha256(demo_file("users.yaml").read_bytes() + os.environ.get(BENCH, "").encode()).hexdigest()[:16]
     stamp = ldap / "users.yaml.sha256"
     made = (config_dir / "cn=config.ldif").exists() and stamp.exists() and stamp.read_text() == wanted
     if not made and alive(p.run / "slapd.pid"):
