@@ -25,6 +25,7 @@ from owners import owners
 
 KNEE = 1.0  # seconds: a click's p99 past this is a hub too slow to use
 SHED_AT_KNEE = 0.01  # of the clicks shed (429) or failed: past this, a hub that answers fast serves too few
+PY_SPY = BENCH_ENV / "bin" / "py-spy"
 SETTLE = 15  # seconds after the last login before the window: everyone in the clicking rhythm
 
 
@@ -43,8 +44,8 @@ def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: floa
     try:
         logged_in = load.wait_logged_in(timeout=60 + len(accounts) / 10)
         time.sleep(SETTLE)
-        if profile_to:
-            profiler = subprocess.Popen([str(BENCH_ENV / "bin" / "py-spy"), "record", "--pid", str(hub_pid), "--rate",
+        if profile_to:  # --nonblocking: the hub is not paused at each sample of the window it is timed in
+            profiler = subprocess.Popen([str(PY_SPY), "record", "--nonblocking", "--pid", str(hub_pid), "--rate",
                                          str(rate), "--format", "raw", "--output", str(profile_to), "--duration",
                                          str(int(window))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         resources = HubResources(hub_pid)
@@ -62,11 +63,11 @@ def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: floa
             except subprocess.TimeoutExpired:
                 profiler.kill()
     clicks = load.window(start, end)
-    answered = max(clicks["requests"] - clicks["shed"], 1)
-    result = {"people": len(accounts), "logged_in": logged_in, **clicks, **used, "seconds": end - start,
+    answered = clicks["requests"] - clicks["shed"]
+    result = {**clicks, **used, "people": len(accounts), "logged_in": logged_in, "seconds": end - start,
               "generator_cpu": generator, "generator_share": generator / (end - start),
-              "hub_side_ms_per_request": 1000 * used["hub_side_cpu"] / answered,
-              "proxy_ms_per_request": 1000 * used["proxy_cpu"] / answered}
+              "hub_side_ms_per_request": 1000 * used["hub_side_cpu"] / answered if answered else float("nan"),
+              "proxy_ms_per_request": 1000 * used["proxy_cpu"] / answered if answered else float("nan")}
     if profile_to and profile_to.exists():
         lines = profile_to.read_text(encoding="utf-8", errors="replace").splitlines()
         counts, total = owners(lines)
@@ -105,9 +106,12 @@ def knee_text(points: list[dict]) -> str:
 
 
 def run(make_hub, kinds: list[str], sizes: list[int], accounts: list[tuple[str, str]], window: float,
-        profiles: Path | None) -> dict:
-    """Each kind's hub (``make_hub(kind)``, closed after) through every point of ``sizes``."""
-    results: dict[str, list[dict]] = {}
+        profiles: Path | None, results: dict[str, list[dict]]) -> dict:
+    """Each kind's hub (``make_hub(kind)``, closed after) through every point of ``sizes`` (smallest first), each
+    point added to ``results`` (by kind) as it is measured: a run cut short keeps what it measured."""
+    if profiles and not PY_SPY.exists():
+        raise SystemExit(f"{PY_SPY} is missing: make bench installs it (scripts/install-bench.sh)")
+    sizes = sorted(sizes)
     for kind in kinds:
         hub = make_hub(kind)
         results[kind] = []

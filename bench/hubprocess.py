@@ -69,10 +69,11 @@ class HubResources:
 
     @staticmethod
     def _cpu_of(pids: list[int]) -> float:
+        """Their own CPU seconds and their waited-for children's."""
         found = 0.0
         for pid in pids:
             try:
-                found += sum(int(f) for f in _stat(pid)[11:13]) / TICK
+                found += sum(int(f) for f in _stat(pid)[11:15]) / TICK
             except OSError:
                 pass
         return found

@@ -37,10 +37,16 @@ Measured, per hub:
   ended       a ready session's job is cancelled outside the portal (scancel, as for a node
               failure or the walltime): time until the hub shows the server stopped (median)
 
-Usage (as root, with `make demo` up; `make bench` does both):
+  curve       no class: 100, 300, 1,000 and 2,000 people clicking through each hub in turn (bench/curve.py):
+              the clicks' p50 and p99, the hub's CPU per request, py-spy of the hub at each point; the knee
+              (p99 past 1 s, or more than 1 % shed); drawn as bench/results/curve-DATE.png
+
+Usage (as root, with `make demo` up; `make bench` does both, its demo with a department of 2,000:
+DSPORTAL_DEMO_BENCH=1):
   python bench/spawn_bench.py [--rounds 5] [--users alice,bob,carol,dave] [--start-timeout 90]
-                              [--students 100] [--load-users 300] [--queued 5000] [--only-department]
-                              [--sequence browser,polling,again,...] [--database mariadb|sqlite]
+                              [--students 100] [--load-users 300] [--crowd 1000] [--queued 5000]
+                              [--only-department] [--sequence browser,polling,again,...] [--database mariadb|sqlite]
+                              [--curve 100,300,1000,2000] [--curve-window 60] [--only-curve]
 
 The last line is the one-line summary.
 """
@@ -651,6 +657,11 @@ def main(argv=None) -> int:
     if args.only_curve:
         args.ad_logins, args.only_department, args.sequence = 0, True, []
     members = course("dept")
+    crowd = args.crowd if args.students and "crowd" in args.sequence else 0
+    if len(members) < max(crowd, args.load_users):
+        raise SystemExit(f"the demo has {len(members)} department members, the department's steps ask for "
+                         f"{max(crowd, args.load_users)}: make bench makes its demo with users.yaml's bench_students "
+                         "(DSPORTAL_DEMO_BENCH=1)")
     if args.curve and len(members) < max(args.curve):
         raise SystemExit(f"the demo has {len(members)} department members, the curve asks for {max(args.curve)}: "
                          "make bench makes its demo with users.yaml's bench_students (DSPORTAL_DEMO_BENCH=1)")
@@ -685,23 +696,28 @@ def main(argv=None) -> int:
             results["department"] = sequence(args, workdir)
         if args.curve:
             print(f"== the clicks' curve: {', '.join(map(str, args.curve))} people, each hub in turn", flush=True)
-            results["curve"] = curve.run(
-                lambda kind: Hub(kind, 8 + args.kinds.index(kind), workdir, args.class_timeout, for_class=True,
-                                 label="-curve", database=args.database),
-                args.kinds, args.curve, [(m, PASSWORDS[m]) for m in members], args.curve_window, workdir)
+            results["curve"] = {}
+            curve.run(lambda kind: Hub(kind, 8 + args.kinds.index(kind), workdir, args.class_timeout, for_class=True,
+                                       label="-curve", database=args.database),
+                      args.kinds, args.curve, [(m, PASSWORDS[m]) for m in members], args.curve_window, workdir,
+                      results["curve"])
     finally:
         leftover_jobs(args.users + course("class101") + course("dept"))  # nothing of the bench stays on the cluster
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
-    (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    # The dated, machine-readable copy that stays with the code (bench/results/README.md sums them up).
-    dated = RESULTS / f"spawn-bench-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json"
-    dated.write_text(json.dumps({"argv": sys.argv[1:], "commit": _commit(), "date": dated.stem[len("spawn-bench-"):],
-                                 "results": results}, indent=1))
-    print(f"(hub logs and results.json in {workdir}; a copy in {dated})")
-    if "curve" in results:
+        # What was measured, kept even when a later part failed.
+        (workdir / "results.json").write_text(json.dumps(results, indent=1))
+        # The dated, machine-readable copy that stays with the code (bench/results/README.md sums them up).
+        dated = RESULTS / f"spawn-bench-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json"
+        dated.write_text(json.dumps({"argv": sys.argv[1:], "commit": _commit(), "date": dated.stem[len("spawn-bench-"):],
+                                     "results": results}, indent=1))
+        print(f"(hub logs and results.json in {workdir}; a copy in {dated})", flush=True)
+    if results.get("curve"):
         png = dated.with_name(dated.stem.replace("spawn-bench", "curve") + ".png")
-        curve.plot(dated, png)
-        print(f"(the curve drawn in {png})")
+        try:
+            curve.plot(dated, png)
+            print(f"(the curve drawn in {png})")
+        except (OSError, subprocess.CalledProcessError) as error:
+            print(f"(the curve not drawn: {error}; bench/plot_curve.py {dated} {png} draws it)")
     both = set(args.kinds) == set(KINDS)
     in_department = ""
     if "department" in results:

@@ -164,7 +164,6 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
 
 
 @pytest.mark.quick
-@pytest.mark.quick
 def test_a_pages_session_lists_are_computed_only_when_a_template_reads_them():
     """JupyterHub calls each template variable's function for every page it renders (the token page, the
     spawn form): her sessions, why ended ones ended, and those shared with her are computed the first time
@@ -184,6 +183,7 @@ def test_a_pages_session_lists_are_computed_only_when_a_template_reads_them():
     assert calls == ["alice"]
 
 
+@pytest.mark.quick
 def test_a_session_not_started_shareable_is_not_listed_as_shared_with_anyone():
     """A share of a session that would refuse its guest (made before it was started again without the box
     ticked) is not on the guest's home page."""
