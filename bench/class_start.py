@@ -274,8 +274,11 @@ def describe(result: dict) -> str:
     top = ", ".join(f"{k.removeprefix('REQUEST_')} {v}" for k, v in
                     sorted(result["rpcs"].items(), key=lambda item: -item[1])[:5])
     running = result.get("job_queries_per_min_running")
-    resources = (f"; hub CPU {result['hub_cpu']:.1f} s + {result['hub_commands_cpu']:.1f} s in its commands, "
-                 f"peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
+    resources = (f"; hub CPU {result['hub_cpu']:.1f} s + {result['hub_commands_cpu']:.1f} s in its commands"
+                 + (f" + {result['service_cpu']:.1f} s in its service" if "service_cpu" in result else "")
+                 + (f" = {result['hub_side_cpu'] / result['students']:.3f} CPU-s per student"
+                    if "hub_side_cpu" in result and "load" not in result else "")
+                 + f", peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
                  if "hub_cpu" in result else "")
     machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "
                f"{result['machine_seconds']:.0f} CPU-s "

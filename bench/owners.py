@@ -39,8 +39,9 @@ def owner(frame_file: str) -> str | None:
     return None if top in sys.stdlib_module_names else top
 
 
-def owners(lines) -> tuple[Counter, int]:
-    """(samples by owner, samples in all) of py-spy raw lines ("frame;frame;... COUNT")."""
+def owners(lines, by_function: bool = False) -> tuple[Counter, int]:
+    """(samples by owner, samples in all) of py-spy raw lines ("frame;frame;... COUNT"); ``by_function``: by
+    the owner's function instead ("sqlalchemy: execute (sqlalchemy/engine/base.py)")."""
     counts: Counter = Counter()
     total = 0
     for line in lines:
@@ -54,7 +55,8 @@ def owners(lines) -> tuple[Counter, int]:
         for frame in reversed(frames):
             match = FRAME.search(frame)
             if match and (name := owner(match.group(1))):
-                found = name
+                found = f"{name}: {frame[:match.start()].strip()} ({match.group(1).split('site-packages/')[-1]})" \
+                    if by_function else name
                 break
         counts[found] += int(count)
         total += int(count)

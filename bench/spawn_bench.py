@@ -37,10 +37,16 @@ Measured, per hub:
   ended       a ready session's job is cancelled outside the portal (scancel, as for a node
               failure or the walltime): time until the hub shows the server stopped (median)
 
-Usage (as root, with `make demo` up; `make bench` does both):
+  curve       no class: 100, 300, 1,000 and 2,000 people clicking through each hub in turn (bench/curve.py):
+              the clicks' p50 and p99, the hub's CPU per request, py-spy of the hub at each point; the knee
+              (p99 past 1 s, or more than 1 % shed); drawn as bench/results/curve-DATE.png
+
+Usage (as root, with `make demo` up; `make bench` does both, its demo with a department of 2,000:
+DSPORTAL_DEMO_BENCH=1):
   python bench/spawn_bench.py [--rounds 5] [--users alice,bob,carol,dave] [--start-timeout 90]
-                              [--students 100] [--load-users 300] [--queued 5000] [--only-department]
-                              [--sequence browser,polling,again,...] [--database mariadb|sqlite]
+                              [--students 100] [--load-users 300] [--crowd 1000] [--queued 5000]
+                              [--only-department] [--sequence browser,polling,again,...] [--database mariadb|sqlite]
+                              [--curve 100,300,1000,2000] [--curve-window 60] [--only-curve]
 
 The last line is the one-line summary.
 """
@@ -69,6 +75,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 import ad_logins  # noqa: E402
+import curve  # noqa: E402
 from class_start import class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from democluster.base import (  # noqa: E402
@@ -444,6 +451,7 @@ STEPS = {
     "again": "right after, a class waiting on the progress stream again",
     "clicking": "a class with --load-users people clicking through the hub",
     "queued": "a class with --load-users people clicking and --queued other jobs held in the queue",
+    "crowd": "a class with --crowd people clicking and --queued other jobs held in the queue",
     "restart": "a class right after the hub was killed (kill -9) and started again",
     "slurmctld": "a class right after slurmctld was stopped (SIGSTOP) for 40 s while 5 of its students started",
 }
@@ -477,8 +485,8 @@ def sequence(args, workdir: Path) -> list[dict]:
     """Each kind's hub takes --sequence's steps in order (STEPS), on one hub: stock batchspawner's
     in the same run, after dsportal's, under the same load."""
     students = course("class101")[:args.students]
-    members = course("dept")[:args.load_users]
-    if len(students) < args.students or len(members) < args.load_users:
+    members = course("dept")[:max(args.load_users, args.crowd if "crowd" in args.sequence else 0)]
+    if len(students) < args.students or len(members) < max(args.load_users, args.crowd if "crowd" in args.sequence else 0):
         raise SystemExit(f"the demo has {len(students)} students and {len(members)} other members: "
                          "config/demo/users.yaml declares them (make demo makes them)")
     starters = students[:5]  # stopped again before the class starts
@@ -496,12 +504,13 @@ def sequence(args, workdir: Path) -> list[dict]:
                 if step == "slurmctld":
                     told = pause_slurmctld(hub, 40, starters)
                     print(f"  while slurmctld was stopped, a start was answered: {told}", flush=True)
-                with queued_jobs(args.queued, members) if step == "queued" else nullcontext(0) as held:
+                clickers = members[:args.crowd if step == "crowd" else args.load_users]
+                with queued_jobs(args.queued, clickers) if step in ("queued", "crowd") else nullcontext(0) as held:
                     try:
-                        if step in ("clicking", "queued"):
-                            load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in members])
-                            print(f"  {load.wait_logged_in()} of {len(members)} people logged in and clicking",
-                                  flush=True)
+                        if step in ("clicking", "queued", "crowd"):
+                            load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in clickers])
+                            print(f"  {load.wait_logged_in(timeout=60 + len(clickers) / 10)} of {len(clickers)} "
+                                  "people logged in and clicking", flush=True)
                         result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
                                              hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
                                              poll_every=0.5 if step == "polling" else 0.0,
@@ -520,7 +529,7 @@ def sequence(args, workdir: Path) -> list[dict]:
                 run[kind] = result
                 print(f"  class start      {describe(result)}", flush=True)
                 if load:
-                    print(f"  {len(members)} clicking     {clicks(result['load'])}", flush=True)
+                    print(f"  {len(clickers)} clicking     {clicks(result['load'])}", flush=True)
         finally:
             if profiler:
                 profiler.send_signal(signal.SIGINT)
@@ -536,6 +545,10 @@ def sequence_summary(steps: list[dict]) -> str:
         text = (f"{run['step']}: last ready {ours['last_ready']:.1f} vs {stock['last_ready']:.1f} s, lost {ours['lost']} "
                 f"vs {stock['lost']}, bystander p99 {ours['api_p99']:.2f} vs {stock['api_p99']:.2f} s "
                 f"({ours['api_shed']} vs {stock['api_shed']} shed), hub CPU {ours['hub_cpu']:.0f} vs {stock['hub_cpu']:.0f} s")
+        if "hub_side_cpu" in ours and "hub_side_cpu" in stock and "load" not in ours:  # a class alone: per student
+            text += (f", hub-side CPU per student {ours['hub_side_cpu'] / ours['students']:.3f} vs "
+                     f"{stock['hub_side_cpu'] / stock['students']:.3f} "
+                     f"({ours['hub_side_cpu'] / max(stock['hub_side_cpu'], 1e-9):.2f}x)")
         if "load" in ours:
             text += (f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s "
                      f"({ours['load'].get('shed', 0)} vs {stock['load'].get('shed', 0)} shed)")
@@ -592,7 +605,15 @@ def main(argv=None) -> int:
                         "the department runs)")
     parser.add_argument("--load-users", type=int, default=300, help="people clicking through the hub while the "
                         "class starts (steps clicking and queued)")
-    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue (step queued)")
+    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue (steps queued "
+                        "and crowd)")
+    parser.add_argument("--crowd", type=int, default=1000, help="people clicking through the hub while the class starts "
+                        "(step crowd)")
+    parser.add_argument("--curve", type=lambda s: [int(n) for n in s.split(",") if n], default=[100, 300, 1000, 2000],
+                        help="the clicks' curve: this many people clicking through each hub in turn, no class "
+                        "(bench/curve.py; empty: skip)")
+    parser.add_argument("--curve-window", type=float, default=60, help="seconds measured at each point of the curve")
+    parser.add_argument("--only-curve", action="store_true", help="the clicks' curve alone")
     parser.add_argument("--class-timeout", type=int, default=300, help="both class hubs' start_timeout, and how long "
                         "a student waits for her session before it counts as lost (seconds)")
     parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
@@ -633,6 +654,17 @@ def main(argv=None) -> int:
     unknown = set(args.sequence) - set(STEPS)
     if unknown:
         raise SystemExit(f"--sequence takes {', '.join(STEPS)}, not {', '.join(sorted(unknown))}")
+    if args.only_curve:
+        args.ad_logins, args.only_department, args.sequence = 0, True, []
+    members = course("dept")
+    crowd = args.crowd if args.students and "crowd" in args.sequence else 0
+    if len(members) < max(crowd, args.load_users):
+        raise SystemExit(f"the demo has {len(members)} department members, the department's steps ask for "
+                         f"{max(crowd, args.load_users)}: make bench makes its demo with users.yaml's bench_students "
+                         "(DSPORTAL_DEMO_BENCH=1)")
+    if args.curve and len(members) < max(args.curve):
+        raise SystemExit(f"the demo has {len(members)} department members, the curve asks for {max(args.curve)}: "
+                         "make bench makes its demo with users.yaml's bench_students (DSPORTAL_DEMO_BENCH=1)")
     try:
         if args.ad_logins:
             print(f"== AD logins: {args.ad_logins} students at once, each hub in turn", flush=True)
@@ -662,14 +694,30 @@ def main(argv=None) -> int:
                   flush=True)
         if args.students and args.sequence:
             results["department"] = sequence(args, workdir)
+        if args.curve:
+            print(f"== the clicks' curve: {', '.join(map(str, args.curve))} people, each hub in turn", flush=True)
+            results["curve"] = {}
+            curve.run(lambda kind: Hub(kind, 8 + args.kinds.index(kind), workdir, args.class_timeout, for_class=True,
+                                       label="-curve", database=args.database),
+                      args.kinds, args.curve, [(m, PASSWORDS[m]) for m in members], args.curve_window, workdir,
+                      results["curve"])
     finally:
         leftover_jobs(args.users + course("class101") + course("dept"))  # nothing of the bench stays on the cluster
         subprocess.run(["scancel", "--name=bench-hold"], capture_output=True)
-    (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    # The dated, machine-readable copy that stays with the code (bench/results/README.md sums them up).
-    dated = RESULTS / f"spawn-bench-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json"
-    dated.write_text(json.dumps({"argv": sys.argv[1:], "commit": _commit(), "results": results}, indent=1))
-    print(f"(hub logs and results.json in {workdir}; a copy in {dated})")
+        # What was measured, kept even when a later part failed.
+        (workdir / "results.json").write_text(json.dumps(results, indent=1))
+        # The dated, machine-readable copy that stays with the code (bench/results/README.md sums them up).
+        dated = RESULTS / f"spawn-bench-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}.json"
+        dated.write_text(json.dumps({"argv": sys.argv[1:], "commit": _commit(), "date": dated.stem[len("spawn-bench-"):],
+                                     "results": results}, indent=1))
+        print(f"(hub logs and results.json in {workdir}; a copy in {dated})", flush=True)
+    if results.get("curve"):
+        png = dated.with_name(dated.stem.replace("spawn-bench", "curve") + ".png")
+        try:
+            curve.plot(dated, png)
+            print(f"(the curve drawn in {png})")
+        except (OSError, subprocess.CalledProcessError) as error:
+            print(f"(the curve not drawn: {error}; bench/plot_curve.py {dated} {png} draws it)")
     both = set(args.kinds) == set(KINDS)
     in_department = ""
     if "department" in results:
@@ -679,6 +727,8 @@ def main(argv=None) -> int:
                                         for kind in args.kinds))  # one kind: its figures alone, not a summary
     if "ad_logins" in results:
         in_department += (" | " if in_department else "") + ad_logins.summary(results["ad_logins"], args.ad_logins)
+    if "curve" in results:
+        in_department += (" | " if in_department else "") + curve.summary(results["curve"])
     if args.only_department:
         print(f"bench: {in_department}")
         return 0

@@ -107,11 +107,16 @@ def release_config(config: Path) -> Path:
     return target
 
 
+BENCH = "DSPORTAL_DEMO_BENCH"  # "1": each course as many as its bench_students (make bench's department)
+
+
 def directory() -> dict:
-    """users.yaml, with each course's students added as users, group members and a Slurm account."""
+    """users.yaml, with each course's students added as users, group members and a Slurm account (with
+    DSPORTAL_DEMO_BENCH=1, a course's bench_students where it gives them)."""
     data = yaml.safe_load(demo_file("users.yaml").read_text())
     for course in data.get("courses", []):
-        students = [f"{course['prefix']}{n:02d}" for n in range(1, int(course["students"]) + 1)]
+        count = course.get("bench_students", course["students"]) if os.environ.get(BENCH) == "1" else course["students"]
+        students = [f"{course['prefix']}{n:02d}" for n in range(1, int(count) + 1)]
         data["users"] += [{"name": name, "uid": int(course["first_uid"]) + n, "full_name": f"Student {name}",
                            "password": f"{name}-demo", "role": f"student of {course['name']}", "student": True,
                            "course": course["name"]}

@@ -36,6 +36,7 @@ ENDINGS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "N
            "FAILED": "failed", "OUT_OF_MEMORY": "ran out of memory", "PREEMPTED": "was preempted",
            "COMPLETED": "ended", "BOOT_FAIL": "could not start its node", "DEADLINE": "reached its deadline"}
 TAKE_OVER_WAIT = 30.0  # seconds a start taking a kept job over waits for Slurm to list it (then: again later)
+PROGRESS_REPEAT = 10.0  # seconds: a start's unchanged progress is told again (its time waited) this often
 FINAL_WAIT = 5.0  # seconds to wait for Slurm accounting to record how a COMPLETING job ended
 # Seconds a stop waits for Slurm to take its cancel; a slurmctld down or hung gets it again in the background.
 STOP_WAITS_FOR_SLURM = 10.0
@@ -776,24 +777,34 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         return message + f"; seen at {when})."
 
     async def progress(self):
-        started = time.monotonic()
+        """What the start is at, for the pending page's stream: told when it changes, and again every
+        PROGRESS_REPEAT seconds with the time waited (not every second: each line is an event the hub
+        sends and the page's event log keeps)."""
+        started, told, told_at = time.monotonic(), None, 0.0
         while True:
-            job = self.job
-            waited = int(time.monotonic() - started)
-            if job is None:
-                yield {"message": f"Submitting your session to Slurm... ({waited} s)"}
-            elif job.pending:
-                place, queued = self.slurm.queue_place(job)
-                reason = f", place {place} of {queued} in its queue" if place else ""
-                reason += "" if job.reason in ("None", "") else f": waiting for {job.reason}"
-                estimate = ""
-                if job.start_time > time.time():
-                    start = datetime.fromtimestamp(job.start_time)
-                    minutes = max(1, int((job.start_time - time.time()) // 60))
-                    estimate = f"; Slurm estimates it starts at {start:%H:%M} (in about {minutes} min)"
-                queued_as = "was preempted for higher-priority work and waits to run again" if job.restarts else "queued"
-                yield {"message": f"Job {job.job_id} {queued_as} on partition {job.partition}{reason}{estimate} "
-                                  f"({waited} s)"}
-            elif job.running:
-                yield {"message": f"Job {job.job_id} running on {job.batch_host}; starting JupyterLab ({waited} s)"}
+            now = time.monotonic()
+            text = self._progress_text()
+            if text is not None and (text != told or now - told_at >= PROGRESS_REPEAT):
+                yield {"message": f"{text} ({int(now - started)} s)"}
+                told, told_at = text, now
             await asyncio.sleep(1)
+
+    def _progress_text(self) -> str | None:
+        """Where the start is (without the time waited), from the last squeue snapshot."""
+        job = self.job
+        if job is None:
+            return "Submitting your session to Slurm..."
+        if job.pending:
+            place, queued = self.slurm.queue_place(job)
+            reason = f", place {place} of {queued} in its queue" if place else ""
+            reason += "" if job.reason in ("None", "") else f": waiting for {job.reason}"
+            estimate = ""
+            if job.start_time > time.time():
+                start = datetime.fromtimestamp(job.start_time)
+                minutes = max(1, int((job.start_time - time.time()) // 60))
+                estimate = f"; Slurm estimates it starts at {start:%H:%M} (in about {minutes} min)"
+            queued_as = "was preempted for higher-priority work and waits to run again" if job.restarts else "queued"
+            return f"Job {job.job_id} {queued_as} on partition {job.partition}{reason}{estimate}"
+        if job.running:
+            return f"Job {job.job_id} running on {job.batch_host}; starting JupyterLab"
+        return None

@@ -164,6 +164,26 @@ def test_a_guest_gets_the_shared_session_only_and_is_out_at_once_when_it_is_take
 
 
 @pytest.mark.quick
+def test_a_pages_session_lists_are_computed_only_when_a_template_reads_them():
+    """JupyterHub calls each template variable's function for every page it renders (the token page, the
+    spawn form): her sessions, why ended ones ended, and those shared with her are computed the first time
+    a template reads them, once."""
+    from portal.hub.sessions import later
+
+    calls = []
+
+    def compute(user):
+        calls.append(user)
+        return {"train": "your session job 7 reached its time limit"}
+
+    value = later(compute)("alice")
+    assert calls == []  # a page that does not show them
+    assert value and value.get("train").startswith("your session") and dict(value.items())["train"]
+    assert value["train"] and len(value) == 1 and list(value) == ["train"]
+    assert calls == ["alice"]
+
+
+@pytest.mark.quick
 def test_a_session_not_started_shareable_is_not_listed_as_shared_with_anyone():
     """A share of a session that would refuse its guest (made before it was started again without the box
     ticked) is not on the guest's home page."""

@@ -135,8 +135,8 @@ def configure(c, settings=None) -> None:
     c.JupyterHub.allow_named_servers = hub.session_names_per_user > 0
     c.JupyterHub.named_server_limit_per_user = hub.session_names_per_user
     c.JupyterHub.shutdown_on_logout = False
-    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.ended, "relaunch": sessions.Relaunch,
-                                   "sessions": sessions.rows,
+    c.JupyterHub.template_vars = {"portal_name": "dsportal", "session_ended": sessions.later(sessions.ended),
+                                   "relaunch": sessions.Relaunch, "sessions": sessions.later(sessions.rows),
                                    "shared_with_me": ()}  # portal.yaml sharing: sharing.configure
     # The stock pages, plus session_ended and the sessions' rows.
     c.JupyterHub.template_paths = [str(templating.folder() / "hub")]

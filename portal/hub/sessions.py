@@ -93,6 +93,43 @@ def relaunch_choices(user) -> dict[str, dict]:
     return found
 
 
+class Later:
+    """``compute(user)`` (a list or a dict), computed the first time a template reads it: JupyterHub calls a
+    template variable's function for every page it renders, the token page and the spawn form's included,
+    and only the home page and a stopped session's page read these."""
+
+    def __init__(self, compute, user):
+        self._compute, self._user, self._value = compute, user, None
+
+    def _get(self):
+        if self._value is None:
+            self._value = self._compute(self._user)
+        return self._value
+
+    def __bool__(self):
+        return bool(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def get(self, key, default=None):
+        return self._get().get(key, default)
+
+    def items(self):
+        return self._get().items()
+
+
+def later(compute):
+    """A template variable's function: ``compute`` for the user, when a template first reads it."""
+    return lambda user: Later(compute, user)
+
+
 class Relaunch:
     """Template variable ``relaunch``: the logged-in user's (``owner``) ended sessions' last choices, by session
     name, for the notice's button that starts one again with them through the spawn form's own POST. Computed

@@ -20,7 +20,7 @@ dsportal's session code keeps its owner-only pages (jobs, TensorBoards, the shar
 
 from __future__ import annotations
 
-from portal.hub.sessions import shareable, shared_with
+from portal.hub.sessions import later, shareable, shared_with
 
 ROLE_PREFIX = "dsportal-share-in-"
 
@@ -92,22 +92,6 @@ def configure(c, settings) -> None:
     c.PartitionSpawner.sharing_groups = groups
     c.SlurmGPUSpawner.sharing_groups = groups
     # The home page's "Shared with you", read when a page shows it (home.html only), not at every page.
-    c.JupyterHub.template_vars = {**c.JupyterHub.template_vars, "shared_with_me": lambda user: _Lazy(user)}
+    c.JupyterHub.template_vars = {**c.JupyterHub.template_vars, "shared_with_me": later(shared_with)}
 
 
-class _Lazy:
-    """sessions.shared_with(user), computed the first time a template reads it."""
-
-    def __init__(self, user):
-        self._user, self._rows = user, None
-
-    def _get(self):
-        if self._rows is None:
-            self._rows = shared_with(self._user)
-        return self._rows
-
-    def __bool__(self):
-        return bool(self._get())
-
-    def __iter__(self):
-        return iter(self._get())
