@@ -570,7 +570,7 @@ def leftover_jobs(users: list[str], timeout: float = 60) -> None:
 def profile(hub: Hub, py_spy: str, name: str) -> subprocess.Popen:
     """py-spy sampling the hub (its Python threads, idle ones left out) into the hub's folder, collapsed
     stacks (flamegraph.pl or speedscope read them): the class start and whatever follows until stopped."""
-    return subprocess.Popen([py_spy, "record", "--pid", str(hub.process.pid), "--rate", "50", "--format", "raw",
+    return subprocess.Popen([py_spy, "record", "--nonblocking", "--pid", str(hub.process.pid), "--rate", "50", "--format", "raw",
                              "--output", str(hub.data / f"py-spy-{name}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
