@@ -187,7 +187,10 @@ def hub_config(kind: str, ports: tuple[int, int, int], data: Path, start_timeout
     path = data / "portal.yaml"
     data.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
-    if kind == "dsportal":
+    if kind.startswith("dsportal"):
+        if kind == PLAIN:  # what internal TLS costs the hub: the same hub without it
+            config["hub"]["internal_ssl"] = False
+            path.write_text(yaml.safe_dump(config))
         return [str(ENV / "dsportal"), "--config", str(path), "hub"]
     chp = config["hub"]["proxy_command"]
     stock_db = f"sqlite:///{data}/jupyterhub.sqlite"
@@ -426,6 +429,7 @@ def measure(kind: str, index: int, workdir: Path, args) -> dict:
 
 
 KINDS = ("dsportal", "batchspawner")
+PLAIN = "dsportal-plain"  # --kinds may add it: dsportal's hub with internal_ssl off (portal.yaml hub.internal_ssl)
 
 
 def course(name: str) -> list[str]:
@@ -465,7 +469,7 @@ def pause_slurmctld(hub: Hub, seconds: float, starters: list[str]) -> str:
     os.kill(pid, signal.SIGSTOP)
     told = ""
     try:
-        answers = [u.start_server(CLASS_SLICE if hub.kind == "dsportal" else {}) for u in users]
+        answers = [u.start_server(CLASS_SLICE if hub.kind.startswith("dsportal") else {}) for u in users]
         told = f"{answers[0].status_code} {answers[0].text[:200]}"
         time.sleep(seconds)
     finally:
@@ -511,7 +515,7 @@ def sequence(args, workdir: Path) -> list[dict]:
                             load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in clickers])
                             print(f"  {load.wait_logged_in(timeout=60 + len(clickers) / 10)} of {len(clickers)} "
                                   "people logged in and clicking", flush=True)
-                        result = class_start(hub.user, students, CLASS_SLICE if kind == "dsportal" else {},
+                        result = class_start(hub.user, students, CLASS_SLICE if kind.startswith("dsportal") else {},
                                              hub.user("dave"), args.class_timeout, hub_pid=hub.process.pid,
                                              poll_every=0.5 if step == "polling" else 0.0,
                                              steady=args.steady if run is steps[0] else 0)
@@ -552,6 +556,10 @@ def sequence_summary(steps: list[dict]) -> str:
         if "load" in ours:
             text += (f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s "
                      f"({ours['load'].get('shed', 0)} vs {stock['load'].get('shed', 0)} shed)")
+        plain = run.get(PLAIN)
+        if plain and "hub_side_cpu" in plain and "load" not in plain:
+            text += (f"; without internal TLS: last ready {plain['last_ready']:.1f} s, lost {plain['lost']}, hub-side CPU "
+                     f"per student {plain['hub_side_cpu'] / plain['students']:.3f}")
         parts.append(text)
     return " | ".join(parts)
 
@@ -619,7 +627,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
                         "slurmctld's job queries are counted (first run)")
     parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
-                        help="the department runs' hubs (dsportal,batchspawner); the summary needs both")
+                        help=f"the department runs' hubs (dsportal,batchspawner; {PLAIN}: dsportal's without internal "
+                        "TLS, to see what TLS costs); the summary needs dsportal and batchspawner")
     parser.add_argument("--py-spy", default="", help="py-spy's path: sample each department hub (raw stacks "
                         "in its folder)")
     parser.add_argument("--only-department", action="store_true", help="skip the single spawns, stops, queued and "
@@ -718,7 +727,7 @@ def main(argv=None) -> int:
             print(f"(the curve drawn in {png})")
         except (OSError, subprocess.CalledProcessError) as error:
             print(f"(the curve not drawn: {error}; bench/plot_curve.py {dated} {png} draws it)")
-    both = set(args.kinds) == set(KINDS)
+    both = set(KINDS) <= set(args.kinds)
     in_department = ""
     if "department" in results:
         in_department = (f"one hub each, in order, {args.database}, class profile {args.class_profile}: "

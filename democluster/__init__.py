@@ -112,8 +112,9 @@ def banner(settings) -> str:
         if not user.get("student"):
             lines.append(f"  {user['name']:<8} password {user['password']:<14} {user['role']}")
     for course in data.get("courses", []):
-        last = f"{course['prefix']}{int(course['students']):02d}"
-        lines.append(f"  {course['prefix']}01 .. {last}: {course['students']} students of {course['name']} "
+        count = sum(1 for user in data["users"] if user.get("course") == course["name"])  # make bench's: more
+        last = f"{course['prefix']}{count:02d}"
+        lines.append(f"  {course['prefix']}01 .. {last}: {count} students of {course['name']} "
                      f"(password <name>-demo)")
     building = {image.name: detail for image in settings.images if (detail := building_detail(image))}
     if building:

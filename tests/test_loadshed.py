@@ -63,6 +63,22 @@ def test_reads_that_can_wait_are_shed_only_while_the_hub_lags(method, path):
     assert Sheddable(LoopLag(), "/hub/").match(request(method, path)) is None
 
 
+@pytest.mark.quick
+def test_one_long_step_of_the_loop_sheds_nothing_a_loop_that_keeps_lagging_does():
+    """A single late timer is one long step (JupyterHub's sweep of every user's activity): the loop keeps time
+    right after, and nothing is shed. Late timers in a row are an overload: shed until the loop has kept time
+    for a second."""
+    lag, now = LoopLag(threshold=0.2, hold=1.0), time.monotonic()
+    lag.observe(0.6, now)  # one step of 0.6 s
+    lag.observe(0.0, now + 0.05)
+    assert not lag.overloaded
+    lag.observe(0.3, now + 0.4)
+    assert not lag.overloaded  # a late timer after one on time: a second step, not yet an overload
+    lag.observe(0.3, now + 0.75)
+    assert lag.overloaded and lag.retry_after() == 2
+    assert Sheddable(lag, "/hub/").match(request("GET", "/hub/home")) == {}
+
+
 def shed_early(config):
     config["hub"]["shed_after_lag"] = 0.05
 

@@ -1219,3 +1219,21 @@ def test_the_fake_never_runs_a_real_command(slurm):
         slurm.go_down()
         asyncio.run(slurm.jobs())
     assert sbatch_options("#!/bin/bash\n#SBATCH --time=1:00\necho\n#SBATCH --mem=1M\n") == {"--time": "1:00"}
+
+
+def test_her_groups_are_asked_anew_at_each_start_their_names_learnt_once(monkeypatch):
+    """Who is in which group is asked at every call (a colleague removed from a group loses its profiles at her
+    next start); a group's name by gid is looked up once per GROUP_NAME_SECONDS, not with its whole member list at
+    every call (a login group of thousands, on the hub's event loop)."""
+    from portal.core import userjson
+
+    looked_up = []
+    real = grp.getgrgid
+    monkeypatch.setattr(userjson, "_group_names", {})
+    monkeypatch.setattr(userjson.grp, "getgrgid", lambda gid: looked_up.append(gid) or real(gid))
+    assert MY_GROUP in userjson.unix_groups(ME)
+    first = len(looked_up)
+    assert first and userjson.unix_groups(ME) == userjson.unix_groups(ME) and len(looked_up) == first
+    monkeypatch.setattr(userjson.os, "getgrouplist", lambda name, gid: [])  # she left every group
+    assert userjson.unix_groups(ME) == set()
+    assert userjson.unix_groups("dsportal-no-such-account") == set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import time
 
 MOST_EXTENSION_MINUTES = 24 * 60  # one request for more walltime; the profile's max_walltime caps the total
 
@@ -41,16 +42,32 @@ def extension_minutes(body) -> int:
     return minutes
 
 
+GROUP_NAME_SECONDS = 300.0  # a group's name (by gid) is looked up again after this; who is in it, at every call
+_group_names: dict[int, tuple[float, str | None]] = {}
+
+
 def unix_groups(username: str) -> set[str]:
-    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster)."""
+    """The user's groups as the cluster sees them (LDAP via NSS on a real cluster): who belongs to which group
+    is asked anew at every call (getgrouplist); the names of the groups, by gid, are remembered for
+    GROUP_NAME_SECONDS. getgrgid returns a group with its whole member list: a login group of thousands made
+    every call cost as much as all its members' names, on the hub's event loop."""
     try:
         entry = pwd.getpwnam(username)
     except KeyError:
         return set()
-    names = set()
-    for gid in os.getgrouplist(username, entry.pw_gid):
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return names
+    return {name for gid in os.getgrouplist(username, entry.pw_gid) if (name := _group_name(gid)) is not None}
+
+
+def _group_name(gid: int) -> str | None:
+    now = time.monotonic()
+    known = _group_names.get(gid)
+    if known is not None and now - known[0] < GROUP_NAME_SECONDS:
+        return known[1]
+    try:
+        name = grp.getgrgid(gid).gr_name
+    except KeyError:
+        name = None
+    if len(_group_names) >= 4096:  # a bound: a directory of many groups is forgotten, then learnt again
+        _group_names.clear()
+    _group_names[gid] = (now, name)
+    return name
