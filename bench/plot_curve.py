@@ -1,6 +1,7 @@
 """Draw the clicks' curve (bench/curve.py) of a spawn_bench results file as a PNG: the clicks' p50 and p99
-against the people clicking, and the hub's CPU (hub-side: the hub, its commands and services) per second and per
-request, both hubs. Runs in the bench's environment (matplotlib): /opt/dsportal/bench-env/bin/python.
+against the people clicking (with the share shed, 429, where any was), and the hub's CPU (hub-side: the hub,
+its commands and services) per second and per request, both hubs. Runs in the bench's environment
+(matplotlib): /opt/dsportal/bench-env/bin/python.
 
     python bench/plot_curve.py bench/results/spawn-bench-DATE.json bench/results/curve-DATE.png
 """
@@ -38,6 +39,9 @@ def main(source: str, target: str) -> None:
         cpu.plot(people, [p["generator_share"] for p in points], ":", color=colour, alpha=0.6,
                  label=f"{NAMES.get(kind, kind)}: load generator (cores)")
         for p in points:
+            if p.get("shed") and p.get("requests"):
+                latency.annotate(f"{100 * p['shed'] / p['requests']:.1f} % shed", (p["people"], p["p99"]),
+                                 textcoords="offset points", xytext=(4, -10), fontsize=7, color=colour)
             cpu.annotate(f"{p['hub_side_ms_per_request']:.1f} ms/req", (p["people"], p["hub_side_cpu"] / p["seconds"]),
                          textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
     latency.set(xscale="log", yscale="log", xlabel="people logged in and clicking", ylabel="click latency (s)",
