@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
 KNEE = 1.0
-COLOURS = {"dsportal": "tab:blue", "batchspawner": "tab:orange"}
-NAMES = {"dsportal": "dsportal", "batchspawner": "stock batchspawner"}
+COLOURS = {"dsportal": "tab:blue", "batchspawner": "tab:orange", "dsportal-plain": "tab:green"}
+NAMES = {"dsportal": "dsportal", "batchspawner": "stock batchspawner", "dsportal-plain": "dsportal without internal TLS"}
 
 
 def main(source: str, target: str) -> None:
