@@ -599,6 +599,40 @@ def test_a_start_submits_exactly_one_job_as_the_user_with_the_slice_she_asked_fo
     run(scenario())
 
 
+def test_a_pending_starts_progress_is_told_when_it_changes_not_every_second(hub, slurm, monkeypatch):
+    """The pending page's stream: a line when the start's state changes, and the same state again only every
+    PROGRESS_REPEAT seconds (each line is an event the hub sends and the page's event log keeps)."""
+    monkeypatch.setattr(gpuspawner, "PROGRESS_REPEAT", 3.0)
+
+    async def scenario():
+        spawner = hub.spawner()
+        spawner.clear_state()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.hold(job, "Resources")
+        await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.reason == "Resources")
+        told = []
+
+        async def follow():
+            async for event in spawner.child_spawner.progress():
+                told.append((time.monotonic(), event["message"]))
+
+        following = asyncio.ensure_future(follow())
+        await until(lambda: told)
+        await asyncio.sleep(2.2)  # unchanged, for less than PROGRESS_REPEAT: told once
+        assert len(told) == 1 and "queued on partition gpu" in told[0][1], told
+        slurm.start(job, "node2")
+        await until(lambda: len(told) == 2, seconds=3)  # changed: told within a second
+        assert told[1][1].startswith(f"Job {job} running on node2; starting JupyterLab ("), told
+        await until(lambda: len(told) == 3, seconds=8)  # unchanged: told again after PROGRESS_REPEAT, not before
+        assert told[2][0] - told[1][0] >= 3.0 - 0.05 and told[2][1].startswith(f"Job {job} running on node2"), told
+        following.cancel()
+        await spawner.child_spawner.accept_port(PORT, str(job))
+        assert await starting == ("node2", PORT)
+
+    run(scenario())
+
+
 def test_a_share_of_a_gpu_and_a_cpu_session_ask_slurm_for_just_that(hub, slurm):
     async def scenario():
         await running_session(hub, "quarter", form={"profile": ["share"]})
