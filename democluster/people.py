@@ -5,15 +5,15 @@ from __future__ import annotations
 import base64
 import grp
 import hashlib
+import json
 import os
 import pwd
 import secrets
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
-from democluster.base import BENCH, DemoError, alive, demo_file, directory, paths, render, run, say, stop_pid, wait_for
+from democluster.base import DemoError, alive, directory, paths, render, run, say, stop_pid, wait_for
 
 
 def ssha(password: str) -> str:
@@ -81,7 +81,9 @@ def _create_accounts(users: list[dict]) -> None:
                     os.chown(target, account.pw_uid, account.pw_gid)
     for user in alone:
         name, uid = user["name"], str(user["uid"])
-        if subprocess.run(["getent", "group", name], capture_output=True).returncode != 0:
+        try:
+            grp.getgrnam(name)
+        except KeyError:
             run(["groupadd", "-g", uid, name])
         run(["useradd", "-m", "-u", uid, "-g", uid, "-s", "/bin/bash", "-c", user["full_name"], name])
 
@@ -99,8 +101,9 @@ def ensure_ldap() -> None:
     data = directory()
     ldap = p.ldap
     config_dir, data_dir = ldap / "slapd.d", ldap / "data"
-    # The directory is made from users.yaml once; a changed users.yaml (a course added) makes it anew.
-    wanted = hashlib.sha256(demo_file("users.yaml").read_bytes() + os.environ.get(BENCH, "").encode()).hexdigest()[:16]
+    # The directory is made once from what users.yaml gives (make bench's department included); a change (a course
+    # added, the bench's department or the demo's) makes it anew.
+    wanted = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
     stamp = ldap / "users.yaml.sha256"
     made = (config_dir / "cn=config.ldif").exists() and stamp.exists() and stamp.read_text() == wanted
     if not made and alive(p.run / "slapd.pid"):

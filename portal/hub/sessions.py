@@ -83,6 +83,8 @@ def relaunch_choices(user) -> dict[str, dict]:
     """For each session of ``user`` that ended outside the portal, the choices of its last start as the rules
     allow them today (PartitionSpawner.last_choice; none where they no longer pass)."""
     found = {}
+    if user is None:
+        return found
     for stopped in user.all_spawners(include_default=True):
         if stopped.active or not _ended(stopped):
             continue
@@ -130,21 +132,14 @@ def later(compute):
     return lambda user: Later(compute, user)
 
 
-class Relaunch:
+class Relaunch(Later):
     """Template variable ``relaunch``: the logged-in user's (``owner``) ended sessions' last choices, by session
     name, for the notice's button that starts one again with them through the spawn form's own POST. Computed
     the first time a page reads it (the home page, a stopped session's page), not for every page."""
 
     def __init__(self, user):
+        super().__init__(relaunch_choices, user)
         self.owner = user.name if user is not None else ""
-        self._user, self._found = user, None
-
-    def get(self, name: str) -> dict | None:
-        if self._user is None:
-            return None
-        if self._found is None:
-            self._found = relaunch_choices(self._user)
-        return self._found.get(name)
 
 
 @dataclass(frozen=True)
