@@ -25,9 +25,10 @@ def _process_times(pid: int) -> tuple[float, float, float, float]:
     return tuple(int(fields[i]) / TICKS for i in (11, 12, 13, 14))  # fields 14-17 of proc(5)
 
 
-def _process_cpu(pid: int) -> float:
-    """utime + stime + cutime + cstime of a process, in seconds (0 if it is gone)."""
-    return sum(_process_times(pid))
+def process_cpu(pid: int, waited_children: bool = True) -> float:
+    """utime + stime of a process, and cutime + cstime (the children it waited for) unless not
+    ``waited_children``, in seconds (0 if it is gone)."""
+    return sum(_process_times(pid)[:4 if waited_children else 2])
 
 
 def _job_pids(job_id: int) -> set[int]:
@@ -42,7 +43,7 @@ def _job_pids(job_id: int) -> set[int]:
 
 def job_cpu_seconds(job_id: int) -> float:
     """CPU seconds of the job's steps so far, on whichever node runs it."""
-    return sum(_process_cpu(pid) for pid in _job_pids(job_id))
+    return sum(process_cpu(pid) for pid in _job_pids(job_id))
 
 
 def job_cpu_parts(job_id: int) -> dict[str, float]:
@@ -61,4 +62,4 @@ def job_cpu_parts(job_id: int) -> dict[str, float]:
 def kernel_cpu_seconds(user) -> float:
     """Start a Python kernel in the user's session, get its first answer (its pid): its CPU seconds."""
     pid = int(user.run_code("import os; print(os.getpid())", timeout=120, keep=True).strip())
-    return _process_cpu(pid)
+    return process_cpu(pid)

@@ -19,21 +19,15 @@ import subprocess
 import time
 from pathlib import Path
 
+from cpu import process_cpu
 from department import BENCH_ENV, HubLoad
-from hubprocess import TICK, HubResources, _stat
+from hubprocess import HubResources
 from owners import owners
 
 KNEE = 1.0  # seconds: a click's p99 past this is a hub too slow to use
 SHED_AT_KNEE = 0.01  # of the clicks shed (429) or failed: past this, a hub that answers fast serves too few
 PY_SPY = BENCH_ENV / "bin" / "py-spy"
 SETTLE = 15  # seconds after the last login before the window: everyone in the clicking rhythm
-
-
-def process_cpu(pid: int) -> float:
-    try:
-        return sum(int(f) for f in _stat(pid)[11:13]) / TICK
-    except OSError:
-        return 0.0
 
 
 def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: float, profile_to: Path | None,
@@ -49,12 +43,12 @@ def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: floa
                                          str(rate), "--format", "raw", "--output", str(profile_to), "--duration",
                                          str(int(window))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         resources = HubResources(hub_pid)
-        generator_before = process_cpu(load.process.pid)
+        generator_before = process_cpu(load.process.pid, waited_children=False)
         start = time.time()
         time.sleep(window)
         end = time.time()
         used = resources.stop()
-        generator = process_cpu(load.process.pid) - generator_before
+        generator = process_cpu(load.process.pid, waited_children=False) - generator_before
     finally:
         load.stop()
         if profiler:

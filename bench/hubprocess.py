@@ -8,6 +8,8 @@ import os
 import threading
 from pathlib import Path
 
+from cpu import process_cpu
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -21,6 +23,15 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _command_has(pid: int, *words: bytes) -> bool:
+    """Whether process ``pid``'s command line holds any of ``words``."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return any(word in command for word in words)
 
 
 def _children(pid: int) -> list[int]:
@@ -42,47 +53,20 @@ class HubResources:
     def __init__(self, hub_pid: int):
         self.hub_pid = hub_pid
         children = _children(hub_pid)
-        self.proxy_pids = [p for p in children if self._is_proxy(p)]
+        self.proxy_pids = [p for p in children if _command_has(p, b"configurable-http-proxy", b"proxy.js")]
         # The hub's long-lived helpers (dsportal's service; stock's hub has none): counted as the hub's own.
-        self.service_pids = [p for p in children if self._is_service(p)]
+        self.service_pids = [p for p in children if _command_has(p, b"portal.hub.extend")]
         self.hub_peak_mb = self.proxy_peak_mb = 0.0
         self._before = self._cpu()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _is_proxy(pid: int) -> bool:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            return False
-        return b"configurable-http-proxy" in command or b"proxy.js" in command
-
-    @staticmethod
-    def _is_service(pid: int) -> bool:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            return False
-        return b"portal.hub.extend" in command
-
-    @staticmethod
-    def _cpu_of(pids: list[int]) -> float:
-        """Their own CPU seconds and their waited-for children's."""
-        found = 0.0
-        for pid in pids:
-            try:
-                found += sum(int(f) for f in _stat(pid)[11:15]) / TICK
-            except OSError:
-                pass
-        return found
-
     def _cpu(self) -> tuple[float, float, float, float]:
         """(the hub's own CPU seconds, its waited-for children's: the commands it ran, its proxy's, its services')."""
         fields = _stat(self.hub_pid)
         return ((int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK,
-                self._cpu_of(self.proxy_pids), self._cpu_of(self.service_pids))
+                sum(map(process_cpu, self.proxy_pids)), sum(map(process_cpu, self.service_pids)))
 
     def _sample(self) -> None:
         while not self._stopping.wait(0.5):
