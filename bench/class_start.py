@@ -10,8 +10,9 @@ Reported: logins, last and median ready (from the moment all asked), sessions lo
 refused past its concurrent_spawn_limit (429: the student waits as told, Retry-After, and asks again;
 lost only if never ready), the first cell's answer, a bystander's (an admin's) hub API latency while
 it happens, slurmctld's RPCs by type (sdiag) and its job queries per minute, while the class starts
-and while it runs (``steady`` seconds with every session up), the hub's CPU seconds (its own and its
-commands') and the peak memory of the hub and its proxy (bench/department.py), and the time until
+and while it runs (``steady`` seconds with every session up), the hub's CPU seconds (its own, its
+commands' and its service's) while the class starts, while it runs and while it stops (what a class of an
+hour costs the hub per student: :func:`class_hour`), the peak memory of the hub and its proxy (bench/department.py), and the time until
 every job of the class is gone. The students' clients stand in for browsers on machines of their
 own: they run niced, and the bystander calls from its own process.
 """
@@ -227,17 +228,24 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     ready = [r for r, _ in results if r is not None]
     cells = [c for _, c in results if c is not None]
     running_queries = None
+    life = {}  # the hub's CPU for the rest of the class's life: its sessions running untouched, then stopped
     if steady and ready:  # every session up, nobody starting: the hub's checks that they still run
         at_rest = rpc_counts()
+        resting = HubResources(hub_pid) if hub_pid else None
         time.sleep(steady)
         running_queries = job_queries_in(rpc_counts()) - job_queries_in(at_rest)
+        if resting:
+            life.update(running_hub_side_cpu=resting.stop()["hub_side_cpu"], running_seconds=steady)
 
     stopping = time.monotonic()
+    ending = HubResources(hub_pid) if hub_pid else None
     with ThreadPoolExecutor(min(len(users), 32)) as pool:
         list(pool.map(lambda u: u.api("DELETE", f"/hub/api/users/{u.name}/server"), users))
     deadline = time.monotonic() + 180
     while jobs_of(students) and time.monotonic() < deadline:
         time.sleep(1)
+    if ending:
+        life["stop_hub_side_cpu"] = ending.stop()["hub_side_cpu"]
     delta = {k: rpcs[k] - before.get(k, 0) for k in rpcs if rpcs[k] - before.get(k, 0) > 0}
     return {
         "students": len(students), "logins": logins,
@@ -259,8 +267,20 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
         "class_jobs_running_cpu": jobs_cpu["running"], "class_jobs_reaped_cpu": jobs_cpu["reaped"],
         "class_jobs_system_cpu": jobs_cpu["system"],
         "clients_cpu": clients_cpu,
-        "all_gone": time.monotonic() - stopping,
+        "all_gone": time.monotonic() - stopping, **life,
     }
+
+
+HOUR = 3600.0
+
+
+def class_hour(result: dict) -> float | None:
+    """The hub-side CPU seconds per student of a class that runs an hour: its start, an hour of its sessions
+    running untouched (at the rate measured while they ran) and its stop; None where not measured."""
+    if not {"hub_side_cpu", "running_hub_side_cpu", "stop_hub_side_cpu"} <= result.keys() or "load" in result:
+        return None
+    running = result["running_hub_side_cpu"] * HOUR / result["running_seconds"]
+    return (result["hub_side_cpu"] + running + result["stop_hub_side_cpu"]) / result["students"]
 
 
 def jobs_of(users: list[str]) -> int:
@@ -278,6 +298,9 @@ def describe(result: dict) -> str:
                  + (f" + {result['service_cpu']:.1f} s in its service" if "service_cpu" in result else "")
                  + (f" = {result['hub_side_cpu'] / result['students']:.3f} CPU-s per student"
                     if "hub_side_cpu" in result and "load" not in result else "")
+                 + (f"; running {60 * result['running_hub_side_cpu'] / result['running_seconds']:.2f} CPU-s a minute, "
+                    f"stop {result['stop_hub_side_cpu']:.1f} CPU-s: a class of an hour {class_hour(result):.3f} CPU-s "
+                    "per student" if class_hour(result) is not None else "")
                  + f", peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
                  if "hub_cpu" in result else "")
     machine = (f"; machine busy {result['machine_busy']:.0f} of {result['machine_cpus']} x "

@@ -76,7 +76,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the demo cluster (democluster/) is not installed
 import ad_logins  # noqa: E402
 import curve  # noqa: E402
-from class_start import class_start, describe, jobs_of  # noqa: E402
+from class_start import class_hour, class_start, describe, jobs_of  # noqa: E402
 from cpu import job_cpu_seconds, kernel_cpu_seconds  # noqa: E402
 from democluster.base import (  # noqa: E402
     CONFIGLESS,
@@ -552,6 +552,9 @@ def sequence_summary(steps: list[dict]) -> str:
             text += (f", hub-side CPU per student {ours['hub_side_cpu'] / ours['students']:.3f} vs "
                      f"{stock['hub_side_cpu'] / stock['students']:.3f} "
                      f"({ours['hub_side_cpu'] / max(stock['hub_side_cpu'], 1e-9):.2f}x)")
+        if class_hour(ours) is not None and class_hour(stock) is not None:
+            text += (f", a class of an hour {class_hour(ours):.3f} vs {class_hour(stock):.3f} per student "
+                     f"({class_hour(ours) / max(class_hour(stock), 1e-9):.2f}x)")
         if "load" in ours:
             text += (f", clicks p99 {ours['load']['p99']:.2f} vs {stock['load']['p99']:.2f} s "
                      f"({ours['load'].get('shed', 0)} vs {stock['load'].get('shed', 0)} shed)")
@@ -623,8 +626,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only-curve", action="store_true", help="the clicks' curve alone")
     parser.add_argument("--class-timeout", type=int, default=300, help="both class hubs' start_timeout, and how long "
                         "a student waits for her session before it counts as lost (seconds)")
-    parser.add_argument("--steady", type=float, default=30, help="seconds the class's sessions run untouched while "
-                        "slurmctld's job queries are counted (first run)")
+    parser.add_argument("--steady", type=float, default=60, help="seconds the class's sessions run untouched while "
+                        "slurmctld's job queries and the hub's CPU are counted (first run; 60: two of JupyterHub's "
+                        "30 s rounds of checks that each session still runs)")
     parser.add_argument("--kinds", default=",".join(KINDS), type=lambda s: s.split(","),
                         help=f"the department runs' hubs (dsportal,batchspawner; {PLAIN}: dsportal's without internal "
                         "TLS, to see what TLS costs); the summary needs dsportal and batchspawner")
