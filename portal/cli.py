@@ -87,8 +87,7 @@ def cmd_hub(args) -> int:
     from portal.hub import trust
     from portal.upstream import hub as hub_upstream
 
-    trusted = trust.use_hashed_folder()  # before any TLS context is made
-    hub_upstream.after_init_tornado_application(lambda hub: hub.log.info("TLS: %s", trusted))
+    print(f"dsportal hub: TLS trusts {trust.use_hashed_folder()}", file=sys.stderr)  # before any TLS context
     hub_upstream.after_init_tornado_application(_start_garbage_collection)
     # Recorded once set up on this state: a start that fails before leaves the rollback open.
     hub_upstream.after_init_tornado_application(lambda hub: stateversion.record(data_dir, version()))

@@ -1,10 +1,12 @@
 """TLS certificates of a session on a compute node (JupyterHub's internal_ssl, portal.yaml
 ``hub.internal_ssl``).
 
-JupyterHub makes each session a key and certificate in the hub's own store, readable by the hub
-only. A session runs on another host, as its user, so :func:`deliver` writes them into the
-user's ``~/.dsportal/certs/<hub>/`` (folder 0700, files 0600, written *as the user*: a link the
-user planted cannot make root overwrite anything). Nobody else can read a session's key.
+The hub makes each session a key and certificate, signed by JupyterHub's sessions' CA, in the hub's
+store (its data folder, readable by the hub only): in a store of the user's own within it
+(:func:`user_store_dir`), not in JupyterHub's one store of every record. A session runs on another
+host, as its user, so :func:`prepare` hands them to the mediator, which writes them into the user's
+``~/.dsportal/certs/<hub>/`` (folder 0700, files 0600, written *as the user*: a link the user planted
+cannot make root overwrite anything). Nobody else can read a session's key.
 
 The hub and its proxy connect to ``https://<node>:<port>``, so a session's certificate names
 every compute node (:func:`node_alt_names`): the node is known only once Slurm has placed the
@@ -66,9 +68,8 @@ class _Store(Certipy):
     through :func:`_store`.
 
     Two more of Certipy's costs are left out: it rewrote its whole store (one JSON file, indented, a
-    record per certificate and every signee under its CA) after each step, 5 times per new user, so
-    that the cost of a start grew with the users the hub had served; here it is written once, when
-    the lock is let go (:meth:`write`). And it read and checked its CA's RSA key from disk for every
+    record per certificate and every signee under its CA) after each step, 5 times per new user; here it
+    is written once, when the lock is let go (:meth:`write`). And it read and checked its CA's RSA key from disk for every
     signature; here a key or certificate is parsed once while its file's bytes stay the same
     (:func:`_cached_load`)."""
 
@@ -102,13 +103,60 @@ class _Store(Certipy):
         self._changed = False
 
 
+SESSIONS_CA = "notebooks-ca"  # JupyterHub's CA of the sessions' certificates, in the hub's own store
+USERS_FOLDER = "users"  # below the hub's store: each user's own store
+
+
+def user_store_dir(store_dir: str, user: str) -> str:
+    """The store of ``user``'s own records (her CA, client pair and session pairs): a folder of the hub's
+    store named by a hash of her name. Certipy keeps a store in one JSON file that it reads whole and
+    writes whole; with every user's records in the hub's one store, each start read and wrote the records
+    of everybody who had ever started (3.4 MB and about 85 ms of the hub's CPU per start with 2,000 users,
+    growing with each new one). Her own store holds her few records, and a record of the sessions' CA."""
+    return str(Path(store_dir) / USERS_FOLDER / hashlib.sha256(user.encode()).hexdigest()[:32])
+
+
+_HUB_STORE: dict[str, tuple[tuple, dict]] = {}  # store folder -> (its file's inode, mtime, size; its records)
+
+
+def hub_records(store_dir: str) -> dict:
+    """The hub's own store (JupyterHub's CAs and pairs, and the records of users from before each had a store
+    of her own), read again only when its file changed: JupyterHub writes it as the hub starts."""
+    path = Path(store_dir) / "certipy.json"
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return {}
+    stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+    cached = _HUB_STORE.get(store_dir)
+    if cached is None or cached[0] != stamp:
+        cached = _HUB_STORE[store_dir] = (stamp, json.loads(path.read_text()))
+    return cached[1]
+
+
 @contextmanager
-def _store(store_dir: str, keys=()):
-    """The hub's certificate store, for one user at a time: its lock held, its file written at the end."""
+def _store(store_dir: str, user: str, keys=()):
+    """``user``'s certificate store, its lock held, its file written at the end; it knows the sessions' CA
+    as the hub's store has it now (a CA made anew is a new record there)."""
     with _STORE:
-        store = _Store(keys, store_dir=store_dir)
+        store = _Store(keys, store_dir=user_store_dir(store_dir, user))
+        Path(store.store.containing_dir).chmod(0o700)
+        sessions_ca = hub_records(store_dir).get(SESSIONS_CA)
+        if sessions_ca is None:
+            raise CertNotFoundError(f"no {SESSIONS_CA} in the hub's store {store_dir}")
+        if store.store.store.get(SESSIONS_CA, {}).get("files") != sessions_ca["files"]:
+            store.store.add_record(SESSIONS_CA, is_ca=True, files=sessions_ca["files"], overwrite=True)
         yield store
         store.write()
+
+
+def user_records(store_dir: str, user: str) -> dict:
+    """Every record of ``user``'s own store (name -> Certipy's record); {} before her first start."""
+    with _STORE:
+        try:
+            return json.loads((Path(user_store_dir(store_dir, user)) / "certipy.json").read_text())
+        except FileNotFoundError:
+            return {}
 
 
 _LOADED: dict[tuple, object] = {}  # (path, SHA-256 of its bytes) -> the key or certificate read from it
@@ -216,39 +264,46 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
     name = record_name(user, server)
     key = None
     while True:
-        with _store(store_dir, [key] if key else []) as store:
+        with _store(store_dir, user, [key] if key else []) as store:
             try:
                 record = store.store.get_record(name)
             except CertNotFoundError:
                 record = None
-            if record is not None and record.get("parent_ca") == "notebooks-ca" and _still_fits(record, names):
+            if record is not None and record.get("parent_ca") == SESSIONS_CA and _still_fits(record, names):
                 break
             if key is not None:
-                record = store.create_signed_pair(name, "notebooks-ca", alt_names=names, overwrite=True)
+                record = store.create_signed_pair(name, SESSIONS_CA, alt_names=names, overwrite=True)
                 break
         key = _new_key()  # outside the lock: then looked at again, and signed
     return {"keyfile": record["files"]["key"], "certfile": record["files"]["cert"], "cafile": trust_bundle}
 
 
 def forget_session(store_dir: str, user: str, server: str) -> None:
-    """Remove a deleted named session's key and certificate from the hub's store (none: nothing to do)."""
+    """Remove a deleted named session's key and certificate from her store, or from the hub's where it was
+    made before she had one (none: nothing to do)."""
     if not store_dir or not server:
         return
-    with _store(store_dir) as store:
+    name = record_name(user, server)
+    with _store(store_dir, user) as store:
         try:
-            store.store.remove_files(record_name(user, server), delete_dir=True)
+            store.store.remove_files(name, delete_dir=True)
+            return
         except CertNotFoundError:
             pass
+    if name in hub_records(store_dir):
+        with _STORE:
+            store = _Store(store_dir=store_dir)
+            store.store.remove_files(name, delete_dir=True)
+            store.write()
 
 
 def issued_certificate(store_dir: str, user: str, server: str = "") -> bytes | None:
     """The session certificate the hub last made for ``user``'s session ``server`` (DER), the one that
     session presents; None if there is none."""
-    with _STORE:
-        try:
-            record = Certipy(store_dir=store_dir).store.get_record(record_name(user, server))
-        except CertNotFoundError:
-            return None
+    name = record_name(user, server)
+    record = user_records(store_dir, user).get(name) or hub_records(store_dir).get(name)  # hers, or from before
+    if record is None:
+        return None
     try:
         return x509.load_pem_x509_certificate(Path(record["files"]["cert"]).read_bytes()).public_bytes(Encoding.DER)
     except (OSError, KeyError, TypeError, ValueError):
@@ -268,11 +323,11 @@ def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
     the CA of all sessions' certificates."""
     keys: list = []
     while True:
-        with _store(store_dir, keys) as store:
+        with _store(store_dir, user, keys) as store:
             missing = _local_client_missing(store, user)
             if len(keys) >= missing:
                 ca, key, cert = _local_client_pair(store, user)
-                return ca, key, cert, Path(store.store.get_record("notebooks-ca")["files"]["cert"])
+                return ca, key, cert, Path(store.store.get_record(SESSIONS_CA)["files"]["cert"])
         keys += [_new_key() for _ in range(missing - len(keys))]  # outside the lock
 
 

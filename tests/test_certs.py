@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from certipy import Certipy
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
-from spawner.certs import session_pair, user_host_name
+from spawner.certs import record_name, session_pair, user_host_name
 
 pytestmark = pytest.mark.quick
 
@@ -102,27 +103,52 @@ def test_keys_are_p256_and_every_party_takes_them(tmp_path):
     assert isinstance(ca.public_key(), ec.EllipticCurvePublicKey)
 
 
-def test_the_store_keeps_every_record_when_written_once_per_start(tmp_path):
-    """Certipy's store is written once when the lock is let go (not after each step): every user's
-    records are in it, a deleted named session's record leaves it, and it is never left half-written
-    (written beside it, then moved)."""
-    from spawner.certs import _local_client, forget_session, local_record_names
+def test_each_user_has_a_store_of_her_own_and_a_start_leaves_the_hubs_alone(tmp_path):
+    """A start reads and writes its user's own records only (spawner/certs.py user_store_dir): the hub's
+    store, which JupyterHub keeps, is the same bytes after three users' starts. Each store is written once
+    when the lock is let go, never left half-written (written beside it, then moved), and Certipy itself
+    (as JupyterHub uses it) still reads it."""
+    from spawner.certs import _local_client, forget_session, local_record_names, user_records, user_store_dir
 
     store = _store(tmp_path)
+    hubs = (tmp_path / "certipy.json").read_bytes()
     for user in ("alice", "bob", "carol"):
         session_pair(store, user, NODES, "bundle.crt")
         _local_client(store, user)
     session_pair(store, "bob", NODES, "bundle.crt", server="train")
-    records = json.loads((tmp_path / "certipy.json").read_text())
+    assert (tmp_path / "certipy.json").read_bytes() == hubs
     for user in ("alice", "bob", "carol"):
-        assert {f"user-{user}", *local_record_names(user)} <= set(records)
-    assert records["notebooks-ca"]["signees"].keys() >= {"user-alice", "user-bob", "user-carol"}
-    assert len(records) == 1 + 3 * 3 + 1
+        records = user_records(store, user)
+        assert set(records) == {"notebooks-ca", f"user-{user}", *local_record_names(user)} | (
+            {record_name("bob", "train")} if user == "bob" else set())
+        assert records["notebooks-ca"]["signees"].keys() == {f"user-{user}"} | (
+            {record_name("bob", "train")} if user == "bob" else set())
+        assert Path(records[f"user-{user}"]["files"]["key"]).is_relative_to(user_store_dir(store, user))
+        assert not [p for p in Path(user_store_dir(store, user)).iterdir() if p.name.startswith(".certipy.json")]
+        assert oct(Path(user_store_dir(store, user)).stat().st_mode & 0o777) == "0o700"
     forget_session(store, "bob", "train")
-    assert len(json.loads((tmp_path / "certipy.json").read_text())) == 1 + 3 * 3
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".certipy.json")]  # no leftover temporaries
-    # Certipy itself (as JupyterHub uses it) still reads the store.
-    assert Certipy(store_dir=store).store.get_record("user-carol")["parent_ca"] == "notebooks-ca"
+    assert record_name("bob", "train") not in user_records(store, "bob")
+    assert Certipy(store_dir=user_store_dir(store, "carol")).store.get_record("user-carol")["parent_ca"] == "notebooks-ca"
+
+
+def test_a_session_made_before_users_had_stores_is_still_known(tmp_path):
+    """A session started before the upgrade presents the certificate in the hub's store: the hub's checks
+    find it there until her next start makes one in her own, and deleting that named session removes it."""
+    from spawner.certs import forget_session, issued_certificate, user_records
+
+    store = _store(tmp_path)
+    before = Certipy(store_dir=store)
+    old = before.create_signed_pair("user-alice", "notebooks-ca", alt_names=["DNS:localhost", *NODES])
+    before.create_signed_pair(record_name("alice", "train"), "notebooks-ca", alt_names=["DNS:localhost"])
+    assert issued_certificate(store, "alice") == x509.load_pem_x509_certificate(
+        Path(old["files"]["cert"]).read_bytes()).public_bytes(Encoding.DER)
+    assert issued_certificate(store, "bob") is None
+    _pair(store, NODES)  # her next start: a pair of her own store's, which the checks then pin
+    assert issued_certificate(store, "alice") == x509.load_pem_x509_certificate(
+        Path(user_records(store, "alice")["user-alice"]["files"]["cert"]).read_bytes()).public_bytes(Encoding.DER)
+    forget_session(store, "alice", "train")
+    assert record_name("alice", "train") not in json.loads((tmp_path / "certipy.json").read_text())
+    assert not (tmp_path / record_name("alice", "train")).exists()
 
 
 def test_a_user_named_after_anothers_records_gets_her_own(tmp_path):

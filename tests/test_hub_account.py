@@ -13,7 +13,7 @@ import yaml
 
 from conftest import CONFIG
 from portal.core.settings import load
-from spawner.certs import local_record_names
+from spawner.certs import local_record_names, user_records, user_store_dir
 
 SETTINGS = yaml.safe_load(CONFIG.read_text())
 ACCOUNT = SETTINGS["hub"]["account"]
@@ -66,12 +66,14 @@ def test_a_neighbour_neither_reads_nor_replaces_alices_keys_in_the_hubs_store(al
     the login node, can read none of them, nor the store's index, nor put a file of his into it."""
     alice.spawn({"profile": "cpu"})
     store = DATA_DIR / "internal-ssl"
-    records = json.loads((store / "certipy.json").read_text())
+    records = user_records(str(store), "alice")
     keys = [records[name]["files"]["key"] for name in ("user-alice", *local_record_names("alice"))]
     account = pwd.getpwnam(ACCOUNT).pw_uid
     for key in keys:
         assert Path(key).stat().st_uid == account and Path(key).stat().st_mode & 0o077 == 0, key
+    hers = Path(user_store_dir(str(store), "alice"))
     for argv in (*(["cat", key] for key in keys), ["cat", str(store / "certipy.json")], ["ls", str(store)],
+                 ["cat", str(hers / "certipy.json")], ["ls", str(hers)],
                  ["cp", "/etc/hostname", str(store / ".certipy.json.1.1")]):
         attempt = subprocess.run(["runuser", "-u", "bob", "--", *argv], capture_output=True, text=True, timeout=30)
         assert attempt.returncode != 0 and "Permission denied" in attempt.stderr, (argv, attempt.stdout[:80])
@@ -90,7 +92,7 @@ def test_each_start_writes_the_sessions_certificates_into_her_folder(alice):
         str(store.resolve()).encode()).hexdigest()[:8]
     shutil.rmtree(folder, ignore_errors=True)
     alice.spawn({"profile": "cpu"})
-    records = json.loads((store / "certipy.json").read_text())
+    records = user_records(str(store), "alice")
     assert (folder / "session.crt").read_text() == Path(records["user-alice"]["files"]["cert"]).read_text()
     for name in ("session.key", "session.crt", "clients-ca.crt", "local-client.key", "local-client.crt",
                  "sessions-ca.crt"):

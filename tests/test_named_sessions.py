@@ -228,12 +228,13 @@ def test_refused_linked_and_deleted_sessions_leave_nothing_behind(alice):
     import yaml
 
     from conftest import CONFIG
-    from spawner.certs import record_name
+    from spawner.certs import record_name, user_records, user_store_dir
 
-    store = Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"]) / "internal-ssl"
+    hub_store = str(Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"]) / "internal-ssl")
+    store = Path(user_store_dir(hub_store, "alice"))  # alice's own
 
     def in_store(server: str) -> bool:
-        return record_name("alice", server) in json.loads((store / "certipy.json").read_text())
+        return record_name("alice", server) in user_records(hub_store, "alice")
 
     before = probe_job_id()
     refused = alice.start_server({"profile": "gpu", "gpus": 3}, server="refused")

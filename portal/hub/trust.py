@@ -51,8 +51,8 @@ def use_hashed_folder(environ=os.environ, bundle: str = "", folder: str = "") ->
     given), where that trusts the same authorities (see the module); says what it did, for the hub's log."""
     paths = ssl.get_default_verify_paths()
     if paths.openssl_cafile_env in environ or paths.openssl_capath_env in environ:
-        return (f"the system's CAs as the environment names them ({paths.openssl_cafile_env}, "
-                f"{paths.openssl_capath_env})")
+        return (f"the CAs the environment names ({paths.openssl_cafile_env}={environ.get(paths.openssl_cafile_env, '')}, "
+                f"{paths.openssl_capath_env}={environ.get(paths.openssl_capath_env, '')})")
     bundle, folder = bundle or paths.openssl_cafile, folder or paths.openssl_capath
     in_bundle = bundle_certificates(bundle)
     in_folder = hashed_certificates(folder)
