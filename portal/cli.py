@@ -84,10 +84,8 @@ def cmd_hub(args) -> int:
     gc.disable()  # while the hub loads and sets up: _start_garbage_collection
     from jupyterhub.app import main as jupyterhub_main  # only this command needs JupyterHub loaded
 
-    from portal.hub import trust
     from portal.upstream import hub as hub_upstream
 
-    print(f"dsportal hub: TLS trusts {trust.use_hashed_folder()}", file=sys.stderr)  # before any TLS context
     hub_upstream.after_init_tornado_application(_start_garbage_collection)
     # Recorded once set up on this state: a start that fails before leaves the rollback open.
     hub_upstream.after_init_tornado_application(lambda hub: stateversion.record(data_dir, version()))

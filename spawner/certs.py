@@ -96,7 +96,10 @@ class _Store(Certipy):
             return
         path = Path(self.store.store_file_path)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        temporary.write_text(json.dumps(self.store.store))
+        with open(temporary, "w") as written:  # on disk before it replaces the store: a power cut leaves one whole
+            written.write(json.dumps(self.store.store))
+            written.flush()
+            os.fsync(written.fileno())
         if path.exists():
             os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
         os.replace(temporary, path)
@@ -279,21 +282,23 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
 
 
 def forget_session(store_dir: str, user: str, server: str) -> None:
-    """Remove a deleted named session's key and certificate from her store, or from the hub's where it was
-    made before she had one (none: nothing to do)."""
+    """Remove a deleted named session's key and certificate from her store, and from the hub's where it was
+    made before she had one (none: nothing to do; nothing is made to be deleted from)."""
     if not store_dir or not server:
         return
     name = record_name(user, server)
-    with _store(store_dir, user) as store:
-        try:
-            store.store.remove_files(name, delete_dir=True)
-            return
-        except CertNotFoundError:
-            pass
-    if name in hub_records(store_dir):
+    hers = user_store_dir(store_dir, user)
+    for folder in (hers, store_dir):
+        if not (Path(folder) / "certipy.json").is_file() or (folder == store_dir and name not in hub_records(store_dir)):
+            continue  # no store (a hub without internal TLS, or her first session), or not in it: none made
         with _STORE:
-            store = _Store(store_dir=store_dir)
-            store.store.remove_files(name, delete_dir=True)
+            store = _Store(store_dir=folder)
+            if folder == hers:
+                Path(folder).chmod(0o700)  # Certipy makes its folder 0755
+            try:
+                store.store.remove_files(name, delete_dir=True)
+            except CertNotFoundError:
+                continue
             store.write()
 
 

@@ -146,9 +146,19 @@ def test_a_session_made_before_users_had_stores_is_still_known(tmp_path):
     _pair(store, NODES)  # her next start: a pair of her own store's, which the checks then pin
     assert issued_certificate(store, "alice") == x509.load_pem_x509_certificate(
         Path(user_records(store, "alice")["user-alice"]["files"]["cert"]).read_bytes()).public_bytes(Encoding.DER)
+    session_pair(store, "alice", NODES, "bundle.crt", server="train")  # train started again since: in both
     forget_session(store, "alice", "train")
     assert record_name("alice", "train") not in json.loads((tmp_path / "certipy.json").read_text())
+    assert record_name("alice", "train") not in user_records(store, "alice")
     assert not (tmp_path / record_name("alice", "train")).exists()
+
+
+def test_deleting_a_session_on_a_hub_without_a_store_makes_none(tmp_path):
+    """A hub without internal TLS has no store: deleting a named session leaves the folder as it was."""
+    from spawner.certs import forget_session
+
+    forget_session(str(tmp_path), "alice", "train")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_user_named_after_anothers_records_gets_her_own(tmp_path):

@@ -68,7 +68,6 @@ def test_a_hub_that_fails_to_set_up_leaves_the_version_as_it_was_and_one_set_up_
     monkeypatch.setenv("DSPORTAL_CONFIG", str(tmp_path / "portal.yaml"))  # `dsportal hub` exports it: restored after
     monkeypatch.setattr(upstream, "_AFTER_INIT", [])
     monkeypatch.setattr(cli.gc, "disable", lambda: None)  # the hub's loading without the collector: not here
-    monkeypatch.setattr("portal.hub.trust.use_hashed_folder", lambda: "(not here)")  # nor the hub's environment
     monkeypatch.setattr(jupyterhub.app, "main", lambda argv: 1)  # JupyterHub stopped before it was set up
     assert cli.main(["hub"]) == 1
     assert stateversion.recorded(tmp_path) == "0.2.0"
