@@ -4,6 +4,7 @@
 At each point (100, 300, 1,000, 2,000 people by default), once all have logged in, a window of ``window`` seconds:
 - the clicks' p50 and p99 (answered ones; 429s counted apart as shed) and failures;
 - the hub's CPU: its own, its commands', its services' (dsportal's) and its proxy's, and per request;
+- how busy the whole machine was (every CPU: the database, the proxy and the generator too);
 - the load generator's own CPU: one locust process, at most one core; past about 0.9 of a core its people click
   late and the point measures the generator as much as the hub (said in the point's line);
 - py-spy of the hub through the window (raw stacks, ``rate`` a second), summarized by owner (bench/owners.py).
@@ -19,6 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from class_start import machine_busy
 from cpu import process_cpu
 from department import BENCH_ENV, HubLoad
 from hubprocess import HubResources
@@ -44,11 +46,13 @@ def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: floa
                                          str(int(window))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         resources = HubResources(hub_pid)
         generator_before = process_cpu(load.process.pid, waited_children=False)
+        busy_before, cpus = machine_busy()
         start = time.time()
         time.sleep(window)
         end = time.time()
         used = resources.stop()
         generator = process_cpu(load.process.pid, waited_children=False) - generator_before
+        machine = (machine_busy()[0] - busy_before) / (cpus * (end - start))
     finally:
         load.stop()
         if profiler:
@@ -59,7 +63,7 @@ def point(base: str, hub_pid: int, accounts: list[tuple[str, str]], window: floa
     clicks = load.window(start, end)
     answered = clicks["requests"] - clicks["shed"]
     result = {**clicks, **used, "people": len(accounts), "logged_in": logged_in, "seconds": end - start,
-              "generator_cpu": generator, "generator_share": generator / (end - start),
+              "generator_cpu": generator, "generator_share": generator / (end - start), "machine_busy_share": machine,
               "hub_side_ms_per_request": 1000 * used["hub_side_cpu"] / answered if answered else float("nan"),
               "proxy_ms_per_request": 1000 * used["proxy_cpu"] / answered if answered else float("nan")}
     if profile_to and profile_to.exists():
@@ -80,7 +84,8 @@ def describe(p: dict) -> str:
             f"{p['failures']} failed; hub-side CPU {p['hub_side_cpu']:.1f} s (hub {p['hub_cpu']:.1f}, commands "
             f"{p['hub_commands_cpu']:.1f}, service {p['service_cpu']:.1f}) = {p['hub_side_ms_per_request']:.1f} ms "
             f"per request, proxy {p['proxy_ms_per_request']:.1f} ms; generator {100 * p['generator_share']:.0f} % of a "
-            f"core{saturated}" + (f"; hub profile: {owners_text}" if owners_text else ""))
+            f"core{saturated}; the machine {100 * p.get('machine_busy_share', float('nan')):.0f} % busy (every CPU, "
+            "the database and the generator included)" + (f"; hub profile: {owners_text}" if owners_text else ""))
 
 
 def past_knee(p: dict) -> bool:
