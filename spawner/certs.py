@@ -25,6 +25,7 @@ sessions accept.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import ipaddress
 import json
@@ -153,6 +154,18 @@ def _store(store_dir: str, user: str, keys=()):
         store.write()
 
 
+def _from_before(store: Certipy, store_dir: str, name: str, fits=lambda record: True) -> dict | None:
+    """Her record ``name`` from the hub's store, made before she had a store of her own, taken into hers as it
+    is (its files stay where they are) where ``fits(record)``: a session that waits in the queue or runs with
+    it keeps its certificate, which the hub's checks pin, and her own CA stays the one her sessions trust.
+    None where there is none, or it does not fit."""
+    before = hub_records(store_dir).get(name)
+    if before is None or not fits(before):
+        return None
+    store.store.add_record(name, record=copy.deepcopy(before))
+    return store.store.get_record(name)
+
+
 def user_records(store_dir: str, user: str) -> dict:
     """Every record of ``user``'s own store (name -> Certipy's record); {} before her first start."""
     with _STORE:
@@ -271,10 +284,12 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
             try:
                 record = store.store.get_record(name)
             except CertNotFoundError:
-                record = None
+                record = _from_before(store, store_dir, name, lambda r: r.get("parent_ca") == SESSIONS_CA and _still_fits(r, names))
             if record is not None and record.get("parent_ca") == SESSIONS_CA and _still_fits(record, names):
                 break
             if key is not None:
+                if record is not None and not Path(record["files"]["cert"]).is_relative_to(store.store.containing_dir):
+                    store.store.store.pop(name)  # one from before, in the hub's folder: left there, not written over
                 record = store.create_signed_pair(name, SESSIONS_CA, alt_names=names, overwrite=True)
                 break
         key = _new_key()  # outside the lock: then looked at again, and signed
@@ -296,9 +311,13 @@ def forget_session(store_dir: str, user: str, server: str) -> None:
             if folder == hers:
                 Path(folder).chmod(0o700)  # Certipy makes its folder 0755
             try:
-                store.store.remove_files(name, delete_dir=True)
+                record = store.store.get_record(name)
             except CertNotFoundError:
                 continue
+            if folder == hers and not Path(record["files"]["cert"]).is_relative_to(hers):
+                store.store.remove_record(name)  # taken into hers from before: its files go with the hub's record
+            else:
+                store.store.remove_files(name, delete_dir=True)
             store.write()
 
 
@@ -329,21 +348,21 @@ def _local_client(store_dir: str, user: str) -> tuple[Path, Path, Path, Path]:
     keys: list = []
     while True:
         with _store(store_dir, user, keys) as store:
-            missing = _local_client_missing(store, user)
+            missing = _local_client_missing(store, store_dir, user)
             if len(keys) >= missing:
                 ca, key, cert = _local_client_pair(store, user)
                 return ca, key, cert, Path(store.store.get_record(SESSIONS_CA)["files"]["cert"])
         keys += [_new_key() for _ in range(missing - len(keys))]  # outside the lock
 
 
-def _local_client_missing(store: Certipy, user: str) -> int:
-    """How many keys the user's own CA and client pair still need (0 once made)."""
+def _local_client_missing(store: Certipy, store_dir: str, user: str) -> int:
+    """How many keys the user's own CA and client pair still need (0 once made, in her store or before it)."""
     missing = 0
     for name in local_record_names(user):
         try:
             store.store.get_record(name)
         except CertNotFoundError:
-            missing += 1
+            missing += _from_before(store, store_dir, name) is None
     return missing
 
 

@@ -153,6 +153,37 @@ def test_a_session_made_before_users_had_stores_is_still_known(tmp_path):
     assert not (tmp_path / record_name("alice", "train")).exists()
 
 
+def test_a_session_waiting_from_before_keeps_its_certificate_and_her_ca(tmp_path):
+    """A session queued before the upgrade reads, when it runs, the files delivered at its submission; the
+    upgraded hub that takes its job over pins the same certificate (the pair still fits: taken into her store,
+    not made anew), and her own CA and client pair stay the ones her sessions hold."""
+    from spawner.certs import _local_client, issued_certificate, local_record_names, user_records
+
+    store = _store(tmp_path)
+    before = Certipy(store_dir=store)
+    names = ["DNS:localhost", "IP:127.0.0.1", f"DNS:{user_host_name('alice')}", *NODES]
+    old = before.create_signed_pair("user-alice", "notebooks-ca", alt_names=names)
+    ca_name, client_name = local_record_names("alice")
+    before.create_ca(ca_name)
+    client = before.create_signed_pair(client_name, ca_name, alt_names=["DNS:localhost"])
+    pinned = issued_certificate(store, "alice")
+    assert session_pair(store, "alice", NODES, "bundle.crt")["certfile"] == old["files"]["cert"]
+    assert issued_certificate(store, "alice") == pinned and "user-alice" in user_records(store, "alice")
+    assert _local_client(store, "alice")[2] == Path(client["files"]["cert"])
+    # Once the nodes change, the next start makes a pair of her own store's.
+    made = session_pair(store, "alice", NODES[:2], "bundle.crt")["certfile"]
+    assert made != old["files"]["cert"] and Path(old["files"]["cert"]).is_file()
+    # A named session's pair taken over from before, then deleted: gone from both stores, its files once.
+    from spawner.certs import forget_session
+
+    train = before.create_signed_pair(record_name("alice", "train"), "notebooks-ca", alt_names=names)
+    assert session_pair(store, "alice", NODES, "bundle.crt", server="train")["certfile"] == train["files"]["cert"]
+    forget_session(store, "alice", "train")
+    assert record_name("alice", "train") not in user_records(store, "alice")
+    assert record_name("alice", "train") not in json.loads((tmp_path / "certipy.json").read_text())
+    assert not Path(train["files"]["cert"]).exists()
+
+
 def test_deleting_a_session_on_a_hub_without_a_store_makes_none(tmp_path):
     """A hub without internal TLS has no store: deleting a named session leaves the folder as it was."""
     from spawner.certs import forget_session
