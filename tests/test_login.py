@@ -14,6 +14,7 @@ from requests.adapters import HTTPAdapter
 
 from conftest import CONFIG, HUB, PASSWORDS
 from hubclient import HubUser
+from spawner.certs import user_records
 
 REFUSAL = "Invalid username or password"
 
@@ -167,7 +168,8 @@ def test_logins_from_a_sessions_certificate_are_refused_and_lock_nobody_out(port
     bob.spawn({"profile": "gpu", "gpus": 1})  # bob has a session certificate of his own now
     hub = yaml.safe_load(CONFIG.read_text())["hub"]["hub_bind_url"].replace("http://", "https://")
     # The folder of the certificate the hub issued him (other folders hold pairs of scratch CAs of other tests).
-    issued = Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"], "internal-ssl/user-bob/user-bob.crt").read_bytes()
+    store = Path(yaml.safe_load(CONFIG.read_text())["hub"]["data_dir"], "internal-ssl")
+    issued = Path(user_records(str(store), "bob")["user-bob"]["files"]["cert"]).read_bytes()
     folder = next(f"{path.parent}/" for path in Path(pwd.getpwnam("bob").pw_dir, ".dsportal/certs").glob("*/session.crt")
                   if path.read_bytes() == issued)
     result = subprocess.run(["runuser", "-u", "bob", "--", "/opt/dsportal/env/bin/python", "-c",
