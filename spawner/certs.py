@@ -154,13 +154,12 @@ def _store(store_dir: str, user: str, keys=()):
         store.write()
 
 
-def _from_before(store: Certipy, store_dir: str, name: str, fits=lambda record: True) -> dict | None:
+def _from_before(store: Certipy, store_dir: str, name: str) -> dict | None:
     """Her record ``name`` from the hub's store, made before she had a store of her own, taken into hers as it
-    is (its files stay where they are) where ``fits(record)``: a session that waits in the queue or runs with
-    it keeps its certificate, which the hub's checks pin, and her own CA stays the one her sessions trust.
-    None where there is none, or it does not fit."""
+    is (its files stay where they are): a session that waits in the queue or runs with it keeps its certificate,
+    which the hub's checks pin, and her own CA stays the one her sessions trust. None where there is none."""
     before = hub_records(store_dir).get(name)
-    if before is None or not fits(before):
+    if before is None:
         return None
     store.store.add_record(name, record=copy.deepcopy(before))
     return store.store.get_record(name)
@@ -284,12 +283,12 @@ def session_pair(store_dir: str, user: str, alt_names: list[str], trust_bundle: 
             try:
                 record = store.store.get_record(name)
             except CertNotFoundError:
-                record = _from_before(store, store_dir, name, lambda r: r.get("parent_ca") == SESSIONS_CA and _still_fits(r, names))
+                record = _from_before(store, store_dir, name)
             if record is not None and record.get("parent_ca") == SESSIONS_CA and _still_fits(record, names):
                 break
+            if record is not None and not Path(record["files"]["cert"]).is_relative_to(store.store.containing_dir):
+                store.store.store.pop(name)  # one from before that no longer fits: its files left, never written over
             if key is not None:
-                if record is not None and not Path(record["files"]["cert"]).is_relative_to(store.store.containing_dir):
-                    store.store.store.pop(name)  # one from before, in the hub's folder: left there, not written over
                 record = store.create_signed_pair(name, SESSIONS_CA, alt_names=names, overwrite=True)
                 break
         key = _new_key()  # outside the lock: then looked at again, and signed

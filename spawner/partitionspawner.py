@@ -327,14 +327,15 @@ class PartitionSpawner(WrapSpawner):
         return await asyncio.to_thread(certs.session_pair, self.internal_certs_location, self.user.name, names,
                                        self.internal_trust_bundles["notebooks-ca"], self.name)
 
-    def delete_forever(self):
+    async def delete_forever(self):
         """A named session deleted for good: its certificate's record and files leave the hub's store
-        (each named session has its own; the default session's stays, reused at its next start)."""
+        (each named session has its own; the default session's stays, reused at its next start), in a
+        thread: the stores are written and synced to disk. JupyterHub awaits this before it answers."""
         super().delete_forever()
         if self.kept_job:  # its job waits in the queue for a session that is gone: out, its token revoked
             asyncio.ensure_future(self._let_kept_go(self.kept_job, "the session was deleted"))
         if self.name:
-            certs.forget_session(self.internal_certs_location, self.user.name, self.name)
+            await asyncio.to_thread(certs.forget_session, self.internal_certs_location, self.user.name, self.name)
 
     async def move_certs(self, paths):
         """The session's certificates, for the user's folder: written by start()'s submission, in the
