@@ -770,8 +770,9 @@ class SessionSettings(_Model):
     default_profile: str | None = Field(None, description="The profile of a request that names none "
                                         "(empty: the first profile).")
     activity_interval: int = Field(
-        defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
-        "and busy GPUs count); the idle limits of profiles are measured from the last report.")
+        defaults.ACTIVITY_INTERVAL, gt=0, description="At most how often a session in use reports it to the hub (busy kernels and "
+        "busy GPUs count): the first use after a quiet spell is reported within seconds, a session with no new use "
+        "reports nothing. The idle limits of profiles are measured from the last use reported.")
     gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100,
                                   description="GPU utilisation from which a session's GPU counts as in use.")
     code_server: Path = Field(Path(defaults.CODE_SERVER), description="code-server on the nodes: VS Code in "

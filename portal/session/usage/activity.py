@@ -1,26 +1,35 @@
 """In the session: tell the hub the session is in use while its kernels run code or its GPUs work.
 
-JupyterHub's single-user server reports its last activity to the hub every
-JUPYTERHUB_ACTIVITY_INTERVAL seconds: browser requests and kernel messages count. A cell that
-trains for hours without printing, or a GPU program started from a terminal, makes neither, and
-the hub's idle limit (profiles' `idle_timeout`) would stop a session that is working. So every
-half interval this looks at the kernels' execution state and at the job's GPUs, and marks the
-session active when one is busy. jupyter_server's last_activity() takes every `*_last_activity`
-setting into account.
+jupyter_server's last activity counts requests that change something and kernel and terminal
+messages. A cell that trains for hours without printing, or a GPU program started from a terminal,
+makes neither, and the hub's idle limit (profiles' `idle_timeout`) would stop a session that is
+working. So every half interval this looks at the kernels' execution state and at the job's GPUs,
+and marks the session active when one is busy. jupyter_server's last_activity() takes every
+`*_last_activity` setting into account.
+
+The session reports that last activity to the hub itself (:class:`Reports`): JupyterHub's
+single-user reporter is off (``JupyterHubSingleUser.hub_activity_interval = 0`` in
+jupyter-config/jupyter_server_config.json, installed with this code), because it sends the same
+timestamp again every interval, in use or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from jupyter_server.base.handlers import APIHandler
+from jupyterhub.utils import isoformat
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
 from portal.core import sessionspec
+from portal.session import hubapi
 from portal.session.usage import sliceusage
 from portal.upstream import session as upstream
 
@@ -105,6 +114,74 @@ def setup(server_app) -> None:
     PeriodicCallback(look, max(1.0, interval / 2) * 1000).start()
     server_app.log.info("dsportal: busy kernels and GPUs %s count as activity (every %.0f s)",
                         sorted(mine) or "none", max(1.0, interval / 2))
+    url = os.environ.get("JUPYTERHUB_ACTIVITY_URL", "")
+    if not url:
+        server_app.log.warning("dsportal: no JUPYTERHUB_ACTIVITY_URL, so the hub hears of no use of this session")
+        return
+    reports = Reports(server_app.web_app.last_activity, interval, hub_sender(url, os.environ.get("JUPYTERHUB_SERVER_NAME", ""),
+                                                                       server_app.log))
+    PeriodicCallback(reports.tick, reports.look_every * 1000).start()
+    server_app.log.info("dsportal: use reported to the hub as it comes, at most every %d s", interval)
+
+
+class Reports:
+    """When the session was last used, told to the hub: only when it changed since the hub last took it,
+    at once (within ``look_every`` s) after a quiet spell, and at most once an ``interval`` while the
+    session stays in use.
+
+    JupyterHub's own reporter posts every interval whatever happened (its notify_activity skips only a
+    timestamp older than the last one sent, not the same one): a class of 100 sessions left open cost
+    the hub 100 authenticated requests and database commits a minute, all of them saying nothing new
+    (bench/results/scale-2026-12-07.md, run C). Proposed upstream: skip a timestamp already sent.
+
+    The hub stops a session once its last reported use is older than the idle limit; a report that
+    fails (the hub restarting, or shedding load) is tried again one interval later, so the use it
+    carries is never dropped, and a hub coming back is not met by every session at once.
+    """
+
+    def __init__(self, last_activity, interval: float, send: Callable[[datetime], Awaitable[bool]],
+                 clock: Callable[[], float] = time.monotonic):
+        self._last_activity = last_activity
+        self._clock = clock
+        self.interval = interval
+        self._send = send
+        self.look_every = max(1.0, min(5.0, interval / 4))
+        self.sent: datetime | None = last_activity()  # the server's start: the hub knows of it already
+        self._next_at = 0.0  # no report before then (on ``clock``)
+        self._busy = False
+
+    async def tick(self) -> None:
+        last = self._last_activity()
+        if self._busy or last is None or (self.sent is not None and last <= self.sent):
+            return
+        now = self._clock()
+        if now < self._next_at:
+            return
+        # 20 % jitter, as JupyterHub's reporter: sessions that started together do not report together
+        self._next_at = now + self.interval * (0.9 + 0.2 * random.random())
+        self._busy = True
+        try:
+            if await self._send(last):
+                self.sent = last
+        finally:
+            self._busy = False
+
+
+def hub_sender(url: str, server_name: str, log) -> Callable[[datetime], Awaitable[bool]]:
+    """POST a last activity to the hub's activity API (``url``: JUPYTERHUB_ACTIVITY_URL), as JupyterHub's own
+    reporter does: True once the hub took it."""
+
+    async def send(last: datetime) -> bool:
+        stamp = isoformat(last if last.tzinfo else last.replace(tzinfo=UTC))
+        response = await hubapi.request("POST", "", {"servers": {server_name: {"last_activity": stamp}},
+                                                     "last_activity": stamp}, timeout=30, base=url)
+        if response.code >= 400:
+            log.warning("dsportal: the hub did not take this session's use (%s %s): trying again later",
+                        response.code, hubapi.message_of(response)[:200])
+            return False
+        return True
+
+    return send
 
 
 def idle_state(web_app) -> dict:
@@ -113,7 +190,7 @@ def idle_state(web_app) -> dict:
     limit, interval = spec.idle_limit, spec.activity_interval
     idle = (datetime.now(UTC) - web_app.last_activity()).total_seconds()
     return {"limit_s": limit or None, "idle_s": int(idle),
-            # the hub hears of use once per activity interval: stop-in counts from its view
+            # the hub may hear of the latest use up to an activity interval late: stop-in counts from its view
             "stop_in_s": max(0, int(limit - idle - interval)) if limit else None}
 
 
