@@ -253,7 +253,7 @@ class HubSettings(_Model):
         "before trying again (a random one from it, rounded in the message; Retry-After), so a refused class "
         "does not come back all at the same second.")
     shed_after_lag: float = Field(
-        0.2, ge=0, description="Seconds late the hub's event loop may run a timer before the hub sheds reads that "
+        0.5, ge=0, description="Seconds late the hub's event loop may run a timer before the hub sheds reads that "
         "can wait (its pages and the REST API's users, groups and info: polling, page views) with HTTP 429, a "
         "Retry-After and a sentence, until it keeps time again. What keeps a session alive (port reports, "
         "activity, starts, stops and their progress, logins, sessions' token checks) is always served. 0: never shed.")
