@@ -40,7 +40,7 @@ class Session:
         self.now = 1000.0
         self.sent: list[datetime] = []
         self.answers = list(answers)
-        self.reports = Reports(lambda: self.last, 60, self.send, clock=lambda: self.now)
+        self.reports = Reports(lambda: self.last, 60, self.send, clock=lambda: self.now, jitter=lambda: 0.5)
 
     async def send(self, last: datetime) -> bool:
         self.sent.append(last)
@@ -52,31 +52,56 @@ class Session:
         return self.sent
 
 
-def test_a_session_left_alone_sends_nothing():
+def test_a_session_left_alone_tells_the_hub_once_every_ten_intervals():
     session = Session()
-    for _ in range(100):
+    for _ in range(119):
         assert session.tick(after=5) == []  # its start is known to the hub already
+    assert session.tick(after=5) == [START]  # ten minutes: told again (a hub put back from a backup learns it)
+    assert session.tick(after=5) == [START]
 
 
 def test_use_is_told_at_once_after_a_quiet_spell_then_at_most_once_an_interval():
     session = Session()
-    session.tick(after=3600)
-    session.last = START + timedelta(seconds=3600)
+    session.tick(after=300)
+    session.last = START + timedelta(seconds=300)
     assert session.tick(after=5) == [session.last]  # at once
     assert session.tick(after=5) == [session.last]  # the same use is not told again
     first = session.last
     session.last += timedelta(seconds=10)  # still in use
     assert session.tick(after=10) == [first]  # not yet: the last report is under an interval old
-    assert session.tick(after=60) == [first, session.last]
+    assert session.tick(after=45) == [first, session.last]  # an interval after the last report
 
 
-def test_a_report_the_hub_did_not_take_is_tried_again_an_interval_later():
-    session = Session(answers=[False, True])
+def test_a_report_the_hub_did_not_take_is_tried_again_soon_then_less_often():
+    session = Session(answers=[False, False, False, False, False, True])
     session.last = START + timedelta(seconds=30)
     assert session.tick(after=5) == [session.last]
-    assert session.tick(after=5) == [session.last]  # no storm while the hub restarts or sheds load
-    assert session.tick(after=60) == [session.last, session.last]  # the use is not dropped
-    assert session.tick(after=60) == [session.last, session.last]
+    assert session.tick(after=4) == [session.last]  # not at every look: a hub restarting is not flooded
+    tries = [session.tick(after=1) and len(session.sent)]  # 5 s after the first
+    waited = 0
+    while len(session.sent) < 6:
+        session.tick(after=1)
+        waited += 1
+    assert tries == [2] and waited == 10 + 20 + 30 + 30  # 5, 10, 20, then half an interval
+    assert set(session.sent) == {session.last}  # the use is not dropped
+    assert session.tick(after=30) == [session.last] * 6  # taken: nothing more
+
+
+def test_a_last_activity_that_cannot_be_read_is_said_once():
+    said = []
+
+    class Log:
+        def exception(self, text, *args):
+            said.append(text)
+
+    def unreadable():
+        raise TypeError("can't compare offset-naive and offset-aware datetimes")
+
+    reports = Reports(lambda: START, 60, None, log=Log())
+    reports._last_activity = unreadable
+    for _ in range(3):
+        asyncio.run(reports.tick())
+    assert len(said) == 1
 
 
 class StandInHub(http.server.BaseHTTPRequestHandler):
