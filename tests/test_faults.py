@@ -306,6 +306,38 @@ def node_state(node: str, state: str, reason: str = "dsportal test: sessions pla
     subprocess.run(["scontrol", "update", f"nodename={node}", *args], check=True, capture_output=True, timeout=30)
 
 
+def slurmd_starts() -> dict[str, tuple[str, bool]]:
+    """Each node's slurmd start time and whether slurmctld hears from it."""
+    shown = subprocess.run(["scontrol", "-o", "show", "node"], capture_output=True, text=True, timeout=60).stdout
+    nodes = {}
+    for line in shown.splitlines():
+        fields = dict(field.split("=", 1) for field in line.split() if "=" in field)
+        if "NodeName" in fields:
+            nodes[fields["NodeName"]] = (fields.get("SlurmdStartTime", ""), "NOT_RESPONDING" not in fields.get("State", ""))
+    return nodes
+
+
+def reconfigure(check: bool) -> None:
+    """`scontrol reconfigure`, then wait for the nodes' slurmd to settle. From 23.11 each slurmd starts itself
+    anew, once or twice; a job launched meanwhile failed (26.05: its cgroup's memory limit refused, its /tmp
+    namespace missing: "Prolog" as its end's reason). Settled: every slurmd answers, and none started in the
+    last 3 s, and every one started anew or 5 s passed without any doing so (older releases re-read in place)."""
+    before = slurmd_starts()
+    subprocess.run(["scontrol", "reconfigure"], check=check, capture_output=True, timeout=60)
+    asked = changed_at = time.monotonic()
+    last = before
+    while time.monotonic() - asked < 60:
+        time.sleep(0.5)
+        now = slurmd_starts()
+        if now != last:
+            changed_at, last = time.monotonic(), now
+        restarted = {node for node, (started, _) in now.items() if before.get(node, ("",))[0] != started}
+        answering = all(ok for _, ok in now.values())
+        quiet = time.monotonic() - changed_at >= 3
+        if answering and quiet and (restarted == set(now) or (not restarted and time.monotonic() - asked >= 5)):
+            return
+
+
 @pytest.fixture
 def short_slurmd_timeout():
     """slurm.conf's SlurmdTimeout at 30 s while the test runs (the cluster's file and each node's), then the files
@@ -322,12 +354,12 @@ def short_slurmd_timeout():
             if f.read_text() != text:
                 f.write_text(text)
             os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        subprocess.run(["scontrol", "reconfigure"], capture_output=True, timeout=60)
+        reconfigure(check=False)
 
     try:
         for f in files:
             f.write_text(kept[f][0] + f"\n# dsportal test: a dead node is noticed sooner\nSlurmdTimeout={SLURMD_TIMEOUT}\n")
-        subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=60)
+        reconfigure(check=True)
         yield restore
     finally:
         restore()

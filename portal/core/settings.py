@@ -253,7 +253,7 @@ class HubSettings(_Model):
         "before trying again (a random one from it, rounded in the message; Retry-After), so a refused class "
         "does not come back all at the same second.")
     shed_after_lag: float = Field(
-        0.2, ge=0, description="Seconds late the hub's event loop may run a timer before the hub sheds reads that "
+        0.5, ge=0, description="Seconds late the hub's event loop may run a timer before the hub sheds reads that "
         "can wait (its pages and the REST API's users, groups and info: polling, page views) with HTTP 429, a "
         "Retry-After and a sentence, until it keeps time again. What keeps a session alive (port reports, "
         "activity, starts, stops and their progress, logins, sessions' token checks) is always served. 0: never shed.")
@@ -770,8 +770,9 @@ class SessionSettings(_Model):
     default_profile: str | None = Field(None, description="The profile of a request that names none "
                                         "(empty: the first profile).")
     activity_interval: int = Field(
-        defaults.ACTIVITY_INTERVAL, gt=0, description="Seconds between a session's reports to the hub that it is in use (busy kernels "
-        "and busy GPUs count); the idle limits of profiles are measured from the last report.")
+        defaults.ACTIVITY_INTERVAL, gt=0, description="At most how often a session in use reports it to the hub (busy kernels and "
+        "busy GPUs count): the first use after a quiet spell is reported within seconds, a session with no new use "
+        "reports nothing. The idle limits of profiles are measured from the last use reported.")
     gpu_busy_percent: int = Field(defaults.GPU_BUSY_PERCENT, ge=0, le=100,
                                   description="GPU utilisation from which a session's GPU counts as in use.")
     code_server: Path = Field(Path(defaults.CODE_SERVER), description="code-server on the nodes: VS Code in "

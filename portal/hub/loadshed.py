@@ -47,7 +47,7 @@ class LoopLag:
     second after it sent 429s to people a loop with time to spare would have served (2.7 % of the clicks of
     1,000 people, make bench 2026-12-07)."""
 
-    def __init__(self, interval: float = 0.05, threshold: float = 0.2, hold: float = 1.0, sustained: int = 2):
+    def __init__(self, interval: float = 0.05, threshold: float = 0.5, hold: float = 1.0, sustained: int = 2):
         self.interval, self.threshold, self.hold = interval, threshold, hold
         self.lag = 0.0
         self._until = 0.0

@@ -27,6 +27,7 @@ from portal.session.usage import activity, gauges, walltime
 
 def _load_jupyter_server_extension(server_app):
     sharing.install_gate(server_app)  # first: whatever fails below, no guest passes unjudged
+    activity.start_reports(server_app)  # then: whatever fails below, the hub hears of the session's use
     web_app = server_app.web_app
     base = web_app.settings["base_url"]
     routes = [
