@@ -456,7 +456,7 @@ def array_task_ids(text: str) -> list[int]:
 # The Slurm releases on which dsportal's whole cluster suite (make test) passed, with the date of the run:
 # docs/reference/compatibility.md has each run. Where releases differ, the Slurm layer (this module and
 # slurmclient.py) speaks to the release it finds; `dsportal check` names it, and says when no run has used it.
-TESTED_RELEASES = {"22.05": "2026-12-06", "24.11": "2026-12-07"}
+TESTED_RELEASES = {"22.05": "2026-12-06", "24.11": "2026-12-07", "26.05": "2026-12-07"}
 _RELEASE = re.compile(r"\b(\d{2})\.(\d{2})\.(\d+)\b")
 
 
