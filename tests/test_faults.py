@@ -320,21 +320,22 @@ def slurmd_starts() -> dict[str, tuple[str, bool]]:
 def reconfigure(check: bool) -> None:
     """`scontrol reconfigure`, then wait for the nodes' slurmd to settle. From 23.11 each slurmd starts itself
     anew, once or twice; a job launched meanwhile failed (26.05: its cgroup's memory limit refused, its /tmp
-    namespace missing: "Prolog" as its end's reason). Settled: every slurmd answers, and none started in the
-    last 3 s, and every one started anew or 5 s passed without any doing so (older releases re-read in place)."""
-    before = slurmd_starts()
+    namespace missing: "Prolog" as its end's reason). Settled, for the nodes whose slurmd answered before (a node
+    that is dead stays so: test_a_node_dies... restores the file while node2 is down): each answers, none started
+    in the last 3 s, and each started anew or 5 s passed without any doing so (older releases re-read in place)."""
+    before = {node: started for node, (started, ok) in slurmd_starts().items() if ok}
     subprocess.run(["scontrol", "reconfigure"], check=check, capture_output=True, timeout=60)
     asked = changed_at = time.monotonic()
-    last = before
+    last = None
     while time.monotonic() - asked < 60:
         time.sleep(0.5)
-        now = slurmd_starts()
+        now = {node: state for node, state in slurmd_starts().items() if node in before}
         if now != last:
             changed_at, last = time.monotonic(), now
-        restarted = {node for node, (started, _) in now.items() if before.get(node, ("",))[0] != started}
+        restarted = {node for node, (started, _) in now.items() if before[node] != started}
         answering = all(ok for _, ok in now.values())
         quiet = time.monotonic() - changed_at >= 3
-        if answering and quiet and (restarted == set(now) or (not restarted and time.monotonic() - asked >= 5)):
+        if answering and quiet and (restarted == set(before) or (not restarted and time.monotonic() - asked >= 5)):
             return
 
 
