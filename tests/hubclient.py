@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 import uuid
@@ -385,3 +386,10 @@ def as_in_22_05(job: dict) -> dict:
 def active_jobs(user: str) -> list[dict]:
     return [j for j in squeue_jobs().values()
             if j["user_name"] == user and j["job_state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -12,7 +12,6 @@ import http.server
 import json
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import jupyterhub
 import pytest
 import requests
 
+from hubclient import free_port
 from portal.core import sessionvars
 from portal.core.sessionspec import SessionSpec
 from portal.session.usage.activity import Reports
@@ -137,12 +137,6 @@ class StandInHub(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_real_session_server_tells_its_hub_of_use_and_of_nothing_else(tmp_path):
     """jupyterhub-singleuser with dsportal's session config (this checkout's) and a stand-in for the hub's API:
     JupyterHub's own reporter is off, nothing is sent while nobody uses the session, and "Keep my session" (a
@@ -153,7 +147,7 @@ def test_a_real_session_server_tells_its_hub_of_use_and_of_nothing_else(tmp_path
     (config / "jupyter_server_config.d").mkdir(parents=True)
     shutil.copy(CHECKOUT / "jupyter-config" / "dsportal-jobs.json", config / "jupyter_server_config.d")
     shutil.copy(CHECKOUT / "jupyter-config" / "jupyter_server_config.json", config)
-    port, api = _free_port(), f"http://127.0.0.1:{hub.server_port}/hub/api"
+    port, api = free_port(), f"http://127.0.0.1:{hub.server_port}/hub/api"
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "PYTHONPATH": str(CHECKOUT), "JUPYTER_CONFIG_PATH": str(config), "JUPYTER_RUNTIME_DIR": str(tmp_path),
            "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}/user/x/", "JUPYTERHUB_SERVICE_PREFIX": "/user/x/",

@@ -21,6 +21,7 @@ from tornado import web
 from traitlets.config import Config
 
 from democluster.people import ssha
+from hubclient import free_port
 from portal.admin.check import check_ldap
 from portal.core.settings import LdapSettings, SettingsError, SlurmSettings
 from portal.hub.auth import MISCONFIGURED, PortalAuthenticator, configure_ldap
@@ -91,12 +92,6 @@ def directory() -> str:
     entries.append(f"dn: {GROUP}\nobjectClass: groupOfNames\ncn: datascience\nmember: uid=alice,ou=staff,{BASE}\n"
                    f"member: uid=portalsvc,ou=staff,{BASE}\nmember: uid=\uff44\uff41\uff56\uff45,ou=staff,{BASE}")
     return "\n\n".join(entries) + "\n"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from playwright.sync_api import sync_playwright
 from tornado import web
 
 from conftest import PASSWORDS, REPO
+from hubclient import free_port
 from portal.admin import check
 from portal.core.settings import OidcSettings
 from portal.hub import oidc
@@ -76,12 +76,6 @@ USERS = [
      "groups": ["datascience", "portaladmins"]},
 ]
 PASSWORD = {user["username"]: user["password"] for user in USERS}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def make_ca(folder: Path) -> tuple[Path, Path, Path]:

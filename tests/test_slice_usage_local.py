@@ -26,7 +26,7 @@ import pytest
 import requests
 import websocket
 
-from hubclient import receive
+from hubclient import free_port, receive
 from portal.session.usage import sliceusage
 
 ACCOUNT = "gaugetest"  # a local account of this test's own, never one of the demo's
@@ -118,12 +118,6 @@ def _as_user(*command: str, timeout: float = 300) -> subprocess.CompletedProcess
                           timeout=timeout, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": _account().pw_dir})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Server:
     def __init__(self, url: str, token: str, process: subprocess.Popen, log: Path):
         self.url, self.token, self.process, self.log = url, token, process, log
@@ -176,7 +170,7 @@ def server(tmp_path_factory):
     runtime.mkdir(mode=0o700)
     os.chown(runtime, account.pw_uid, account.pw_gid)
     log = tmp_path_factory.mktemp("server") / "server.log"
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {"PATH": f"{ENV}:/usr/bin:/bin", "HOME": account.pw_dir, "USER": ACCOUNT, "JUPYTER_RUNTIME_DIR": str(runtime),
            "LANG": "C.UTF-8", "SLURM_CPUS_ON_NODE": "4"}
     try:
