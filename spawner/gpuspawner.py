@@ -247,8 +247,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
 
     def get_env(self):
         env = super().get_env()
-        # For a session whose nodes run a dsportal older than the hub's: dsportal's own session code turns JupyterHub's
-        # reporter off and reports as the session is used (portal.session.usage.activity.Reports)
+        # JupyterHub's reporter's interval, for nodes still on a dsportal older than the hub's; a current session's config
+        # turns that reporter off and reports as it is used (portal.session.usage.activity.Reports)
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(self.activity_interval)
         env[sessionvars.SESSION] = self.session_json
         return env

@@ -126,11 +126,7 @@ def start_reports(server_app) -> None:
         server_app.log.warning("dsportal: no JUPYTERHUB_ACTIVITY_URL: the hub is told of no use of this session")
         return
     try:
-        try:
-            interval = sessionspec.current().activity_interval
-        except sessionspec.SpecError as error:  # said where it matters (the launcher, the gauges); reports go on
-            interval = defaults.ACTIVITY_INTERVAL
-            server_app.log.warning("dsportal: activity reports every %d s at most (the session's spec: %s)", interval, error)
+        interval = _report_interval(server_app.log)
         reports = Reports(server_app.web_app.last_activity, interval,
                           hub_sender(url, os.environ.get("JUPYTERHUB_SERVER_NAME", ""), server_app.log), log=server_app.log)
         PeriodicCallback(reports.tick, reports.look_every * 1000).start()
@@ -139,6 +135,16 @@ def start_reports(server_app) -> None:
                                 "stop it while in use: it does not start", error)
         raise SystemExit(1) from error
     server_app.log.info("dsportal: use reported to the hub as it comes, at most every %d s", interval)
+
+
+def _report_interval(log) -> int:
+    """session.activity_interval from the session's spec; the default where the spec does not validate (that is said
+    where it matters, by the launcher and the gauges: the reports go on)."""
+    try:
+        return sessionspec.current().activity_interval
+    except sessionspec.SpecError as error:
+        log.warning("dsportal: activity reports every %d s at most (the session's spec: %s)", defaults.ACTIVITY_INTERVAL, error)
+        return defaults.ACTIVITY_INTERVAL
 
 
 def look_every(interval: float) -> float:
