@@ -21,7 +21,8 @@ Measured, per hub:
               (bench/class_start.py), waiting on the progress stream as browsers do (browser, again),
               or polling their model every 0.5 s (polling), with --load-users (300) other people clicking
               through the hub (clicking, locust: bench/department.py), with --queued (5,000) jobs held in
-              Slurm's queue as well (queued), right after a kill -9 and restart of the hub (restart), and
+              Slurm's queue as well (queued; busy: held jobs, no clicks), right after a kill -9 and restart
+              of the hub (restart), and
               after a 40 s SIGSTOP of slurmctld while 5 students start (slurmctld). Each: last and median
               ready, lost, told to retry (429), polls answered 429, first cell, a bystander's hub API
               latency and how many of its calls were shed, the hub's CPU seconds and the peak memory of
@@ -455,6 +456,8 @@ STEPS = {
     "clicking": "a class with --load-users people clicking through the hub",
     "queued": "a class with --load-users people clicking and --queued other jobs held in the queue",
     "crowd": "a class with --crowd people clicking and --queued other jobs held in the queue",
+    "busy": "a class with --queued other jobs held in the queue, no clicks (first in --sequence: the hour's rest "
+            "measured beside a department's queue)",
     "restart": "a class right after the hub was killed (kill -9) and started again",
     "slurmctld": "a class right after slurmctld was stopped (SIGSTOP) for 40 s while 5 of its students started",
 }
@@ -508,7 +511,8 @@ def sequence(args, workdir: Path) -> list[dict]:
                     told = pause_slurmctld(hub, 40, starters)
                     print(f"  while slurmctld was stopped, a start was answered: {told}", flush=True)
                 clickers = members[:args.crowd if step == "crowd" else args.load_users]
-                with queued_jobs(args.queued, clickers) if step in ("queued", "crowd") else nullcontext(0) as held:
+                held_jobs = queued_jobs(args.queued, clickers) if step in ("queued", "crowd", "busy") else nullcontext(0)
+                with held_jobs as held:
                     try:
                         if step in ("clicking", "queued", "crowd"):
                             load = HubLoad(hub.base, [(m, PASSWORDS[m]) for m in clickers])

@@ -354,7 +354,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.on_submitted()
         return self.job_id
 
-    async def query_job_status(self, fresh_after: float | None = None):
+    async def query_job_status(self, fresh_after: float | None = None, at_rest: bool = False):
+        """The job's status from the shared squeue snapshot (one taken after ``fresh_after``; None: after the
+        submission). ``at_rest``: the check of a session that runs and is not starting, which a look at the
+        jobs' states alone answers while nothing changed (Slurm.running_job)."""
         if not self.job_id:
             self.job_status = ""
             return JobStatus.NOTFOUND
@@ -362,7 +365,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             # A snapshot older than our own sbatch cannot know the job yet.
             if fresh_after is None:
                 fresh_after = self.submitted_at
-            job = await self.slurm.job(int(self.job_id), fresh_after=fresh_after)
+            look = self.slurm.running_job if at_rest else self.slurm.job
+            job = await look(int(self.job_id), fresh_after=fresh_after)
         except SlurmError as error:
             # One failed squeue must never drop a session: report UNKNOWN and look again later.
             self.log.warning("Job %s: squeue failed, keeping the session: %s", self.job_id, error)
@@ -572,17 +576,18 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     async def poll(self):
         """None while the job runs (or Slurm cannot be asked); else 1, remembering why it ended.
 
-        Reads the shared squeue snapshot, so polling every few seconds costs no extra Slurm
-        calls: a job ended outside the portal (scancel, node failure, walltime) is seen at once.
+        Reads the shared look at the running sessions' job states (Slurm.running_job; while starting, the
+        shared squeue snapshot), so polling every few seconds costs no Slurm call of its own: a job ended
+        outside the portal (scancel, node failure, walltime) is seen at once.
         """
         if not self.job_id:
             return 1
-        status = await self.query_job_status()
+        checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
+        status = await self.query_job_status(at_rest=bool(self.server) and not self.starting and not checking)
         job = self.job
         if (job is not None and self.server and not self.starting and job.restarts > self.restarts
                 and (job.pending or job.running)):
             return await self._requeued(job)
-        checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
         if checking and self.server and self.starting and status in (JobStatus.PENDING, JobStatus.RUNNING,
                                                                      JobStatus.UNKNOWN):
             return self._keep_for_resume(status)  # one that ended says how, below

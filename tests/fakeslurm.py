@@ -141,7 +141,7 @@ class FakeSlurm(slurmclient.Slurm):
     """The hub's Slurm client over a cluster in memory (see the module's docstring)."""
 
     def __init__(self, nodes: tuple[Node, ...] = DEFAULT_NODES, cache_seconds: float = 0.02,
-                 accounting: bool = True, first_job_id: int = 1000):
+                 accounting: bool = True, first_job_id: int = 1000, release: str = "24.11.5"):
         super().__init__(conf=None, bin_dir=Path("/nonexistent/fakeslurm/bin"), cache_seconds=cache_seconds,
                          mediator=Path("/nonexistent/fakeslurm/mediator"))
         self.node_list = list(nodes)
@@ -158,6 +158,7 @@ class FakeSlurm(slurmclient.Slurm):
         self.time_limits: dict[str, int] = {}  # minutes: a partition's MaxTime, "qos:NAME" a QoS's MaxWall
         self.private_files: list[tuple[str, str, dict[str, str]]] = []  # (user, folder, files) written
         self._next_id = first_job_id
+        self.slurm_release = release  # its commands' (sinfo --version): before 23.02 they cannot tell states alone
 
     # -- the seam ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -172,7 +173,19 @@ class FakeSlurm(slurmclient.Slurm):
 
     # -- what the client runs ------------------------------------------------------------------------
     async def _run(self, argv, *, input=None, env=None):
+        if argv[:2] == [self.tool("squeue"), "--only-job-state"]:  # the client's own command (running_job's look)
+            return await self._job_states(argv)
         raise AssertionError(f"fakeslurm: the client ran a command the fake does not answer: {argv}")
+
+    async def release(self) -> str | None:
+        return self.slurm_release
+
+    async def _job_states(self, argv: list[str]) -> str:
+        """squeue --only-job-state --jobs=...: a line "ID STATE" for each of those jobs squeue still lists."""
+        if self.down:
+            raise SlurmUnavailable(self.down)
+        asked = {int(j) for arg in argv if arg.startswith("--jobs=") for j in arg.removeprefix("--jobs=").split(",")}
+        return "".join(f"{r.job_id} {r.state}\n" for r in self.records.values() if r.listed and r.job_id in asked)
 
     @contextlib.asynccontextmanager
     async def _told(self, name: str):
@@ -393,7 +406,8 @@ class FakeSlurm(slurmclient.Slurm):
         it), seen afresh: no snapshot taken yet."""
         client = FakeSlurm(cache_seconds=self.cache_seconds)
         for name in ("node_list", "records", "submissions", "cancels", "commands", "logs", "refusals", "latency",
-                     "time_limits", "private_files", "keeps_accounting", "down", "start_on", "_next_id"):
+                     "time_limits", "private_files", "keeps_accounting", "down", "start_on", "_next_id",
+                     "slurm_release"):
             setattr(client, name, getattr(self, name))
         return client
 

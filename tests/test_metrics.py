@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import HUB, PASSWORDS
+from democluster.base import SLURM_RELEASE
 from hubclient import HubUser
 
 SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
@@ -41,6 +42,7 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     deadline = time.monotonic() + 15  # the hub's sinfo is at most slurm.resources_interval (10 s) old
     while after.get('dsportal_partition_gpus{kind="free",partition="gpu"}', 8) > 6 and time.monotonic() < deadline:
         time.sleep(1)
+        bob.web.get(f"{HUB}/hub/spawn")  # the gauge is the last sinfo's, and a form asks for one once it is 10 s old
         after = scrape(admin)
 
     def grew(name: str) -> float:
@@ -59,6 +61,15 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     assert after['dsportal_sessions{profile="gpu",state="running"}'] >= 1
     assert grew('dsportal_spawn_pending_seconds_count{profile="gpu"}') == 1
     assert grew('dsportal_spawn_failures_total{profile="gpu",reason="invalid-request"}') == 1
+    # Her running session is checked by a look at the sessions' job states alone where the release can tell them
+    # (squeue --only-job-state, 23.02 on: Slurm.running_job), against the real squeue's answer.
+    looks = 'dsportal_slurm_commands_total{command="squeue states",outcome="ok"}'
+    deadline = time.monotonic() + 15  # the hub checks each session every hub.poll_interval (2 s)
+    while SLURM_RELEASE and grew(looks) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+        after = scrape(admin)
+    assert grew(looks) >= 2 if SLURM_RELEASE else grew(looks) == 0, after
+    assert grew('dsportal_slurm_commands_total{command="squeue states",outcome="error"}') == 0
     text = admin.api("GET", "/hub/metrics").text
     assert "# HELP dsportal_gpus_held_idle GPUs of running sessions unused for at least 900 s" in text
 

@@ -158,3 +158,19 @@ def test_the_mpi_plugins_and_the_private_tmp_are_read_from_either_release():
     assert private_tmp_plugin({"JobContainerType": "job_container/tmpfs"}) == "job_container/tmpfs"  # to 25.05
     assert private_tmp_plugin({"NamespaceType": "namespace/tmpfs"}) == "namespace/tmpfs"  # 25.11 on
     assert private_tmp_plugin({"JobContainerType": "(null)"}) is None
+
+
+def test_the_running_sessions_states_are_asked_alone_where_the_release_can():
+    from portal.slurm.slurmparse import SlurmError, job_states_argv, parse_job_states
+
+    for older in ("22.05.8", None):  # 22.05 has no --only-job-state; a release not known: the full listing
+        assert job_states_argv("squeue", older, [7]) is None
+    for newer in ("23.02.1", "24.11.5", "26.05.5"):
+        assert job_states_argv("/usr/bin/squeue", newer, [12, 7]) == [
+            "/usr/bin/squeue", "--only-job-state", "--noheader", "--states=all", "--jobs=12,7", "--format=%i %T"]
+    # As 24.11's squeue answers it (an id slurmctld forgot is not listed).
+    assert parse_job_states("10894 RUNNING\n10893 COMPLETING\n\n") == {10894: "RUNNING", 10893: "COMPLETING"}
+    assert parse_job_states("") == {}
+    for unreadable in ("10894\n", "10894 RUNNING x\n", "x RUNNING\n", "squeue: error: Invalid job id specified\n"):
+        with pytest.raises(SlurmError, match="could not be read"):
+            parse_job_states(unreadable)

@@ -28,7 +28,8 @@ from traitlets.config import Config
 from fakeslurm import FakeSlurm, client_key, sbatch_options
 from portal.core import sessionspec, sessionvars
 from portal.core.settings import Profile
-from portal.slurm.slurmclient import SlurmUnavailable, share_client
+from portal.slurm import slurmclient
+from portal.slurm.slurmclient import SlurmError, SlurmUnavailable, share_client
 from spawner import gpuspawner
 from spawner.gpuspawner import RequestRefused, SpawnFailed, extend_walltime
 from spawner.partitionspawner import PartitionSpawner
@@ -715,10 +716,104 @@ def test_poll_keeps_a_running_session_and_one_squeue_serves_every_session(hub, s
     async def scenario():
         sessions = [await running_session(hub, name, form={"profile": ["cpu"]}, node="node3", port=PORT + i)
                     for i, name in enumerate(("a", "b"))]
+        for _ in range(3):
+            await slurm.later()
+            before = len(slurm.commands)
+            assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [None, None]
+            assert len(slurm.commands) - before == 1, slurm.commands[before:]
+
+    run(scenario())
+
+
+def test_sessions_running_untouched_are_checked_by_their_states_alone_and_a_change_by_a_full_listing(hub, slurm):
+    """A department's thousands of jobs are not listed every second for a class at rest: the checks look at the
+    running sessions' job states alone (squeue --only-job-state), and list every job only when one changed, or
+    when the last full listing is FULL_AT_REST seconds old."""
+    async def scenario():
+        sessions = [await running_session(hub, name, form={"profile": ["cpu"]}, node="node3", port=PORT + i)
+                    for i, name in enumerate(("a", "b"))]
+        jobs = [job for _, job in sessions]
         await slurm.later()
-        before = slurm.commands.count("squeue")
-        assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [None, None]
-        assert slurm.commands.count("squeue") - before == 1
+        before = len(slurm.commands)
+        for _ in range(3):
+            assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [None, None]
+            await slurm.later()
+        assert slurm.commands[before:] == ["squeue states"] * 3
+        slurm.end(jobs[0], "CANCELLED")  # scancel from her shell
+        await slurm.later()
+        before = len(slurm.commands)
+        assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [1, None]
+        assert slurm.commands[before:before + 2] == ["squeue states", "squeue"], slurm.commands[before:]
+        assert sessions[0][0].child_spawner.last_end.startswith(f"Your session job {jobs[0]} was cancelled")
+        slurm._squeue.taken_at -= slurmclient.FULL_AT_REST  # half a minute untouched
+        before = len(slurm.commands)
+        assert await sessions[1][0].poll() is None
+        assert slurm.commands[before:] == ["squeue"]
+
+    run(scenario())
+
+
+def test_a_requeue_the_state_look_missed_is_seen_with_the_next_full_listing(hub, slurm):
+    async def scenario():
+        spawner, job = await running_session(hub, form=SCAVENGER_FORM)
+        await slurm.later()
+        assert await spawner.poll() is None
+        slurm.requeue(job)
+        slurm.start(job, "node2")  # run again within the second: RUNNING before and after
+        await slurm.later()
+        assert await spawner.poll() is None  # the look at its state alone cannot tell
+        slurm._squeue.taken_at -= slurmclient.FULL_AT_REST
+        assert await spawner.poll() == 1
+        assert "put back in its queue" in spawner.child_spawner.last_end
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("release", ["22.05.8", None])
+def test_commands_that_cannot_tell_states_alone_are_asked_for_the_full_listing(release):
+    slurm = FakeSlurm(release=release)
+    hub = Hub(slurm, f"/nonexistent/{release}/slurm.conf")
+
+    async def scenario():
+        spawner, _ = await running_session(hub, form={"profile": ["cpu"]}, node="node3")
+        for _ in range(2):
+            await slurm.later()
+            before = len(slurm.commands)
+            assert await spawner.poll() is None
+            assert slurm.commands[before:] == ["squeue"]
+
+    with slurm.installed(hub.config):
+        run(scenario())
+
+
+def test_a_state_look_slurmctld_does_not_answer_is_not_followed_by_a_full_listing(hub, slurm):
+    """A hung slurmctld is waited for once, not twice: JupyterHub polls a session before it stops it, and a stop
+    while slurmctld hangs must not wait out two command timeouts (tests/test_reliability.py on the cluster)."""
+    async def scenario():
+        spawner, _ = await running_session(hub)
+        await slurm.later()
+        slurm.go_down()
+        before = len(slurm.commands)
+        assert await spawner.poll() is None
+        assert slurm.commands[before:] == ["squeue states"]
+        assert spawner.child_spawner.job_status.startswith("UNKNOWN slurm_load_jobs error: Unable to contact")
+
+    run(scenario())
+
+
+def test_a_failed_state_look_falls_back_to_the_full_listing(hub, slurm, monkeypatch):
+    async def scenario():
+        spawner, job = await running_session(hub)
+        await slurm.later()
+
+        async def refused(argv):
+            raise SlurmError("squeue: unrecognized option '--only-job-state'")
+
+        monkeypatch.setattr(slurm, "_job_states", refused)
+        slurm.end(job, "TIMEOUT")
+        await slurm.later()
+        assert await spawner.poll() == 1
+        assert slurm.commands[-3:-1] == ["squeue states", "squeue"]
 
     run(scenario())
 

@@ -238,9 +238,10 @@ class HubSettings(_Model):
         "sessions_per_user. 0: named sessions are off, one session per user.")
     poll_interval: int = Field(
         2, gt=0, description="Seconds between the hub's checks that each running session's job still runs "
-        "(JupyterHub's Spawner.poll_interval). Each check reads the shared squeue snapshot (at most one squeue per "
-        "slurm.squeue_interval for all sessions), so a job ended outside the portal (scancel, node failure, "
-        "walltime) is seen within a few seconds.",
+        "(JupyterHub's Spawner.poll_interval). Each check reads one look at the running sessions' job states taken "
+        "at most once a slurm.squeue_interval for all sessions (Slurm 23.02 on; on 22.05 the shared squeue of "
+        "every job), so a job ended outside the portal (scancel, node failure, walltime) is seen within a few "
+        "seconds.",
     )
     concurrent_spawn_limit: int = Field(
         100, ge=0, description="How many sessions the hub starts at once (JupyterHub's concurrent_spawn_limit). A "
@@ -357,7 +358,8 @@ class SlurmSettings(_Model):
         return value
     squeue_interval: float = Field(
         defaults.SQUEUE_INTERVAL, gt=0, description="Seconds between the shared squeue calls while sessions start "
-        "(one squeue for all sessions; hub.poll_interval's checks read it too)."
+        "(one squeue for all sessions), and between the looks at the running sessions' job states that "
+        "hub.poll_interval's checks read."
     )
     resources_interval: float = Field(
         defaults.RESOURCES_INTERVAL, gt=0, description="Seconds the spawn form's free/total resources (one sinfo) are cached."

@@ -44,10 +44,12 @@ from portal.slurm.slurmparse import (
     checked_output,
     home_full as home_full,
     job_gpus as job_gpus,
+    job_states_argv,
     newest_by_job,
     nodes_argv,
     parse_config,
     parse_job_id,
+    parse_job_states,
     parse_release,
     parse_sacct,
     parse_scontrol_jobs,
@@ -127,6 +129,12 @@ class _Snapshot:
                 return value
 
 
+# While sessions run untouched, the hub looks at their jobs' states alone (Slurm.running_job), and lists the
+# cluster's jobs in full at least every FULL_AT_REST seconds; a job id not asked after for WATCHED_FOR seconds
+# (its session ended or is starting again) leaves that look.
+FULL_AT_REST = 30.0
+WATCHED_FOR = 60.0
+
 ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
 
 
@@ -155,6 +163,8 @@ class Slurm:
         self.command_timeout = command_timeout
         self.mediator = str(mediator)
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
+        self._states = _Snapshot(self._fetch_states, empty=None)  # the running sessions' jobs' states (running_job)
+        self._watched: dict[int, float] = {}  # those jobs' ids: when each was last asked after
         # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
         # a class starting at once ran two Python processes per student together on the login node's
         # cores, which left the hub's own loop almost none and ran sbatch past its timeout.
@@ -323,6 +333,46 @@ class Slurm:
 
     async def job(self, job_id: int, max_age: float | None = None, fresh_after: float = 0.0) -> Job | None:
         return (await self.jobs(max_age, fresh_after)).get(int(job_id))
+
+    async def running_job(self, job_id: int, fresh_after: float = 0.0) -> Job | None:
+        """A running session's job, for the hub's checks that it still runs (hub.poll_interval, every few seconds
+        for each session): the record of the last full listing while one look at the states alone of every
+        running session's job (slurmparse.job_states_argv, shared as the listing is) finds its state unchanged
+        and that listing is at most FULL_AT_REST seconds old; else, as :meth:`job`, a full listing taken after
+        that look. So a class running untouched costs one short answer a second, however many jobs of others
+        slurmctld holds (a department's thousands, finished ones included until MinJobAge), and a full listing
+        twice a minute, instead of a full listing every second. Where the commands have no such look (22.05),
+        or it fails, it is :meth:`job`; where slurmctld does not answer it, SlurmUnavailable at once, as the full
+        listing would fail. A state that changes and changes back between two looks (a job
+        requeued and run again within the second) shows with the next full listing."""
+        job_id = int(job_id)
+        listing = self._squeue
+        known = listing.value.get(job_id)
+        if known is None or listing.taken_at <= fresh_after or time.monotonic() - listing.taken_at >= FULL_AT_REST:
+            return await self.job(job_id, fresh_after=fresh_after)
+        self._watched[job_id] = time.monotonic()
+        try:
+            states = await self._states.get(self.cache_seconds)
+        except SlurmUnavailable:
+            raise  # slurmctld did not answer (within command_timeout): a full listing would wait as long again
+        except SlurmError as error:
+            log.debug("The look at the sessions' job states failed (%s): a full listing instead", error)
+            states = None
+        if states is None:  # no look to be had: as the commands of 22.05 are asked
+            return await self.job(job_id, fresh_after=fresh_after)
+        if states.get(job_id) == known.state:
+            return known
+        return await self.job(job_id, fresh_after=max(fresh_after, self._states.taken_at))  # a listing that shows it
+
+    async def _fetch_states(self) -> dict[int, str] | None:
+        """The states of the running sessions' jobs asked after lately (running_job); None where the commands
+        cannot tell states alone."""
+        now = time.monotonic()
+        self._watched = {job_id: asked for job_id, asked in self._watched.items() if now - asked < WATCHED_FOR}
+        argv = job_states_argv(self.tool("squeue"), await self.release(), sorted(self._watched))
+        if argv is None or not self._watched:
+            return None
+        return parse_job_states(await self.run(argv))
 
     async def accounting(self, job_id: int, user: str | None = None) -> Job | None:
         """The job as Slurm accounting (slurmdbd) recorded it, once slurmctld has forgotten it;
@@ -604,6 +654,8 @@ def command_name(argv: list[str]) -> str:
     'scancel', 'mediator tail', 'mediator certs'."""
     for index, part in enumerate(argv):
         name = Path(part).name
+        if name == "squeue" and "--only-job-state" in argv:
+            return "squeue states"
         if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun"):
             return name
         if part.endswith("/mediator"):

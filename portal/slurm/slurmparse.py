@@ -257,6 +257,31 @@ def nodes_argv(release: str | None) -> list[str]:
     return ["scontrol", "--json", "show", "nodes"]
 
 
+def job_states_argv(squeue: str, release: str | None, job_ids: Iterable[int]) -> list[str] | None:
+    """The command that tells only the state of each of ``job_ids`` (those slurmctld still knows), for the commands
+    of ``release``: ``squeue --only-job-state`` (Slurm 23.02 on), which slurmctld answers from the jobs' states
+    alone, not by packing every job of the cluster as a listing does. None where the commands do not have it
+    (22.05) or did not say their release."""
+    if not release or tuple(int(part) for part in release_line(release).split(".")) < (23, 2):
+        return None
+    return [squeue, "--only-job-state", "--noheader", "--states=all", f"--jobs={','.join(str(int(j)) for j in job_ids)}",
+            "--format=%i %T"]
+
+
+def parse_job_states(text: str) -> dict[int, str]:
+    """job_states_argv's answer -> each listed job's state by id ("RUNNING"); an id slurmctld forgot is not listed.
+    Anything else than lines of an id and a state is an error, never "no jobs"."""
+    states: dict[int, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, _, state = line.strip().partition(" ")
+        if not (job_id.isascii() and job_id.isdigit() and state.isascii() and state.replace("_", "").isalpha()):
+            raise SlurmError(f"squeue's job states could not be read ({line[:60]!r})")
+        states[int(job_id)] = state
+    return states
+
+
 def parse_sinfo_json(text: str) -> list[Node]:
     """Each node of nodes_argv's answer, whichever release gave it (its "nodes" list). An answer without one (the
     sinfo --json of 23.02 or later, its commands upgraded under a running hub) is an error, never "no nodes"."""
