@@ -231,11 +231,18 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     life = {}  # the hub's CPU for the rest of the class's life: its sessions running untouched, then stopped
     if steady and ready:  # every session up, nobody starting: the hub's checks that they still run
         at_rest = rpc_counts()
-        resting = HubResources(hub_pid) if hub_pid else None
-        time.sleep(steady)
+        minutes = []  # the hub-side CPU of each minute of it (the last one: less than a minute where steady says so)
+        left = steady
+        while left > 0:
+            resting = HubResources(hub_pid) if hub_pid else None
+            time.sleep(min(60.0, left))
+            if resting:
+                minutes.append(resting.stop()["hub_side_cpu"] * 60 / min(60.0, left))
+            left -= 60.0
         running_queries = job_queries_in(rpc_counts()) - job_queries_in(at_rest)
-        if resting:
-            life.update(running_hub_side_cpu=resting.stop()["hub_side_cpu"], running_seconds=steady)
+        if minutes:
+            life.update(running_hub_side_cpu=sum(m * min(60.0, steady - 60 * i) / 60 for i, m in enumerate(minutes)),
+                        running_seconds=steady, running_minutes=minutes)
 
     stopping = time.monotonic()
     ending = HubResources(hub_pid) if hub_pid else None
@@ -276,10 +283,17 @@ HOUR = 3600.0
 
 def class_hour(result: dict) -> float | None:
     """The hub-side CPU seconds per student of a class that runs an hour: its start, an hour of its sessions
-    running untouched (at the rate measured while they ran) and its stop; None where not measured."""
+    running untouched and its stop; None where not measured. The hour: the minutes measured as measured (the
+    first ones still hold the reports of the class's own use), the rest of the hour at the last minute's rate,
+    or, where the minutes were not told apart, at the rate of the whole time measured."""
     if not {"hub_side_cpu", "running_hub_side_cpu", "stop_hub_side_cpu"} <= result.keys() or "load" in result:
         return None
-    running = result["running_hub_side_cpu"] * HOUR / result["running_seconds"]
+    minutes = result.get("running_minutes") or []
+    if len(minutes) > 1:
+        measured = result["running_hub_side_cpu"]
+        running = measured + minutes[-1] * (HOUR - result["running_seconds"]) / 60
+    else:
+        running = result["running_hub_side_cpu"] * HOUR / result["running_seconds"]
     return (result["hub_side_cpu"] + running + result["stop_hub_side_cpu"]) / result["students"]
 
 
@@ -298,7 +312,9 @@ def describe(result: dict) -> str:
                  + (f" + {result['service_cpu']:.1f} s in its service" if "service_cpu" in result else "")
                  + (f" = {result['hub_side_cpu'] / result['students']:.3f} CPU-s per student"
                     if "hub_side_cpu" in result and "load" not in result else "")
-                 + (f"; running {60 * result['running_hub_side_cpu'] / result['running_seconds']:.2f} CPU-s a minute, "
+                 + (f"; running {60 * result['running_hub_side_cpu'] / result['running_seconds']:.2f} CPU-s a minute"
+                    + (" (each minute: " + ", ".join(f"{m:.2f}" for m in result["running_minutes"]) + ")"
+                       if len(result.get("running_minutes") or []) > 1 else "") + ", "
                     f"stop {result['stop_hub_side_cpu']:.1f} CPU-s: a class of an hour {class_hour(result):.3f} CPU-s "
                     "per student" if class_hour(result) is not None else "")
                  + f", peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
