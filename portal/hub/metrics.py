@@ -37,6 +37,11 @@ REQUESTS_SHED = Counter(
     "dsportal_requests_shed", "Reads that could wait (page views, polling) answered 429 while the hub's event loop "
     "lagged (portal/hub/loadshed.py).")
 
+GC_SECONDS = Counter("dsportal_gc_seconds", "Seconds the hub spent in Python's garbage collector, by generation "
+                     "(2: full collections, which stop its event loop longest; portal/hub/gcwatch.py).", ["generation"])
+GC_COLLECTIONS = Counter("dsportal_gc_collections", "Collections of Python's garbage collector in the hub, by "
+                         "generation.", ["generation"])
+
 SESSION_JOB = re.compile(r"^dsportal-")
 class SlurmCollector:
     """Session jobs and GPUs by partition and state, and each partition's GPUs, at scrape time."""
