@@ -92,18 +92,29 @@ def cmd_hub(args) -> int:
     return jupyterhub_main(["-f", _hub_config_file()]) or 0
 
 
+YOUNG_COLLECTION_EVERY = 50_000  # Python's default: 700
+
+
 def _start_garbage_collection(hub) -> None:
     """Most objects the hub makes as it loads and sets up (modules, its database's users and spawners,
     routes) live as long as it does. With Python's cyclic garbage collector on, each full collection
     while a class starts looked over all of them again, the hub's loop stopped meanwhile. The
     collector is off until the hub is set up (after its tornado application, before it serves), then
     collects once, freezes what is left (gc.freeze: left out of every later collection) and runs again,
-    over what the hub makes while it serves."""
+    over what the hub makes while it serves.
+
+    What it makes while it serves is mostly a request's, gone by its end; with Python's default of a young
+    collection every 700 new objects, those still alive at that moment (a request waiting on the database)
+    were moved on, a generation at a time, to the oldest, and once a quarter of it was new, a full collection
+    walked every person the hub knows, the loop stopped: every 8 s with 2,000 people clicking, 0.3 to 0.8 s
+    each, finding a few hundred objects to free (bench/results/scale-2026-12-07.md, run H). A young collection
+    every YOUNG_COLLECTION_EVERY new objects leaves a request's objects the time to go by themselves."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
     gc.enable()
-    hub.log.info("dsportal: set up; garbage collection on, the %d objects of the start left out of it",
-                 gc.get_freeze_count())
+    hub.log.info("dsportal: set up; garbage collection on, the %d objects of the start left out of it, a young "
+                 "collection every %d new objects", gc.get_freeze_count(), YOUNG_COLLECTION_EVERY)
 
 
 def move_database(settings, target_url: str | None, password_file: Path | None) -> int:
