@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -106,11 +107,38 @@ def cancel_queued(timeout: float = 180) -> None:
         time.sleep(2)
 
 
+def slurm_config_number(name: str, default: int) -> int:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    found = re.search(rf"^{name}\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(found.group(1)) if found else default
+
+
+def jobs_remembered() -> int:
+    """Every job slurmctld holds, ended ones included (until MinJobAge): what counts against MaxJobCount."""
+    out = subprocess.run(["squeue", "-h", "--all", "--states=all", "-o", "%A"], capture_output=True, text=True).stdout
+    return len(out.split())
+
+
+def wait_for_room(jobs: int, margin: int = 200) -> None:
+    """Until slurmctld can take ``jobs`` more (MaxJobCount counts the jobs it still remembers, those a step before
+    cancelled too, for MinJobAge): the next hub's class must not find the queue full of the last one's leftovers."""
+    most = slurm_config_number("MaxJobCount", 10000)
+    deadline = time.monotonic() + slurm_config_number("MinJobAge", 300) + 120
+    waited = time.monotonic()
+    while jobs_remembered() + jobs + margin > most and time.monotonic() < deadline:
+        time.sleep(10)
+    if time.monotonic() - waited > 1:
+        print(f"  waited {time.monotonic() - waited:.0f} s for slurmctld to forget the jobs of the step before "
+              f"(MaxJobCount {most}, {jobs_remembered()} remembered)", flush=True)
+
+
 @contextmanager
-def queued_jobs(count: int, users: list[str], submitters: int = 4):
-    """``count`` jobs of ``users`` (in turn) held in Slurm's queue for the duration; yields how many are
-    there. They are named bench-queued and cancelled at the end, whatever happens."""
+def queued_jobs(count: int, users: list[str], submitters: int = 4, room_for: int = 0):
+    """``count`` jobs of ``users`` (in turn) held in Slurm's queue for the duration, once slurmctld has room for
+    them and ``room_for`` more (a class); yields how many are there. They are named bench-queued and cancelled at
+    the end, whatever happens."""
     shares = [count // len(users) + (1 if i < count % len(users) else 0) for i in range(len(users))]
+    wait_for_room(count + room_for)
     try:
         started = time.monotonic()
         with ThreadPoolExecutor(submitters) as pool:

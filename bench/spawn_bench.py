@@ -511,7 +511,8 @@ def sequence(args, workdir: Path) -> list[dict]:
                     told = pause_slurmctld(hub, 40, starters)
                     print(f"  while slurmctld was stopped, a start was answered: {told}", flush=True)
                 clickers = members[:args.crowd if step == "crowd" else args.load_users]
-                held_jobs = queued_jobs(args.queued, clickers) if step in ("queued", "crowd", "busy") else nullcontext(0)
+                held_jobs = (queued_jobs(args.queued, clickers, room_for=len(students))
+                             if step in ("queued", "crowd", "busy") else nullcontext(0))
                 with held_jobs as held:
                     try:
                         if step in ("clicking", "queued", "crowd"):
