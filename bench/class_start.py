@@ -232,17 +232,20 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
     if steady and ready:  # every session up, nobody starting: the hub's checks that they still run
         at_rest = rpc_counts()
         minutes = []  # the hub-side CPU of each minute of it (the last one: less than a minute where steady says so)
+        parts = []  # and of each minute: the hub's own, its commands', its service's
         left = steady
         while left > 0:
             resting = HubResources(hub_pid) if hub_pid else None
             time.sleep(min(60.0, left))
             if resting:
-                minutes.append(resting.stop()["hub_side_cpu"] * 60 / min(60.0, left))
+                used = resting.stop()
+                minutes.append(used["hub_side_cpu"] * 60 / min(60.0, left))
+                parts.append({k: used[k] * 60 / min(60.0, left) for k in ("hub_cpu", "hub_commands_cpu", "service_cpu")})
             left -= 60.0
         running_queries = job_queries_in(rpc_counts()) - job_queries_in(at_rest)
         if minutes:
             life.update(running_hub_side_cpu=sum(m * min(60.0, steady - 60 * i) / 60 for i, m in enumerate(minutes)),
-                        running_seconds=steady, running_minutes=minutes)
+                        running_seconds=steady, running_minutes=minutes, running_minutes_parts=parts)
 
     stopping = time.monotonic()
     ending = HubResources(hub_pid) if hub_pid else None
@@ -313,8 +316,11 @@ def describe(result: dict) -> str:
                  + (f" = {result['hub_side_cpu'] / result['students']:.3f} CPU-s per student"
                     if "hub_side_cpu" in result and "load" not in result else "")
                  + (f"; running {60 * result['running_hub_side_cpu'] / result['running_seconds']:.2f} CPU-s a minute"
-                    + (" (each minute: " + ", ".join(f"{m:.2f}" for m in result["running_minutes"]) + ")"
-                       if len(result.get("running_minutes") or []) > 1 else "") + ", "
+                    + (" (each minute: " + ", ".join(f"{m:.2f}" for m in result["running_minutes"]) + "; the last: "
+                       + ", ".join(f"{name} {result['running_minutes_parts'][-1][k]:.2f}" for name, k in
+                                   (("hub", "hub_cpu"), ("commands", "hub_commands_cpu"), ("service", "service_cpu")))
+                       + ")"
+                       if len(result.get("running_minutes_parts") or []) > 1 else "") + ", "
                     f"stop {result['stop_hub_side_cpu']:.1f} CPU-s: a class of an hour {class_hour(result):.3f} CPU-s "
                     "per student" if class_hour(result) is not None else "")
                  + f", peak RSS hub {result['hub_rss_mb']:.0f} MB, proxy {result['proxy_rss_mb']:.0f} MB"
