@@ -620,8 +620,8 @@ def main(argv=None) -> int:
                         "the department runs)")
     parser.add_argument("--load-users", type=int, default=300, help="people clicking through the hub while the "
                         "class starts (steps clicking and queued)")
-    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue (steps queued "
-                        "and crowd)")
+    parser.add_argument("--queued", type=int, default=5000, help="other users' jobs held in Slurm's queue (steps queued, "
+                        "crowd and busy)")
     parser.add_argument("--crowd", type=int, default=1000, help="people clicking through the hub while the class starts "
                         "(step crowd)")
     parser.add_argument("--curve", type=lambda s: [int(n) for n in s.split(",") if n], default=[100, 300, 1000, 2000],
