@@ -108,10 +108,15 @@ def _start_garbage_collection(hub) -> None:
     were moved on, a generation at a time, to the oldest, and once a quarter of it was new, a full collection
     walked every person the hub knows, the loop stopped: every 8 s with 2,000 people clicking, 0.3 to 0.8 s
     each, finding a few hundred objects to free (bench/results/scale-2026-12-07.md, run H). A young collection
-    every YOUNG_COLLECTION_EVERY new objects leaves a request's objects the time to go by themselves."""
+    every YOUNG_COLLECTION_EVERY new objects leaves a request's objects the time to go by themselves.
+
+    Each collection from then on is counted, and a long one logged (portal/hub/gcwatch.py)."""
+    from portal.hub import gcwatch
+
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
+    gcwatch.install()
     gc.enable()
     hub.log.info("dsportal: set up; garbage collection on, the %d objects of the start left out of it, a young "
                  "collection every %d new objects", gc.get_freeze_count(), YOUNG_COLLECTION_EVERY)

@@ -18,7 +18,6 @@ from portal.core.settingtraits import hand_down
 from portal.hub import (
     databasedown,
     extend,
-    gcwatch,
     loadshed,
     metrics,
     pacing,
@@ -125,7 +124,6 @@ def configure(c, settings=None) -> None:
             c.ConfigurableHTTPProxy.auth_token = proxyservice.read_token(hub.proxy_token_file)
         proxywatch.install()  # a proxy restarted by systemd gets every session's route back within seconds
     databasedown.install()  # the hub's database not answering: 503 in words, nobody logged out
-    gcwatch.install()  # the garbage collector's pauses of the hub's loop: counted, the long ones logged
     configure_user_origins(c, hub.subdomain_host)
     if hub.internal_ssl:
         configure_internal_ssl(c, hub, data_dir)

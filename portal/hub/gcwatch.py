@@ -7,8 +7,8 @@ sheds page views (loadshed.py). So each collection's time goes to ``dsportal_gc_
 ``dsportal_gc_collections``), and one of at least LONG_PAUSE seconds is logged.
 
 What the hub built to start is frozen out of the collector's way, and its young collections are rarer
-(portal/cli.py, ``_start_garbage_collection``); this module only watches. Python's public hook (``gc.callbacks``);
-nothing of JupyterHub is touched.
+(portal/cli.py, ``_start_garbage_collection``, which installs this watch too); this module only watches.
+Python's public hook (``gc.callbacks``); nothing of JupyterHub is touched.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ class GcWatch:
     def __init__(self, long_pause: float = LONG_PAUSE):
         self.long_pause = long_pause
         self._started = 0.0
-        self.seconds = [0.0, 0.0, 0.0]
-        self.collections = [0, 0, 0]
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -38,8 +36,6 @@ class GcWatch:
             return
         took = time.perf_counter() - self._started
         generation = int(info.get("generation", 0))
-        self.seconds[generation] += took
-        self.collections[generation] += 1
         metrics.GC_SECONDS.labels(str(generation)).inc(took)
         metrics.GC_COLLECTIONS.labels(str(generation)).inc()
         if took >= self.long_pause:
