@@ -238,9 +238,9 @@ def class_start(login, students: list[str], options: dict, admin: HubUser, timeo
             resting = HubResources(hub_pid) if hub_pid else None
             time.sleep(min(60.0, left))
             if resting:
-                used = resting.stop()
-                minutes.append(used["hub_side_cpu"] * 60 / min(60.0, left))
-                parts.append({k: used[k] * 60 / min(60.0, left) for k in ("hub_cpu", "hub_commands_cpu", "service_cpu")})
+                rested = resting.stop()  # not `used`: that is the class start's, returned below
+                minutes.append(rested["hub_side_cpu"] * 60 / min(60.0, left))
+                parts.append({k: rested[k] * 60 / min(60.0, left) for k in ("hub_cpu", "hub_commands_cpu", "service_cpu")})
             left -= 60.0
         running_queries = job_queries_in(rpc_counts()) - job_queries_in(at_rest)
         if minutes:
