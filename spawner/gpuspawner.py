@@ -354,10 +354,10 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             self.on_submitted()
         return self.job_id
 
-    async def query_job_status(self, fresh_after: float | None = None, at_rest: bool = False):
+    async def query_job_status(self, fresh_after: float | None = None, by_look: bool = False):
         """The job's status from the shared squeue snapshot (one taken after ``fresh_after``; None: after the
-        submission). ``at_rest``: the check of a session that runs and is not starting, which a look at the
-        jobs' states alone answers while nothing changed (Slurm.running_job)."""
+        submission). ``by_look``: a check that a look at the jobs' states alone answers while nothing changed
+        (Slurm.running_job): a running session's, and a start's while it waits."""
         if not self.job_id:
             self.job_status = ""
             return JobStatus.NOTFOUND
@@ -365,7 +365,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
             # A snapshot older than our own sbatch cannot know the job yet.
             if fresh_after is None:
                 fresh_after = self.submitted_at
-            look = self.slurm.running_job if at_rest else self.slurm.job
+            look = self.slurm.running_job if by_look else self.slurm.job
             job = await look(int(self.job_id), fresh_after=fresh_after)
         except SlurmError as error:
             # One failed squeue must never drop a session: report UNKNOWN and look again later.
@@ -463,13 +463,9 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
             return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
-        arrived = time.monotonic()
-        job = await self.slurm.job(int(self.job_id))
-        if job is None or not job.running:
-            # The job may have started since the shared snapshot was taken: one taken after the report
-            # arrived says. Reports arriving together (a class starting) share it: each used to run a
-            # squeue of its own, one after the other.
-            job = await self.slurm.job(int(self.job_id), fresh_after=arrived)
+        # Slurm's word on this job now, after the report arrived: asked for alone, which slurmctld answers
+        # without packing every job of the cluster (a department's thousands) as the full listing does.
+        job = await self.slurm.job_alone(int(self.job_id))
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
         self.job = job  # the route goes to the batch host this answer names
@@ -549,7 +545,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         # Wait for the job to run. Only a definite end (not an unreachable scheduler) fails. A port
         # report (accepted only from the job Slurm shows running) ends each wait at once.
         while not self.port:
-            status = await self.query_job_status()
+            status = await self.query_job_status(by_look=True)
             if status == JobStatus.RUNNING:
                 break
             if status == JobStatus.NOTFOUND:
@@ -565,7 +561,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
         while self.port == 0:
             await self._until_port_or(self.startup_poll_interval)
-            status = await self.query_job_status()
+            status = await self.query_job_status(by_look=True)
             if status == JobStatus.NOTFOUND and self.port == 0:
                 raise await self._failure(self.job, "ended before JupyterLab started")
 
@@ -583,7 +579,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if not self.job_id:
             return 1
         checking = self.hub_checking or self.pending == "check"  # the hub's check of it after the hub's restart
-        status = await self.query_job_status(at_rest=bool(self.server) and not self.starting and not checking)
+        status = await self.query_job_status(by_look=bool(self.server) and not self.starting and not checking)
         job = self.job
         if (job is not None and self.server and not self.starting and job.restarts > self.restarts
                 and (job.pending or job.running)):

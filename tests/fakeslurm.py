@@ -309,6 +309,12 @@ class FakeSlurm(slurmclient.Slurm):
                                 if not r.name.startswith(SESSION_JOB_PREFIX) and r.state in PENDING_STATES]
         return {r.job_id: r.job() for r in listed if r.name.startswith(SESSION_JOB_PREFIX)}
 
+    async def _fetch_alone(self, job_id: int) -> Job | None:
+        """squeue --jobs=ID: that job, if squeue still lists it and it is a session's."""
+        await self._command("squeue job")
+        record = self.records.get(job_id)
+        return record.job() if record and record.listed and record.name.startswith(SESSION_JOB_PREFIX) else None
+
     async def _fetch_nodes(self) -> list[Node]:
         await self._command("sinfo")
         nodes = []
@@ -410,6 +416,11 @@ class FakeSlurm(slurmclient.Slurm):
                      "slurm_release"):
             setattr(client, name, getattr(self, name))
         return client
+
+    def records_age(self, seconds: float) -> None:
+        """The hub's records of jobs (the last full listing, each job asked for alone) are ``seconds`` older."""
+        self._squeue.taken_at -= seconds
+        self._alone = {job_id: (taken_at - seconds, job) for job_id, (taken_at, job) in self._alone.items()}
 
     async def later(self) -> None:
         """Until a snapshot taken now is stale: the next squeue shows what changed meanwhile."""

@@ -725,10 +725,10 @@ def test_poll_keeps_a_running_session_and_one_squeue_serves_every_session(hub, s
     run(scenario())
 
 
-def test_sessions_running_untouched_are_checked_by_their_states_alone_and_a_change_by_a_full_listing(hub, slurm):
+def test_sessions_running_untouched_are_checked_by_their_states_alone_and_a_change_by_asking_for_it(hub, slurm):
     """A department's thousands of jobs are not listed every second for a class at rest: the checks look at the
-    running sessions' job states alone (squeue --only-job-state), and list every job only when one changed, or
-    when the last full listing is FULL_AT_REST seconds old."""
+    running sessions' job states alone (squeue --only-job-state), ask for a job alone when its state changed, and
+    list every job only when the newest record is FULL_AT_REST seconds old."""
     async def scenario():
         sessions = [await running_session(hub, name, form={"profile": ["cpu"]}, node="node3", port=PORT + i)
                     for i, name in enumerate(("a", "b"))]
@@ -743,12 +743,73 @@ def test_sessions_running_untouched_are_checked_by_their_states_alone_and_a_chan
         await slurm.later()
         before = len(slurm.commands)
         assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [1, None]
-        assert slurm.commands[before:before + 2] == ["squeue states", "squeue"], slurm.commands[before:]
+        assert slurm.commands[before:before + 2] == ["squeue states", "squeue job"], slurm.commands[before:]
         assert sessions[0][0].child_spawner.last_end.startswith(f"Your session job {jobs[0]} was cancelled")
-        slurm._squeue.taken_at -= slurmclient.FULL_AT_REST  # half a minute untouched
+        slurm.records_age(slurmclient.FULL_AT_REST)  # half a minute untouched
+        sessions[1][0].child_spawner.submitted_at -= slurmclient.FULL_AT_REST
         before = len(slurm.commands)
         assert await sessions[1][0].poll() is None
         assert slurm.commands[before:] == ["squeue"]
+
+    run(scenario())
+
+
+def test_a_start_waits_for_jupyterlab_by_looks_at_its_jobs_state_and_its_report_asks_for_the_job_alone(hub, slurm):
+    """While a class starts beside a department's queue, its starts do not list every job each second: a new job
+    is asked for alone (squeue --jobs=ID), and while JupyterLab starts in it, its state is looked at with the
+    others'; the port report is judged by Slurm's word on that job alone, asked after the report arrived."""
+    async def scenario():
+        slurm.start_on = "node1"  # the queue is empty: it runs as it is submitted
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.running)
+        await asyncio.sleep(0.2)  # ten of the start's checks
+        looked = slurm.commands[slurm.commands.index("sbatch") + 1:]
+        assert looked[0] == "squeue job" and looked.count("squeue states") >= 3 and "squeue" not in looked, looked
+        assert slurm.last_jobs[job].running  # what the hub's metrics count: the job as last told, alone here
+        before = len(slurm.commands)
+        assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+        assert slurm.commands[before:] == ["squeue job"]
+        assert await starting == ("node1", PORT)
+
+    run(scenario())
+
+
+def test_a_job_that_ends_while_jupyterlab_starts_is_seen_by_the_look_and_told(hub, slurm):
+    async def scenario():
+        slurm.start_on = "node1"
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        await until(lambda: "squeue states" in slurm.commands)
+        slurm.end(job, "FAILED", exit_code=1, reason="NonZeroExitCode")
+        at_end = len(slurm.commands)
+        with pytest.raises(Exception, match="ended before JupyterLab started"):
+            await starting
+        seen = slurm.commands[at_end:]  # the look, then the job alone: no full listing (then the log's last lines)
+        assert seen[:seen.index("squeue job") + 1] in (["squeue job"], ["squeue states", "squeue job"]), seen
+
+    run(scenario())
+
+
+def test_many_jobs_changed_at_once_are_served_by_one_full_listing(hub, slurm, monkeypatch):
+    """A node gone with many sessions: one full listing tells every one of them, not a squeue of each."""
+    monkeypatch.setattr(slurmclient, "ONE_BY_ONE", 1)
+
+    async def scenario():
+        sessions = [await running_session(hub, name, form={"profile": ["cpu"]}, node="node3", port=PORT + i)
+                    for i, name in enumerate(("a", "b"))]
+        sessions.append(await running_session(hub, "c", node="node1", port=PORT + 2))  # a GPU session beside them
+        await slurm.later()
+        assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [None] * 3
+        for _, job in sessions[:2]:
+            slurm.end(job, "NODE_FAIL", reason="NodeDown")
+        await slurm.later()
+        before = len(slurm.commands)
+        assert await asyncio.gather(*(s.poll() for s, _ in sessions)) == [1, 1, None]
+        assert slurm.commands[before:].count("squeue") == 1 and "squeue job" not in slurm.commands[before:], \
+            slurm.commands[before:]
 
     run(scenario())
 
@@ -762,7 +823,8 @@ def test_a_requeue_the_state_look_missed_is_seen_with_the_next_full_listing(hub,
         slurm.start(job, "node2")  # run again within the second: RUNNING before and after
         await slurm.later()
         assert await spawner.poll() is None  # the look at its state alone cannot tell
-        slurm._squeue.taken_at -= slurmclient.FULL_AT_REST
+        slurm.records_age(slurmclient.FULL_AT_REST)
+        spawner.child_spawner.submitted_at -= slurmclient.FULL_AT_REST
         assert await spawner.poll() == 1
         assert "put back in its queue" in spawner.child_spawner.last_end
 

@@ -129,11 +129,13 @@ class _Snapshot:
                 return value
 
 
-# While sessions run untouched, the hub looks at their jobs' states alone (Slurm.running_job), and lists the
-# cluster's jobs in full at least every FULL_AT_REST seconds; a job id not asked after for WATCHED_FOR seconds
-# (its session ended or is starting again) leaves that look.
+# While sessions run, or wait for JupyterLab in a job that runs, the hub looks at their jobs' states alone
+# (Slurm.running_job), and lists the cluster's jobs in full at least every FULL_AT_REST seconds; a job id not asked
+# after for WATCHED_FOR seconds (its session ended or is starting again) leaves that look. A job whose state the look
+# finds changed is asked for alone (Slurm.job_alone), unless more than ONE_BY_ONE changed at once: then one listing.
 FULL_AT_REST = 30.0
 WATCHED_FOR = 60.0
+ONE_BY_ONE = 8
 
 ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
 
@@ -165,6 +167,9 @@ class Slurm:
         self._squeue = _Snapshot(self._fetch_jobs, empty={})
         self._states = _Snapshot(self._fetch_states, empty=None)  # the running sessions' jobs' states (running_job)
         self._watched: dict[int, float] = {}  # those jobs' ids: when each was last asked after
+        self._alone: dict[int, tuple[float, Job | None]] = {}  # job_alone's answers: (when asked, the job)
+        self._alone_flight: dict[int, asyncio.Future] = {}  # job_alone's calls under way, shared by id
+        self._changes: tuple[object, int] = (None, 0)  # (a look, how many of its jobs changed state)
         # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
         # a class starting at once ran two Python processes per student together on the login node's
         # cores, which left the hub's own loop almost none and ran sbatch past its timeout.
@@ -335,20 +340,34 @@ class Slurm:
         return (await self.jobs(max_age, fresh_after)).get(int(job_id))
 
     async def running_job(self, job_id: int, fresh_after: float = 0.0) -> Job | None:
-        """A running session's job, for the hub's checks that it still runs (hub.poll_interval, every few seconds
-        for each session): the record of the last full listing while one look at the states alone of every
-        running session's job (slurmparse.job_states_argv, shared as the listing is) finds its state unchanged
-        and that listing is at most FULL_AT_REST seconds old; else, as :meth:`job`, a full listing taken after
-        that look. So a class running untouched costs one short answer a second, however many jobs of others
-        slurmctld holds (a department's thousands, finished ones included until MinJobAge), and a full listing
-        twice a minute, instead of a full listing every second. Where the commands have no such look (22.05),
-        or it fails, it is :meth:`job`; where slurmctld does not answer it, SlurmUnavailable at once, as the full
-        listing would fail. A state that changes and changes back between two looks (a job
-        requeued and run again within the second) shows with the next full listing."""
+        """A session's job that runs, for the hub's checks that it still runs (hub.poll_interval, every few seconds
+        for each session) and for a start's checks while JupyterLab starts in it (each second).
+
+        Its newest record (the last full listing's, or :meth:`job_alone`'s, taken after ``fresh_after``) while one
+        look at the states alone of every such job (slurmparse.job_states_argv, shared as the listing is) finds its
+        state unchanged and that record is less than FULL_AT_REST seconds old. A job the look finds changed is
+        asked for alone; where more than ONE_BY_ONE changed at once, one full listing taken after that look serves
+        them all. A job with no record yet is asked for alone, while fewer than ONE_BY_ONE are asked for so (else
+        the full listing). A record older than FULL_AT_REST, or one of a job that does not run (its place in the
+        queue, its reason and estimate are the full listing's), comes from a full listing, as :meth:`job`.
+
+        So a class running untouched costs one short answer a second, however many jobs of others slurmctld
+        holds (a department's thousands, finished ones included until MinJobAge), and a full listing twice a
+        minute, instead of a full listing every second; a class starting costs a short answer for each job's
+        changes. Where the commands have no such look (22.05), or it fails, it is :meth:`job`; where slurmctld
+        does not answer it, SlurmUnavailable at once, as the full listing would fail. A state that changes and
+        changes back between two looks (a job requeued and run again within the second) shows with the next
+        full listing."""
         job_id = int(job_id)
-        listing = self._squeue
-        known = listing.value.get(job_id)
-        if known is None or listing.taken_at <= fresh_after or time.monotonic() - listing.taken_at >= FULL_AT_REST:
+        if job_states_argv("squeue", await self.release(), ()) is None:
+            return await self.job(job_id, fresh_after=fresh_after)  # no look to be had: as 22.05's commands are asked
+        taken_at, known = self._newest(job_id, fresh_after)
+        if taken_at == 0.0 and len(self._alone_flight) < ONE_BY_ONE:
+            known = await self.job_alone(job_id)
+            if known is None or known.running:
+                return known
+            return await self.job(job_id, fresh_after=fresh_after)  # it waits: its place is the listing's
+        if known is None or not known.running or time.monotonic() - taken_at >= FULL_AT_REST:
             return await self.job(job_id, fresh_after=fresh_after)
         self._watched[job_id] = time.monotonic()
         try:
@@ -358,15 +377,69 @@ class Slurm:
         except SlurmError as error:
             log.debug("The look at the sessions' job states failed (%s): a full listing instead", error)
             states = None
-        if states is None:  # no look to be had: as the commands of 22.05 are asked
+        if states is None:
             return await self.job(job_id, fresh_after=fresh_after)
         if states.get(job_id) == known.state:
             return known
-        return await self.job(job_id, fresh_after=max(fresh_after, self._states.taken_at))  # a listing that shows it
+        if self._changed(states) > ONE_BY_ONE or len(self._alone_flight) >= ONE_BY_ONE:
+            return await self.job(job_id, fresh_after=max(fresh_after, self._states.taken_at))  # one for them all
+        return await self.job_alone(job_id)
+
+    def _newest(self, job_id: int, fresh_after: float) -> tuple[float, Job | None]:
+        """(when taken, the job) of the newer of the last full listing's record of ``job_id`` and job_alone's,
+        of those taken after ``fresh_after``; (0.0, None) where neither is."""
+        listing = self._squeue
+        candidates = [(listing.taken_at, listing.value.get(job_id))] if job_id in listing.value else []
+        if job_id in self._alone:
+            candidates.append(self._alone[job_id])
+        candidates = [c for c in candidates if c[0] > fresh_after]
+        return max(candidates, key=lambda c: c[0]) if candidates else (0.0, None)
+
+    def _changed(self, states: dict[int, str]) -> int:
+        """How many of the jobs the look ``states`` tells of have another state than their newest record (once a look)."""
+        if self._changes[0] is not states:
+            changed = 0
+            for job_id, state in states.items():
+                known = self._newest(job_id, 0.0)[1]
+                changed += known is not None and known.state != state
+            self._changes = (states, changed)
+        return self._changes[1]
+
+    async def job_alone(self, job_id: int) -> Job | None:
+        """The session job ``job_id`` as slurmctld tells it now, asked for alone (``squeue --jobs=ID``, which
+        slurmctld answers for that job without packing every job); None where it does not know the id (or the
+        job is no session). Callers asking for the same job at once share one call. Its answer serves
+        :meth:`running_job` after it."""
+        job_id = int(job_id)
+        if job_id not in self._alone_flight:
+            self._alone_flight[job_id] = asyncio.ensure_future(self._ask_alone(job_id, time.monotonic()))
+        return await asyncio.shield(self._alone_flight[job_id])
+
+    async def _ask_alone(self, job_id: int, asked: float) -> Job | None:
+        try:
+            job = await self._fetch_alone(job_id)
+            self._alone = {other: answer for other, answer in self._alone.items() if asked - answer[0] < WATCHED_FOR}
+            self._alone[job_id] = (asked, job)
+            return job
+        finally:
+            self._alone_flight.pop(job_id, None)
+
+    async def _fetch_alone(self, job_id: int) -> Job | None:
+        separator = f"\x1f{secrets.token_hex(8)}\x1f"
+        try:
+            out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all", f"--jobs={job_id}"],
+                                 env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})
+        except SlurmUnavailable:
+            raise
+        except SlurmError as error:
+            if "invalid job id" in str(error).lower():  # slurmctld forgot it (MinJobAge) or never had it
+                return None
+            raise
+        return parse_squeue(out, separator)[0].get(job_id)
 
     async def _fetch_states(self) -> dict[int, str] | None:
-        """The states of the running sessions' jobs asked after lately (running_job); None where the commands
-        cannot tell states alone."""
+        """The states of the jobs asked after lately (running_job); None where the commands cannot tell
+        states alone."""
         now = time.monotonic()
         self._watched = {job_id: asked for job_id, asked in self._watched.items() if now - asked < WATCHED_FOR}
         argv = job_states_argv(self.tool("squeue"), await self.release(), sorted(self._watched))
@@ -405,8 +478,15 @@ class Slurm:
 
     @property
     def last_jobs(self) -> dict[int, Job]:
-        """The jobs of the last ``squeue`` snapshot (none before the first), without asking Slurm."""
-        return self._squeue.value
+        """The session jobs as last told, without asking Slurm: the last full listing's (none before the first),
+        each job asked for alone since (job_alone) as that answer tells it."""
+        listing = self._squeue
+        newer = {job_id: job for job_id, (taken_at, job) in self._alone.items() if taken_at > listing.taken_at}
+        if not newer:
+            return listing.value
+        jobs = {job_id: job for job_id, job in listing.value.items() if job_id not in newer}
+        jobs.update((job_id, job) for job_id, job in newer.items() if job is not None)
+        return jobs
 
     def queue_place(self, job: Job) -> tuple[int, int]:
         """(place, of) of a pending job in its partition's queue, from the last squeue snapshot; (0, 0)
@@ -656,6 +736,8 @@ def command_name(argv: list[str]) -> str:
         name = Path(part).name
         if name == "squeue" and "--only-job-state" in argv:
             return "squeue states"
+        if name == "squeue" and any(arg.startswith("--jobs=") for arg in argv):
+            return "squeue job"
         if name in ("sbatch", "scancel", "squeue", "sinfo", "scontrol", "sacct", "srun"):
             return name
         if part.endswith("/mediator"):
