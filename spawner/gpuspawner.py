@@ -168,6 +168,8 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
     awaiting_port = Bool(False, help="Whether the job being started may report its port now.")
     port_reported = Any(None, help="asyncio.Event set when the job's port report is accepted.")
     submitting = Any(None, help="asyncio.Event set once the start's sbatch has returned (or failed).")
+    reported_job = Any(None, help="The Job Slurm showed running when this start's port report was taken; the "
+                       "route goes to its batch host.")
     session_json = Unicode("", help="What the session job is told (portal.core.sessionspec, sessionvars.SESSION): made at "
                            "submit.")
     service_url = Unicode("", help="dsportal's JupyterHub service as sessions reach it (portal.hub.extend).").tag(
@@ -463,12 +465,14 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
                     f"(its port {self.port or '-'} is already registered): port reports are accepted once")
         if str(job_id) != str(self.job_id):
             return f"the report names job {job_id or '(none)'}, but the session being started is job {self.job_id}"
-        # Slurm's word on this job now, after the report arrived: asked for alone, which slurmctld answers
-        # without packing every job of the cluster (a department's thousands) as the full listing does.
-        job = await self.slurm.job_alone(int(self.job_id))
+        # Slurm's word on this job after the report arrived: asked for alone, which slurmctld answers without
+        # packing every job of the cluster (a department's thousands) as the full listing does. A Slurm that
+        # does not answer is the caller's 503 (portreport.py): the session asks again.
+        arrived = time.monotonic()
+        job = await self.slurm.job_alone(int(self.job_id), fresh_after=arrived)
         if job is None or not job.running:
             return f"Slurm does not show session job {self.job_id} running"
-        self.job = job  # the route goes to the batch host this answer names
+        self.job = self.reported_job = job  # the route goes to the batch host this answer names
         self.port = port
         self.awaiting_port = False
         self.port_reported.set()
@@ -515,6 +519,7 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         if self.server:
             self.server.port = self.port
         self.port_reported = asyncio.Event()
+        self.reported_job = None
         self.submitting = submitting = asyncio.Event()
         try:
             try:
@@ -561,10 +566,17 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
         while self.port == 0:
             await self._until_port_or(self.startup_poll_interval)
+            if self.port:
+                break
             status = await self.query_job_status(by_look=True)
             if status == JobStatus.NOTFOUND and self.port == 0:
                 raise await self._failure(self.job, "ended before JupyterLab started")
 
+        # The route goes to the host Slurm named when it showed the reporting job running (accept_port): a job
+        # requeued onto another node while JupyterLab started reports from there, and a check's older record
+        # must not send her browser to the node it left.
+        self.job = self.reported_job or self.job
+        self.ip = self.state_gethost()
         self.log.info("Session job %s of %s serves on %s:%s", self.job_id, self.user.name, self.ip, self.port)
         self.restarts = self.job.restarts if self.job is not None else 0  # the run that serves (a requeue: more)
         return self.ip, self.port

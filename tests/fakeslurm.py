@@ -311,9 +311,10 @@ class FakeSlurm(slurmclient.Slurm):
 
     async def _fetch_alone(self, job_id: int) -> Job | None:
         """squeue --jobs=ID: that job, if squeue still lists it and it is a session's."""
+        record = self.records.get(job_id)  # as slurmctld knows it when asked
+        job = record.job() if record and record.listed and record.name.startswith(SESSION_JOB_PREFIX) else None
         await self._command("squeue job")
-        record = self.records.get(job_id)
-        return record.job() if record and record.listed and record.name.startswith(SESSION_JOB_PREFIX) else None
+        return job
 
     async def _fetch_nodes(self) -> list[Node]:
         await self._command("sinfo")

@@ -759,19 +759,70 @@ def test_a_start_waits_for_jupyterlab_by_looks_at_its_jobs_state_and_its_report_
     is asked for alone (squeue --jobs=ID), and while JupyterLab starts in it, its state is looked at with the
     others'; the port report is judged by Slurm's word on that job alone, asked after the report arrived."""
     async def scenario():
+        other, _ = await running_session(hub, "prep", form={"profile": ["cpu"]}, node="node3")  # already looked at
+        await asyncio.sleep(0.1)
+        assert await other.poll() is None
         slurm.start_on = "node1"  # the queue is empty: it runs as it is submitted
         spawner = hub.spawner()
         starting = hub.spawn_soon(spawner, form=GPU_FORM)
-        job = await submitted(slurm)
+        job = await submitted(slurm, 2)
         await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.running)
         await asyncio.sleep(0.2)  # ten of the start's checks
-        looked = slurm.commands[slurm.commands.index("sbatch") + 1:]
-        assert looked[0] == "squeue job" and looked.count("squeue states") >= 3 and "squeue" not in looked, looked
+        looked = slurm.commands[len(slurm.commands) - slurm.commands[::-1].index("sbatch"):]
+        # Asked for alone once; its first look is one taken after it was watched, not the other session's last.
+        assert looked[0] == "squeue job" and looked.count("squeue states") >= 3, looked
+        assert "squeue" not in looked and looked.count("squeue job") == 1, looked
         assert slurm.last_jobs[job].running  # what the hub's metrics count: the job as last told, alone here
         before = len(slurm.commands)
         assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
-        assert slurm.commands[before:] == ["squeue job"]
+        reported = slurm.commands[before:]  # the report's question (the start's looks may go on meanwhile)
+        assert reported.count("squeue job") == 1 and "squeue" not in reported, reported
         assert await starting == ("node1", PORT)
+
+    run(scenario())
+
+
+def test_a_job_requeued_onto_another_node_while_jupyterlab_starts_is_routed_where_it_reported_from(hub, slurm):
+    """The route goes to the host Slurm named when it showed the reporting job running, not the node the job
+    ran on when the start first saw it: whoever listens on that port there is not her JupyterLab."""
+    async def scenario():
+        slurm.start_on = "node1"
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=SCAVENGER_FORM)
+        job = await submitted(slurm)
+        await until(lambda: spawner.child_spawner.job and spawner.child_spawner.job.batch_host == "node1")
+        slurm.requeue(job)
+        slurm.start(job, "node2")  # preempted as JupyterLab started, and run again elsewhere
+        assert await spawner.child_spawner.accept_port(PORT, str(job)) is None
+        assert await starting == ("node2", PORT)
+
+    run(scenario())
+
+
+def test_a_port_report_is_judged_by_an_answer_asked_after_it_arrived_and_a_silent_slurm_is_not_a_refusal(hub, slurm):
+    async def scenario():
+        spawner = hub.spawner()
+        starting = hub.spawn_soon(spawner, form=GPU_FORM)
+        job = await submitted(slurm)
+        slurm.latency["squeue job"] = 0.3
+        asked_before = asyncio.ensure_future(slurm.job_alone(job))  # a check's question, still under way
+        await asyncio.sleep(0.05)
+        slurm.start(job, "node2")  # the job runs and reports meanwhile
+        assert await spawner.child_spawner.accept_port(PORT, str(job)) is None  # not judged by the older answer
+        assert (await asked_before).pending and slurm.commands.count("squeue job") >= 2
+        assert await starting == ("node2", PORT)
+        slurm.latency.clear()
+
+        second = hub.spawner("prep")
+        starting = hub.spawn_soon(second, form={"profile": ["cpu"]})
+        job = await submitted(slurm, 2)
+        slurm.start(job, "node3")
+        slurm.go_down()  # the hub's portreport.py answers 503, and the session asks again
+        with pytest.raises(SlurmUnavailable):
+            await second.child_spawner.accept_port(PORT + 1, str(job))
+        slurm.come_back()
+        assert await second.child_spawner.accept_port(PORT + 1, str(job)) is None
+        assert await starting == ("node3", PORT + 1)
 
     run(scenario())
 

@@ -10,6 +10,7 @@ from tornado import web
 
 from portal.core.userjson import json_kind
 from portal.hub import metrics
+from portal.slurm.slurmparse import SlurmError
 from portal.upstream import hub as upstream
 
 
@@ -47,7 +48,11 @@ class SessionPortHandler(APIHandler):
         else:
             session = getattr(spawner, "child_spawner", None) or spawner
             accept = getattr(session, "accept_port", None)
-            refusal = await accept(port, str(job_id)) if accept else "not a dsportal session"
+            try:
+                refusal = await accept(port, str(job_id)) if accept else "not a dsportal session"
+            except SlurmError as error:  # the session asks again on a 503 (portal/session/portreport.py)
+                self.log.warning("Port report %s of %s not judged yet: Slurm did not answer (%s)", port, user.name, error)
+                raise web.HTTPError(503, "Slurm did not answer the hub about this job just now; ask again") from None
         if taking_over is not None and not refusal:
             # The job's own token, the one it was submitted with, is the session's again: JupyterHub drops
             # the start's new one once start() returns (Spawner.api_token re-use, jupyterhub/user.py).

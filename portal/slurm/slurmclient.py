@@ -140,6 +140,15 @@ ONE_BY_ONE = 8
 ACCOUNTING_FIELDS = ("JobID", "User", "JobName", "State", "Reason", "Partition", "NodeList", "ExitCode", "Submit")
 
 
+class JobStates(dict):
+    """A look's answer (job id -> state) and the job ids it asked about (``asked``): one it does not list is
+    gone from slurmctld, one it did not ask about is unknown to it."""
+
+    def __init__(self, states: dict[int, str], asked: Iterable[int]):
+        super().__init__(states)
+        self.asked = frozenset(asked)
+
+
 class Slurm:
     """Typed wrapper over the Slurm client commands.
 
@@ -168,7 +177,9 @@ class Slurm:
         self._states = _Snapshot(self._fetch_states, empty=None)  # the running sessions' jobs' states (running_job)
         self._watched: dict[int, float] = {}  # those jobs' ids: when each was last asked after
         self._alone: dict[int, tuple[float, Job | None]] = {}  # job_alone's answers: (when asked, the job)
-        self._alone_flight: dict[int, asyncio.Future] = {}  # job_alone's calls under way, shared by id
+        self._alone_flight: dict[int, tuple[float, asyncio.Future]] = {}  # job_alone's calls under way: (started, call)
+        self._alone_slots = asyncio.Semaphore(ONE_BY_ONE)  # job_alone's squeues at once
+        self._release_flight: asyncio.Future | None = None  # release()'s call under way, shared
         self._changes: tuple[object, int] = (None, 0)  # (a look, how many of its jobs changed state)
         # Commands run as users (the mediator: sbatch, certificates, scancel, log tails) a few at a time:
         # a class starting at once ran two Python processes per student together on the login node's
@@ -363,15 +374,18 @@ class Slurm:
             return await self.job(job_id, fresh_after=fresh_after)  # no look to be had: as 22.05's commands are asked
         taken_at, known = self._newest(job_id, fresh_after)
         if taken_at == 0.0 and len(self._alone_flight) < ONE_BY_ONE:
-            known = await self.job_alone(job_id)
+            asked = time.monotonic()
+            known = await self.job_alone(job_id, fresh_after)
             if known is None or known.running:
                 return known
-            return await self.job(job_id, fresh_after=fresh_after)  # it waits: its place is the listing's
+            return await self.job(job_id, fresh_after=max(fresh_after, asked))  # it waits: its place is the listing's
         if known is None or not known.running or time.monotonic() - taken_at >= FULL_AT_REST:
             return await self.job(job_id, fresh_after=fresh_after)
         self._watched[job_id] = time.monotonic()
         try:
             states = await self._states.get(self.cache_seconds)
+            if states is not None and job_id not in states.asked:  # newly watched: the next look asks for it
+                states = await self._states.get(self.cache_seconds, fresh_after=time.monotonic())
         except SlurmUnavailable:
             raise  # slurmctld did not answer (within command_timeout): a full listing would wait as long again
         except SlurmError as error:
@@ -381,9 +395,10 @@ class Slurm:
             return await self.job(job_id, fresh_after=fresh_after)
         if states.get(job_id) == known.state:
             return known
+        looked_at = self._states.taken_at
         if self._changed(states) > ONE_BY_ONE or len(self._alone_flight) >= ONE_BY_ONE:
-            return await self.job(job_id, fresh_after=max(fresh_after, self._states.taken_at))  # one for them all
-        return await self.job_alone(job_id)
+            return await self.job(job_id, fresh_after=max(fresh_after, looked_at))  # one for them all
+        return await self.job_alone(job_id, fresh_after=max(fresh_after, looked_at))
 
     def _newest(self, job_id: int, fresh_after: float) -> tuple[float, Job | None]:
         """(when taken, the job) of the newer of the last full listing's record of ``job_id`` and job_alone's,
@@ -405,19 +420,26 @@ class Slurm:
             self._changes = (states, changed)
         return self._changes[1]
 
-    async def job_alone(self, job_id: int) -> Job | None:
-        """The session job ``job_id`` as slurmctld tells it now, asked for alone (``squeue --jobs=ID``, which
-        slurmctld answers for that job without packing every job); None where it does not know the id (or the
-        job is no session). Callers asking for the same job at once share one call. Its answer serves
+    async def job_alone(self, job_id: int, fresh_after: float = 0.0) -> Job | None:
+        """The session job ``job_id`` as slurmctld tells it, asked for alone (``squeue --jobs=ID``, which
+        slurmctld answers for that job without packing every job) after ``fresh_after`` (time.monotonic()); None
+        where it does not know the id (or the job is no session). Callers asking for the same job share a call
+        that started after their ``fresh_after``; at most ONE_BY_ONE such calls run at once. Its answer serves
         :meth:`running_job` after it."""
         job_id = int(job_id)
-        if job_id not in self._alone_flight:
-            self._alone_flight[job_id] = asyncio.ensure_future(self._ask_alone(job_id, time.monotonic()))
-        return await asyncio.shield(self._alone_flight[job_id])
+        while True:
+            if job_id not in self._alone_flight:
+                started = time.monotonic()
+                self._alone_flight[job_id] = (started, asyncio.ensure_future(self._ask_alone(job_id, started)))
+            started, call = self._alone_flight[job_id]
+            job = await asyncio.shield(call)  # one caller cancelled does not cancel the call for the others
+            if started > fresh_after:
+                return job
 
     async def _ask_alone(self, job_id: int, asked: float) -> Job | None:
         try:
-            job = await self._fetch_alone(job_id)
+            async with self._alone_slots:
+                job = await self._fetch_alone(job_id)
             self._alone = {other: answer for other, answer in self._alone.items() if asked - answer[0] < WATCHED_FOR}
             self._alone[job_id] = (asked, job)
             return job
@@ -442,10 +464,11 @@ class Slurm:
         states alone."""
         now = time.monotonic()
         self._watched = {job_id: asked for job_id, asked in self._watched.items() if now - asked < WATCHED_FOR}
-        argv = job_states_argv(self.tool("squeue"), await self.release(), sorted(self._watched))
-        if argv is None or not self._watched:
+        asked = sorted(self._watched)
+        argv = job_states_argv(self.tool("squeue"), await self.release(), asked)
+        if argv is None or not asked:
             return None
-        return parse_job_states(await self.run(argv))
+        return JobStates(parse_job_states(await self.run(argv)), asked)
 
     async def accounting(self, job_id: int, user: str | None = None) -> Job | None:
         """The job as Slurm accounting (slurmdbd) recorded it, once slurmctld has forgotten it;
@@ -526,10 +549,16 @@ class Slurm:
         """The release of this host's Slurm commands ("24.11.5"; None where they do not say), asked once:
         where releases differ, the layer speaks to it (slurmparse.nodes_argv)."""
         if self._release is None:
+            if self._release_flight is None:  # callers at once share one call
+                self._release_flight = asyncio.ensure_future(self.run([self.tool("sinfo"), "--version"]))
+            call = self._release_flight
             try:
-                self._release = parse_release(await self.run([self.tool("sinfo"), "--version"])) or ""
+                self._release = parse_release(await asyncio.shield(call)) or ""
             except SlurmError:
                 return None
+            finally:
+                if self._release_flight is call and call.done():
+                    self._release_flight = None
         return self._release or None
 
     async def resources(self, max_age: float = 10.0) -> dict[str, Resources]:
