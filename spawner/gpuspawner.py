@@ -562,7 +562,6 @@ class SlurmGPUSpawner(batchspawner.SlurmSpawner):
         metrics.SPAWN_PENDING.labels(self.profile.name if self.profile else "").observe(
             time.monotonic() - self.submitted_at)
 
-        self.ip = self.state_gethost()
         # Wait for the job's server to report its port; a job that dies meanwhile fails now.
         while self.port == 0:
             await self._until_port_or(self.startup_poll_interval)

@@ -62,6 +62,7 @@ from portal.slurm.slurmparse import (
     sacct_separator,
     slurm_minutes,
     squeue_format,
+    tells_states_alone,
 )
 
 log = logging.getLogger(__name__)
@@ -370,7 +371,7 @@ class Slurm:
         changes back between two looks (a job requeued and run again within the second) shows with the next
         full listing."""
         job_id = int(job_id)
-        if job_states_argv("squeue", await self.release(), ()) is None:
+        if not tells_states_alone(await self.release()):
             return await self.job(job_id, fresh_after=fresh_after)  # no look to be had: as 22.05's commands are asked
         taken_at, known = self._newest(job_id, fresh_after)
         if taken_at == 0.0 and len(self._alone_flight) < ONE_BY_ONE:
@@ -447,17 +448,13 @@ class Slurm:
             self._alone_flight.pop(job_id, None)
 
     async def _fetch_alone(self, job_id: int) -> Job | None:
-        separator = f"\x1f{secrets.token_hex(8)}\x1f"
         try:
-            out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all", f"--jobs={job_id}"],
-                                 env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})
-        except SlurmUnavailable:
-            raise
+            sessions, _ = await self._squeue_sessions(f"--jobs={job_id}")
         except SlurmError as error:
             if "invalid job id" in str(error).lower():  # slurmctld forgot it (MinJobAge) or never had it
                 return None
             raise
-        return parse_squeue(out, separator)[0].get(job_id)
+        return sessions.get(job_id)
 
     async def _fetch_states(self) -> dict[int, str] | None:
         """The states of the jobs asked after lately (running_job); None where the commands cannot tell
@@ -528,14 +525,17 @@ class Slurm:
         return self._sinfo.calls
 
     async def _fetch_jobs(self) -> dict[int, Job]:
+        sessions, self._others_pending = await self._squeue_sessions()
+        return sessions
+
+    async def _squeue_sessions(self, *only: str) -> tuple[dict[int, Job], list[tuple[int, str, int, int]]]:
+        """parse_squeue of ``squeue`` in squeue_format, of every job slurmctld knows (or those ``only`` names)."""
         # squeue --json (Slurm 22.05) filters nothing and prints ~100 fields of every job the controller
         # knows, which the hub parsed at each poll: its cost grew with the whole cluster's queue.
         separator = f"\x1f{secrets.token_hex(8)}\x1f"
-        out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all"],
+        out = await self.run([self.tool("squeue"), "--noheader", "--all", "--states=all", *only],
                              env={"SQUEUE_FORMAT2": squeue_format(separator), "SLURM_TIME_FORMAT": "%s"})
-        sessions, others = parse_squeue(out, separator)
-        self._others_pending = others
-        return sessions
+        return parse_squeue(out, separator)
 
     async def _fetch_nodes(self) -> list[Node]:
         name, *args = nodes_argv(await self.release())

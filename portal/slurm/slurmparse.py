@@ -257,12 +257,18 @@ def nodes_argv(release: str | None) -> list[str]:
     return ["scontrol", "--json", "show", "nodes"]
 
 
+def tells_states_alone(release: str | None) -> bool:
+    """Whether the commands of ``release`` can tell jobs' states alone (``squeue --only-job-state``, Slurm 23.02
+    on); not where they did not say their release."""
+    return bool(release) and tuple(int(part) for part in release_line(release).split(".")) >= (23, 2)
+
+
 def job_states_argv(squeue: str, release: str | None, job_ids: Iterable[int]) -> list[str] | None:
     """The command that tells only the state of each of ``job_ids`` (those slurmctld still knows), for the commands
     of ``release``: ``squeue --only-job-state`` (Slurm 23.02 on), which slurmctld answers from the jobs' states
     alone, not by packing every job of the cluster as a listing does. None where the commands do not have it
     (22.05) or did not say their release."""
-    if not release or tuple(int(part) for part in release_line(release).split(".")) < (23, 2):
+    if not tells_states_alone(release):
         return None
     return [squeue, "--only-job-state", "--noheader", "--states=all", f"--jobs={','.join(str(int(j)) for j in job_ids)}",
             "--format=%i %T"]
